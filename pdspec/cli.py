@@ -1,0 +1,92 @@
+"""`pdspec <command> [options]`: one CLI for the proxy, the workers, the models and `up`.
+
+Options are the settings fields of `pdspec.settings`; `pdspec <command> --help` lists
+them. A TOML file can hold them too: `pdspec --config file.toml <command>` or
+`PDSPEC_CONFIG=file.toml`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+
+from pydantic_settings import CliApp
+
+from pdspec import settings as s
+
+USAGE = """usage: pdspec [--config FILE.toml] <command> [options]
+
+commands:
+  up        start a prefill worker, a decode worker and the proxy (1P1D), then wait
+  proxy     run the OpenAI-compatible P/D proxy
+  prefill   run a prefill worker (vLLM, NixlConnector kv_producer)
+  decode    run a decode worker (vLLM, NixlConnector kv_consumer)
+  models    build the local small model pair (target + EAGLE3 drafter)
+
+`pdspec <command> --help` lists the command's options.
+"""
+
+
+def _up(cmd: s.UpCommand) -> int:
+    from pdspec.supervisor import run_up
+
+    return run_up(cmd)
+
+
+def _proxy(cmd: s.ProxyCommand) -> int:
+    from proxy.serve import serve
+
+    serve(cmd.proxy)
+    return 0
+
+
+def _prefill(cmd: s.WorkerCommand) -> int:
+    from prefill_worker.worker import run
+
+    run(cmd)
+    return 0
+
+
+def _decode(cmd: s.WorkerCommand) -> int:
+    from decode_worker.worker import run
+
+    run(cmd)
+    return 0
+
+
+def _models(cmd: s.ModelsCommand) -> int:
+    import logging
+
+    from pdspec.models.build import build_models
+
+    logging.basicConfig(level="INFO", format="%(message)s")
+    out = build_models(cmd.model.models_dir, force=cmd.force)
+    print(out)
+    return 0
+
+
+COMMANDS: dict[str, tuple[type[s._Base], Callable]] = {
+    "up": (s.UpCommand, _up),
+    "proxy": (s.ProxyCommand, _proxy),
+    "prefill": (s.WorkerCommand, _prefill),
+    "decode": (s.WorkerCommand, _decode),
+    "models": (s.ModelsCommand, _models),
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) >= 2 and args[0] == "--config":
+        os.environ[s.CONFIG_ENV] = args[1]
+        args = args[2:]
+    if not args or args[0] not in COMMANDS:
+        print(USAGE, file=sys.stderr if args and args[0] not in ("-h", "--help") else sys.stdout)
+        sys.exit(0 if args and args[0] in ("-h", "--help") else 2)
+    settings_cls, run = COMMANDS[args[0]]
+    settings = CliApp.run(settings_cls, cli_args=args[1:], cli_settings_source=None)
+    sys.exit(run(settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""All of pdspec's configuration, in one typed place.
+
+Every field has the same name on the command line, in the environment and in a TOML
+file: `--prefill.port 8100`, `PDSPEC_PREFILL__PORT=8100`, `[prefill] port = 8100`.
+Nested groups use a dot on the CLI and a double underscore in the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+ENV_PREFIX = "PDSPEC_"
+CONFIG_ENV = "PDSPEC_CONFIG"
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("PDSPEC_HOME", Path.home() / ".cache" / "pdspec"))
+
+
+class ModelSettings(BaseModel):
+    """The model pair both workers serve. Prefill and decode must agree on all of it
+    (NIXL's handshake hashes the drafter settings), so it is set once."""
+
+    target: str | None = Field(
+        None, description="Target model path; unset: the local small model (built on first use)."
+    )
+    drafter: str | None = Field(
+        None, description="Drafter path; unset: the local EAGLE3 drafter (when method is eagle3)."
+    )
+    method: Literal["eagle3", "eagle", "dflash", "mtp", "draft_model", "none"] = "eagle3"
+    num_speculative_tokens: int = Field(3, ge=1, le=64, description="K on the decode worker.")
+    speculative_extra: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keys merged into vLLM's speculative config."
+    )
+    served_model_name: str | None = Field(
+        None, description="Name clients use; unset: 'pdspec-tiny' for the local model, else the path."
+    )
+    max_model_len: int = 2048
+    models_dir: Path = Field(
+        default_factory=lambda: default_home() / "models",
+        description="Where `pdspec models` builds the local model pair.",
+    )
+
+
+class WorkerSettings(BaseModel):
+    """One vLLM worker (prefill or decode)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8100
+    side_channel_host: str = Field("127.0.0.1", description="NIXL side channel address peers reach.")
+    side_channel_port: int = 5600
+    kv_buffer_device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where NIXL registers KV: auto = cpu on a CPU build, cuda on a GPU."
+    )
+    nixl_progress_delay_us: int = Field(
+        1000,
+        ge=0,
+        description="Sleep of NIXL's progress thread between polls; 0 busy-spins a core.",
+    )
+    drafts: Literal["auto", "always"] = Field(
+        "auto", description="auto: propose with K=0 when no request can use drafts."
+    )
+    enforce_eager: bool = True
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    gpu_memory_utilization: float | None = None
+    cpu_kvcache_space_gib: int = Field(1, description="VLLM_CPU_KVCACHE_SPACE on CPU builds.")
+    cpu_omp_threads_bind: str | None = Field(
+        None, description="VLLM_CPU_OMP_THREADS_BIND on CPU builds (e.g. '0' or '0-3')."
+    )
+    extra_vllm_args: list[str] = Field(default_factory=list, description="Passed to vLLM as is.")
+
+
+class ProxySettings(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    prefill_urls: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8100"])
+    decode_urls: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8200"])
+    prefill_timeout_s: float = Field(
+        20.0, description="Kept below the workers' KV lease so no blocks outlive a request."
+    )
+    decode_timeout_s: float = Field(300.0, description="Whole decode leg, first byte to last.")
+    connect_timeout_s: float = 5.0
+    max_body_bytes: int = 4 * 1024 * 1024
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class _Base(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        cli_kebab_case=False,
+        cli_implicit_flags=True,
+        nested_model_default_partial_update=True,
+        extra="ignore",
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Precedence: CLI (init) > environment > TOML file named by PDSPEC_CONFIG.
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get(CONFIG_ENV)
+        if config_file:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
+        return tuple(sources)
+
+
+class ProxyCommand(_Base):
+    """`pdspec proxy`: the OpenAI-compatible front end."""
+
+    proxy: ProxySettings = Field(default_factory=ProxySettings)
+
+
+class WorkerCommand(_Base):
+    """`pdspec prefill` / `pdspec decode`: one vLLM worker."""
+
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    run_dir: Path = Field(
+        default_factory=lambda: default_home() / "run",
+        description="Caches, logs and Prometheus multiprocess files of started processes.",
+    )
+
+
+class ModelsCommand(_Base):
+    """`pdspec models`: build the local small model pair."""
+
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    force: bool = False
+
+
+def _prefill_defaults() -> WorkerSettings:
+    return WorkerSettings(port=8100, side_channel_port=5600, cpu_omp_threads_bind="0")
+
+
+def _decode_defaults() -> WorkerSettings:
+    return WorkerSettings(port=8200, side_channel_port=5700, cpu_omp_threads_bind="1")
+
+
+class UpCommand(_Base):
+    """`pdspec up`: one prefill worker, one decode worker and the proxy."""
+
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    prefill: WorkerSettings = Field(default_factory=_prefill_defaults)
+    decode: WorkerSettings = Field(default_factory=_decode_defaults)
+    proxy: ProxySettings = Field(default_factory=ProxySettings)
+    run_dir: Path = Field(default_factory=lambda: default_home() / "run")
+    ready_timeout_s: float = Field(600.0, description="Give up if a child is not ready by then.")

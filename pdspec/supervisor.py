@@ -1,0 +1,208 @@
+"""`pdspec up`: start a prefill worker, a decode worker and the proxy; stop them all.
+
+Each child runs in its own process group (vLLM starts an engine-core process and
+workers under it), so stopping a child means signalling its group, by the PID we got
+from starting it, never by name. Readiness is each child's own health endpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+from pdspec.settings import ProxySettings, UpCommand
+
+STOP_GRACE_S = 20.0
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    health_url: str
+    log_path: Path
+    process: subprocess.Popen | None = None
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            self.argv,
+            env={**os.environ, **self.env},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: stop it and all it started
+        )
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def exited(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def signal_group(self, sig: int) -> None:
+        if self.process is None:
+            return
+        try:
+            os.killpg(self.process.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, grace_s: float) -> None:
+        if self.process is None:
+            return
+        self.signal_group(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        # The group leader may be gone while its children linger: kill the group anyway.
+        self.signal_group(signal.SIGKILL)
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        if self._log is not None:
+            self._log.close()
+
+
+def plan_children(settings: UpCommand) -> list[Child]:
+    from pdspec.worker.launch import launch_spec, prepare_run_dir
+
+    children = []
+    for role, worker in (("prefill", settings.prefill), ("decode", settings.decode)):
+        prepare_run_dir(role, settings.run_dir)
+        spec = launch_spec(role, settings.model, worker, settings.run_dir)
+        children.append(
+            Child(
+                name=f"{role} worker",
+                argv=spec.argv,
+                env=spec.env,
+                health_url=f"http://{worker.host}:{worker.port}/health",
+                log_path=settings.run_dir / "logs" / f"{role}.log",
+            )
+        )
+    proxy = proxy_settings_for(settings)
+    children.append(
+        Child(
+            name="proxy",
+            argv=[sys.executable, "-m", "pdspec.cli", "proxy"],
+            env={"PDSPEC_PROXY": proxy.model_dump_json()},
+            health_url=f"http://{proxy.host}:{proxy.port}/health",
+            log_path=settings.run_dir / "logs" / "proxy.log",
+        )
+    )
+    return children
+
+
+def proxy_settings_for(settings: UpCommand) -> ProxySettings:
+    """The proxy `up` starts talks to the workers `up` starts."""
+    return settings.proxy.model_copy(
+        update={
+            "prefill_urls": [f"http://{settings.prefill.host}:{settings.prefill.port}"],
+            "decode_urls": [f"http://{settings.decode.host}:{settings.decode.port}"],
+        }
+    )
+
+
+def wait_ready(children: list[Child], timeout_s: float, say) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = list(children)
+    started = time.monotonic()
+    with httpx.Client(timeout=2.0) as client:
+        while pending:
+            for child in list(pending):
+                code = child.exited()
+                if code is not None:
+                    raise StartupError(
+                        f"{child.name} exited with code {code} before it was ready; "
+                        f"last lines of {child.log_path}:\n{child.log_tail()}"
+                    )
+                try:
+                    if client.get(child.health_url).status_code == 200:
+                        pending.remove(child)
+                        say(f"{child.name} ready after {time.monotonic() - started:.0f}s")
+                except httpx.TransportError:
+                    pass
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(child.name for child in pending)
+                raise StartupError(f"not ready after {timeout_s:.0f}s: {names}")
+            if pending:
+                time.sleep(0.5)  # poll interval between health checks, not a readiness guess
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum, frame) -> None:
+    raise _Stop()
+
+
+def run_up(settings: UpCommand) -> int:
+    def say(message: str) -> None:
+        print(f"pdspec up: {message}", flush=True)
+
+    if settings.model.target is None:
+        from pdspec.models.build import build_models, is_built
+
+        if not is_built(settings.model.models_dir):
+            say(f"building the local model pair in {settings.model.models_dir}")
+        build_models(settings.model.models_dir)
+
+    from pdspec.worker.preflight import check_environment
+
+    check_environment()
+    children = plan_children(settings)
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for child in children:
+            child.start()
+            say(f"started {child.name} (pid {child.pid}, log {child.log_path})")
+        wait_ready(children, settings.ready_timeout_s, say)
+        proxy = proxy_settings_for(settings)
+        say(f"ready: http://{proxy.host}:{proxy.port}")
+        while True:
+            for child in children:
+                code = child.exited()
+                if code is not None:
+                    raise StartupError(f"{child.name} exited with code {code}:\n{child.log_tail()}")
+            time.sleep(1.0)  # supervision tick
+    except _Stop:
+        say("stopping")
+        return 0
+    except StartupError as exc:
+        say(f"error: {exc}")
+        return 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_IGN)
+        # Proxy first, so no new request reaches a worker that is going away.
+        for child in reversed(children):
+            child.stop(STOP_GRACE_S)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        say("stopped")

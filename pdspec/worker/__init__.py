@@ -1,0 +1,1 @@
+"""What both vLLM workers share: launch arguments, start-up fixes, the engine plugin."""

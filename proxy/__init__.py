@@ -1,0 +1,1 @@
+"""pdspec's OpenAI-compatible P/D proxy. Imports nothing from vLLM."""

@@ -1,0 +1,55 @@
+"""Errors in the OpenAI error format: {"error": {"message", "type", "param", "code"}}."""
+
+from __future__ import annotations
+
+import json
+from http import HTTPStatus
+
+from starlette.responses import JSONResponse
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+class ProxyError(Exception):
+    """An error the proxy answers itself, with an HTTP status and an OpenAI error body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    error_type = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {
+        "error": {
+            "message": message,
+            "type": error_type,
+            "param": param,
+            "code": code if code is not None else HTTPStatus(status).phrase.lower().replace(" ", "_"),
+        }
+    }
+
+
+def error_response(error: ProxyError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(
+        error_body(error.status, error.message, error.param, error.code),
+        status_code=error.status,
+        headers=headers,
+    )
+
+
+def sse_error_event(status: int, message: str) -> bytes:
+    """The event that ends a stream that failed after it began."""
+    return b"data: " + json.dumps(error_body(status, message)).encode() + b"\n\ndata: [DONE]\n\n"

@@ -1,0 +1,40 @@
+"""The two legs of a disaggregated request, built from the client's body.
+
+Prefill leg: the same request with one output token, no streaming, and a
+`kv_transfer_params` that asks the prefill worker to keep the KV for a remote decode.
+Decode leg: the client's original request plus the `kv_transfer_params` the prefill
+worker returned, which tell the decode worker where to pull the KV from over NIXL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Fields that make no sense, or break, on a one-token non-streaming prefill.
+_PREFILL_DROPPED = ("stream_options", "min_tokens", "logprobs", "top_logprobs", "echo", "prompt_logprobs")
+
+PREFILL_KV_REQUEST: dict[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+
+def prefill_body(body: dict[str, Any], chat: bool) -> dict[str, Any]:
+    leg = {key: value for key, value in body.items() if key not in _PREFILL_DROPPED}
+    leg["max_tokens"] = 1
+    if chat:
+        leg["max_completion_tokens"] = 1
+    leg["stream"] = False
+    leg["n"] = 1
+    leg["kv_transfer_params"] = dict(PREFILL_KV_REQUEST)
+    return leg
+
+
+def decode_body(body: dict[str, Any], kv_transfer_params: dict[str, Any] | None) -> dict[str, Any]:
+    leg = dict(body)
+    leg["kv_transfer_params"] = kv_transfer_params
+    return leg

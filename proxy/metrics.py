@@ -1,0 +1,41 @@
+"""The proxy's own Prometheus metrics (prefix `pdspec_proxy_`, never `vllm:`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+
+@dataclass
+class ProxyMetrics:
+    registry: CollectorRegistry
+    requests: Counter
+    leg_seconds: Histogram
+    leg_failures: Counter
+    stream_errors: Counter
+
+    @classmethod
+    def create(cls) -> ProxyMetrics:
+        # One registry per app, so tests can build many apps in one process.
+        registry = CollectorRegistry()
+        return cls(
+            registry=registry,
+            requests=Counter(
+                "pdspec_proxy_requests", "Client requests by endpoint and status.",
+                ["endpoint", "status"], registry=registry,
+            ),
+            leg_seconds=Histogram(
+                "pdspec_proxy_leg_seconds", "Duration of each leg (prefill: to response; decode: to last byte).",
+                ["leg"], registry=registry,
+                buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            ),
+            leg_failures=Counter(
+                "pdspec_proxy_leg_failures", "Legs that failed, by leg and reason.",
+                ["leg", "reason"], registry=registry,
+            ),
+            stream_errors=Counter(
+                "pdspec_proxy_stream_errors", "Streams ended with an SSE error event after they began.",
+                registry=registry,
+            ),
+        )  # fmt: skip

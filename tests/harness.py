@@ -1,0 +1,178 @@
+"""Start real pdspec stacks and vLLM servers for the end-to-end tests, and read /metrics.
+
+Like vLLM's nixl_integration tests: a harness starts P, D and the proxy (here through
+`pdspec up` itself, so the tests cover the command users run), and tests assert on
+real responses and on the workers' own /metrics.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[1]
+STARTUP_TIMEOUT_S = float(os.environ.get("PDSPEC_TEST_STARTUP_TIMEOUT_S", "600"))
+
+
+def models_dir() -> Path:
+    """The model pair the tests use: built once by `make test` (`pdspec models`)."""
+    from pdspec.settings import ModelSettings
+
+    return ModelSettings().models_dir
+
+
+@dataclass
+class Stack:
+    """A running `pdspec up`: its process, its URLs and its log."""
+
+    process: subprocess.Popen
+    proxy_url: str
+    prefill_url: str
+    decode_url: str
+    run_dir: Path
+    output: list[str] = field(default_factory=list)
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, timeout_s: float = 60) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout_s)
+
+
+def start_stack(run_dir: Path, base_port: int, extra_args: list[str] = ()) -> Stack:
+    """`pdspec up` on test ports; returns once it printed its ready line."""
+    proxy_port, prefill_port, decode_port = base_port, base_port + 100, base_port + 200
+    argv = [
+        sys.executable, "-m", "pdspec.cli", "up",
+        "--model.models_dir", str(models_dir()),
+        "--run_dir", str(run_dir),
+        "--proxy.port", str(proxy_port),
+        "--prefill.port", str(prefill_port),
+        "--decode.port", str(decode_port),
+        "--prefill.side_channel_port", str(base_port + 300),
+        "--decode.side_channel_port", str(base_port + 400),
+        *extra_args,
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
+    stack = Stack(
+        process,
+        proxy_url=f"http://127.0.0.1:{proxy_port}",
+        prefill_url=f"http://127.0.0.1:{prefill_port}",
+        decode_url=f"http://127.0.0.1:{decode_port}",
+        run_dir=run_dir,
+    )
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    assert process.stdout is not None
+    for line in process.stdout:  # `pdspec up` prints "ready: <url>" once all are healthy
+        stack.output.append(line.rstrip())
+        if line.startswith("pdspec up: ready:"):
+            break
+        if time.monotonic() > deadline:
+            stack.stop()
+            raise RuntimeError("pdspec up not ready in time:\n" + "\n".join(stack.output))
+    else:
+        raise RuntimeError("pdspec up exited before ready:\n" + "\n".join(stack.output) + _logs(run_dir))
+    return stack
+
+
+def _logs(run_dir: Path) -> str:
+    parts = []
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-40:]
+        parts.append(f"\n--- {log.name} ---\n" + "\n".join(tail))
+    return "".join(parts)
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen
+    url: str
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=60)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+
+def start_colocated(run_dir: Path, port: int) -> Server:
+    """One plain vLLM server with the same model and drafter, no KV transfer."""
+    from pdspec.settings import ModelSettings, WorkerSettings
+    from pdspec.worker.launch import launch_spec, prepare_run_dir
+
+    prepare_run_dir("colocated", run_dir)
+    spec = launch_spec("colocated", ModelSettings(models_dir=models_dir()), WorkerSettings(port=port), run_dir)
+    log_path = run_dir / "colocated.log"
+    process = subprocess.Popen(
+        spec.argv,
+        env={**os.environ, **spec.env},
+        stdout=open(log_path, "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    server = Server(process, f"http://127.0.0.1:{port}")
+    wait_healthy(server.url, process, log_path)
+    return server
+
+
+def wait_healthy(url: str, process: subprocess.Popen, log_path: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited: {log_path.read_text(errors='replace')[-3000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)  # poll interval
+    raise RuntimeError(f"{url} not healthy in time")
+
+
+_LABEL_FILTER = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+
+def scrape(url: str) -> dict[str, float]:
+    """A worker's /metrics as {sample name: value}, summing over label sets.
+
+    Sample names keep their suffixes (`_total`, `_sum`, `_count`), so counters and
+    histogram sums can be read directly.
+    """
+    text = httpx.get(url + "/metrics", timeout=10).text
+    values: dict[str, float] = defaultdict(float)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_created") or sample.name.endswith("_bucket"):
+                continue
+            values[sample.name] += sample.value
+    return dict(values)
+
+
+def scrape_labeled(url: str, name: str) -> dict[tuple, float]:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                out[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
