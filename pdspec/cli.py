@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from pydantic import ValidationError
 from pydantic_settings import CliApp
 
 from pdspec import settings as s
@@ -84,8 +85,20 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE, file=sys.stderr if args and args[0] not in ("-h", "--help") else sys.stdout)
         sys.exit(0 if args and args[0] in ("-h", "--help") else 2)
     settings_cls, run = COMMANDS[args[0]]
-    settings = CliApp.run(settings_cls, cli_args=args[1:], cli_settings_source=None)
+    try:
+        settings = CliApp.run(settings_cls, cli_args=args[1:])
+    except ValidationError as exc:
+        print(f"pdspec {args[0]}: invalid settings:\n{_describe(exc)}", file=sys.stderr)
+        sys.exit(2)
     sys.exit(run(settings))
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors(include_url=False):
+        name = ".".join(str(part) for part in error["loc"])
+        lines.append(f"  --{name}: {error['msg']} (got {error.get('input')!r})")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

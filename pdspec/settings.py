@@ -146,20 +146,28 @@ class ModelsCommand(_Base):
     force: bool = False
 
 
-def _prefill_defaults() -> WorkerSettings:
-    return WorkerSettings(port=8100, side_channel_port=5600, cpu_omp_threads_bind="0")
+class PrefillWorkerSettings(WorkerSettings):
+    """A prefill worker's defaults in `pdspec up`: its own ports and the first core."""
+
+    port: int = 8100
+    side_channel_port: int = 5600
+    cpu_omp_threads_bind: str | None = "0"
 
 
-def _decode_defaults() -> WorkerSettings:
-    return WorkerSettings(port=8200, side_channel_port=5700, cpu_omp_threads_bind="1")
+class DecodeWorkerSettings(WorkerSettings):
+    """A decode worker's defaults in `pdspec up`: its own ports and the second core."""
+
+    port: int = 8200
+    side_channel_port: int = 5700
+    cpu_omp_threads_bind: str | None = "1"
 
 
 class UpCommand(_Base):
     """`pdspec up`: one prefill worker, one decode worker and the proxy."""
 
     model: ModelSettings = Field(default_factory=ModelSettings)
-    prefill: WorkerSettings = Field(default_factory=_prefill_defaults)
-    decode: WorkerSettings = Field(default_factory=_decode_defaults)
+    prefill: PrefillWorkerSettings = Field(default_factory=PrefillWorkerSettings)
+    decode: DecodeWorkerSettings = Field(default_factory=DecodeWorkerSettings)
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     run_dir: Path = Field(default_factory=lambda: default_home() / "run")
     ready_timeout_s: float = Field(600.0, description="Give up if a child is not ready by then.")

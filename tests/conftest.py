@@ -1,0 +1,54 @@
+"""Fixtures shared by all tests. The end-to-end ones start real vLLM workers: one
+colocated reference server first, then one `pdspec up` stack, never both at once
+(two cores)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests import harness
+from tests.prompts import CHAT_MESSAGES, COMPLETION_PROMPTS, chat_body, complete, completion_body
+
+REFERENCE_PORT = 18900
+STACK_BASE_PORT = 18000
+
+
+def pytest_collection_modifyitems(config, items):
+    # A test that stops the shared stack must run after every test that uses it.
+    items.sort(key=lambda item: item.get_closest_marker("stops_stack") is not None)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "stops_stack: stops the shared stack; runs last")
+
+
+@pytest.fixture(scope="session")
+def reference_outputs(tmp_path_factory) -> dict:
+    """Greedy outputs of one colocated vLLM server (same model and drafter, no P/D)."""
+    server = harness.start_colocated(tmp_path_factory.mktemp("colocated"), REFERENCE_PORT)
+    try:
+        with httpx.Client(timeout=120) as client:
+            return {
+                "completions": [
+                    complete(client, server.url, "/v1/completions", completion_body(p)) for p in COMPLETION_PROMPTS
+                ],
+                "chat": [complete(client, server.url, "/v1/chat/completions", chat_body(m)) for m in CHAT_MESSAGES],
+            }
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(reference_outputs, tmp_path_factory):
+    # Depends on reference_outputs only for ordering: the reference server is gone
+    # before the stack starts.
+    running = harness.start_stack(tmp_path_factory.mktemp("stack"), STACK_BASE_PORT)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def client():
+    with httpx.Client(timeout=120) as http:
+        yield http

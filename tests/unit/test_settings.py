@@ -1,0 +1,48 @@
+import subprocess
+import sys
+
+from pydantic_settings import CliApp
+
+from pdspec.settings import UpCommand, WorkerCommand
+
+
+def test_up_defaults_give_each_worker_its_own_ports_and_core():
+    up = CliApp.run(UpCommand, cli_args=[])
+    assert (up.prefill.port, up.decode.port, up.proxy.port) == (8100, 8200, 8000)
+    assert up.prefill.side_channel_port != up.decode.side_channel_port
+    assert (up.prefill.cpu_omp_threads_bind, up.decode.cpu_omp_threads_bind) == ("0", "1")
+
+
+def test_cli_and_env_use_the_same_names(monkeypatch):
+    monkeypatch.setenv("PDSPEC_DECODE__PORT", "9200")
+    monkeypatch.setenv("PDSPEC_MODEL__NUM_SPECULATIVE_TOKENS", "5")
+    up = CliApp.run(UpCommand, cli_args=["--prefill.port", "9100"])
+    assert up.prefill.port == 9100
+    assert up.decode.port == 9200
+    assert up.model.num_speculative_tokens == 5
+    # A partial override keeps the role's other defaults.
+    assert up.prefill.side_channel_port == 5600 and up.decode.cpu_omp_threads_bind == "1"
+
+
+def test_cli_wins_over_env(monkeypatch):
+    monkeypatch.setenv("PDSPEC_WORKER__PORT", "1")
+    worker = CliApp.run(WorkerCommand, cli_args=["--worker.port", "2"])
+    assert worker.worker.port == 2
+
+
+def test_toml_file(monkeypatch, tmp_path):
+    config = tmp_path / "pdspec.toml"
+    config.write_text('[model]\ntarget = "/models/x"\nnum_speculative_tokens = 16\n[decode]\nport = 7000\n')
+    monkeypatch.setenv("PDSPEC_CONFIG", str(config))
+    up = CliApp.run(UpCommand, cli_args=[])
+    assert up.model.target == "/models/x" and up.model.num_speculative_tokens == 16
+    assert up.decode.port == 7000
+
+
+def test_invalid_values_are_rejected_by_the_cli_with_the_option_named():
+    result = subprocess.run(
+        [sys.executable, "-m", "pdspec.cli", "up", "--prefill.drafts", "sometimes"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert "--prefill.drafts" in result.stderr
