@@ -74,6 +74,7 @@ class WorkerSettings(BaseModel):
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
     gpu_memory_utilization: float | None = None
+    cuda_visible_devices: str | None = Field(None, description="GPUs of this worker (e.g. '0'); unset: inherit.")
     cpu_kvcache_space_gib: int = Field(1, description="VLLM_CPU_KVCACHE_SPACE on CPU builds.")
     cpu_omp_threads_bind: str | None = Field(
         None, description="VLLM_CPU_OMP_THREADS_BIND on CPU builds (e.g. '0' or '0-3')."

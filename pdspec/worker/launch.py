@@ -118,6 +118,8 @@ def worker_env(role: Role, worker: WorkerSettings, run_dir: Path, cpu: bool) -> 
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
     }
+    if worker.cuda_visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = worker.cuda_visible_devices
     if cpu:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(worker.cpu_kvcache_space_gib)
         if worker.cpu_omp_threads_bind is not None:

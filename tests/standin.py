@@ -1,0 +1,107 @@
+"""A stand-in vLLM worker for unit tests of proxy logic (never the only test of a feature).
+
+It answers the prefill leg with `kv_transfer_params`, the decode leg with text that
+shows what it received, and can be told to fail in chosen ways.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import uvicorn
+from fastapi import FastAPI, Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+
+@dataclass
+class StandinBehaviour:
+    prefill_status: int = 200
+    decode_status: int = 200
+    omit_kv_params: bool = False
+    break_stream_after: int | None = None  # events sent before the stream breaks
+    received: list[dict] = field(default_factory=list)
+    headers: list[dict] = field(default_factory=list)
+
+
+def create_standin(behaviour: StandinBehaviour) -> FastAPI:
+    app = FastAPI()
+
+    async def handle(request: Request, chat: bool):
+        body = await request.json()
+        behaviour.received.append(body)
+        behaviour.headers.append(dict(request.headers))
+        kv = body.get("kv_transfer_params") or {}
+        is_prefill = kv.get("do_remote_decode") is True
+        status = behaviour.prefill_status if is_prefill else behaviour.decode_status
+        if status != 200:
+            return JSONResponse({"error": {"message": f"stand-in {status}", "type": "X", "code": status}}, status)
+        if is_prefill:
+            params = None if behaviour.omit_kv_params else {"remote_engine_id": "standin", "remote_block_ids": [[1]]}
+            return JSONResponse({"choices": [{"text": "x"}], "kv_transfer_params": params})
+        text = f"decoded with {json.dumps(kv, sort_keys=True)}"
+        if not body.get("stream"):
+            key = "message" if chat else "text"
+            value = {"role": "assistant", "content": text} if chat else text
+            return JSONResponse({"id": request.headers.get("x-request-id"), "choices": [{key: value}]})
+
+        async def events():
+            for index, word in enumerate(text.split(" ")):
+                if behaviour.break_stream_after is not None and index >= behaviour.break_stream_after:
+                    raise RuntimeError("stand-in stream broken on purpose")
+                yield f"data: {json.dumps({'choices': [{'text': word + ' '}]})}\n\n".encode()
+                await asyncio.sleep(0)
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await handle(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await handle(request, chat=True)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": "standin", "object": "model"}]}
+
+    @app.get("/health")
+    async def health():
+        return {}
+
+    return app
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ThreadServer:
+    """An ASGI app under uvicorn in a background thread, on a free loopback port."""
+
+    def __init__(self, app) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> ThreadServer:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:  # uvicorn sets this once it listens
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

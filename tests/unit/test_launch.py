@@ -1,0 +1,57 @@
+"""The vLLM command line and environment each worker role gets."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pdspec.settings import ModelSettings, WorkerSettings
+from pdspec.worker import launch
+
+
+def option(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+@pytest.mark.parametrize("role, kv_role", [("prefill", "kv_producer"), ("decode", "kv_consumer")])
+def test_roles_get_their_nixl_role_and_the_same_drafter(role, kv_role):
+    model = ModelSettings(models_dir=Path("/m"))
+    argv = launch.vllm_argv(role, model, WorkerSettings(), cpu=True)
+    assert json.loads(option(argv, "--kv-transfer-config")) == {
+        "kv_connector": "NixlConnector", "kv_role": kv_role, "kv_buffer_device": "cpu",
+    }  # fmt: skip
+    assert json.loads(option(argv, "--speculative-config")) == {
+        "method": "eagle3", "num_speculative_tokens": 3, "model": "/m/eagle3",
+    }  # fmt: skip
+    assert option(argv, "--model") == "/m/target"
+    assert option(argv, "--served-model-name") == "pdspec-tiny"
+
+
+def test_gpu_build_uses_cuda_kv_buffer_and_memory_share():
+    worker = WorkerSettings(gpu_memory_utilization=0.4, enforce_eager=False)
+    argv = launch.vllm_argv("decode", ModelSettings(target="/q/Qwen3-8B", drafter="/q/eagle3"), worker, cpu=False)
+    assert json.loads(option(argv, "--kv-transfer-config"))["kv_buffer_device"] == "cuda"
+    assert option(argv, "--gpu-memory-utilization") == "0.4"
+    assert "--enforce-eager" not in argv
+    assert option(argv, "--served-model-name") == "/q/Qwen3-8B"
+
+
+def test_colocated_has_no_kv_transfer():
+    argv = launch.vllm_argv("colocated", ModelSettings(), WorkerSettings(), cpu=True)
+    assert "--kv-transfer-config" not in argv
+
+
+def test_dflash_profile_without_local_drafter():
+    model = ModelSettings(target="/q/t", drafter="/q/dflash", method="dflash", num_speculative_tokens=16)
+    spec = launch.speculative_config(model, "/q/dflash")
+    assert spec == {"method": "dflash", "num_speculative_tokens": 16, "model": "/q/dflash"}
+
+
+def test_environment_sets_side_channel_caches_and_idle_fix(tmp_path):
+    worker = WorkerSettings(side_channel_port=5612, nixl_progress_delay_us=250, cpu_omp_threads_bind="1")
+    env = launch.worker_env("prefill", worker, tmp_path, cpu=True)
+    assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5612"
+    assert env["PDSPEC_NIXL_PROGRESS_DELAY_US"] == "250"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert env["VLLM_CACHE_ROOT"].startswith(str(tmp_path))
+    assert env["PROMETHEUS_MULTIPROC_DIR"].startswith(str(tmp_path))
