@@ -24,6 +24,7 @@ commands:
   prefill   run a prefill worker (vLLM, NixlConnector kv_producer)
   decode    run a decode worker (vLLM, NixlConnector kv_consumer)
   models    build the local small model pair (target + EAGLE3 drafter)
+  drafts    switch a running worker between K=0 when unusable (auto) and always drafting
 
 `pdspec <command> --help` lists the command's options.
 """
@@ -67,12 +68,26 @@ def _models(cmd: s.ModelsCommand) -> int:
     return 0
 
 
+def _drafts(cmd: s.DraftsCommand) -> int:
+    from pdspec.worker.engine_plugin import write_policy
+    from pdspec.worker.launch import drafts_file
+
+    path = drafts_file(cmd.run_dir, cmd.role)
+    if not path.parent.is_dir():
+        print(f"pdspec drafts: no {cmd.role} worker has run in {cmd.run_dir}", file=sys.stderr)
+        return 1
+    write_policy(path, cmd.policy)
+    print(f"{cmd.role} worker: drafts={cmd.policy} from its next engine step")
+    return 0
+
+
 COMMANDS: dict[str, tuple[type[s._Base], Callable]] = {
     "up": (s.UpCommand, _up),
     "proxy": (s.ProxyCommand, _proxy),
     "prefill": (s.WorkerCommand, _prefill),
     "decode": (s.WorkerCommand, _decode),
     "models": (s.ModelsCommand, _models),
+    "drafts": (s.DraftsCommand, _drafts),
 }
 
 

@@ -70,6 +70,9 @@ class WorkerSettings(BaseModel):
     drafts: Literal["auto", "always"] = Field(
         "auto", description="auto: propose with K=0 when no request can use drafts."
     )
+    engine_plugin: bool = Field(
+        True, description="Load pdspec's scheduler (K=0 proposals + counters) into vLLM."
+    )
     enforce_eager: bool = True
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
@@ -172,3 +175,11 @@ class UpCommand(_Base):
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     run_dir: Path = Field(default_factory=lambda: default_home() / "run")
     ready_timeout_s: float = Field(600.0, description="Give up if a child is not ready by then.")
+
+
+class DraftsCommand(_Base):
+    """`pdspec drafts`: switch a running worker's drafts policy (read every engine step)."""
+
+    role: Literal["prefill", "decode"]
+    policy: Literal["auto", "always"]
+    run_dir: Path = Field(default_factory=lambda: default_home() / "run")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from pdspec.settings import ModelSettings, WorkerSettings
+from pdspec.worker.engine_plugin import DRAFTS_ENV, DRAFTS_FILE_ENV, ROLE_ENV
 from pdspec.worker.nixl_progress import PROGRESS_DELAY_ENV
 
 # "colocated": one server doing both, no KV transfer (the reference P/D must match).
@@ -21,9 +22,12 @@ Role = Literal["prefill", "decode", "colocated"]
 
 KV_ROLES: dict[Role, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
 LOCAL_MODEL_NAME = "pdspec-tiny"
-# Drafts policy env read by the engine plugin in the engine-core process.
-DRAFTS_ENV = "PDSPEC_DRAFTS"
-ROLE_ENV = "PDSPEC_ROLE"
+SCHEDULER_CLS = "pdspec.worker.engine_plugin.K0Scheduler"
+
+
+def drafts_file(run_dir: Path, role: Role) -> Path:
+    """Where a running worker reads its live drafts policy (`pdspec drafts`)."""
+    return run_dir / role / "drafts-policy"
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,8 @@ def vllm_argv(role: Role, model: ModelSettings, worker: WorkerSettings, cpu: boo
         argv += ["--max-num-seqs", str(worker.max_num_seqs)]
     if worker.gpu_memory_utilization is not None and not cpu:
         argv += ["--gpu-memory-utilization", str(worker.gpu_memory_utilization)]
+    if worker.engine_plugin and spec is not None:
+        argv += ["--scheduler-cls", SCHEDULER_CLS]
     return argv + list(worker.extra_vllm_args)
 
 
@@ -106,6 +112,7 @@ def worker_env(role: Role, worker: WorkerSettings, run_dir: Path, cpu: bool) -> 
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(worker.side_channel_port),
         PROGRESS_DELAY_ENV: str(worker.nixl_progress_delay_us),
         DRAFTS_ENV: worker.drafts,
+        DRAFTS_FILE_ENV: str(drafts_file(run_dir, role)),
         ROLE_ENV: role,
         # Keep caches inside the run's own folder, not in the user's home.
         "VLLM_CACHE_ROOT": str(role_dir / "vllm-cache"),
@@ -140,6 +147,8 @@ def prepare_run_dir(role: Role, run_dir: Path) -> None:
     prom = run_dir / role / "prometheus"
     shutil.rmtree(prom, ignore_errors=True)
     prom.mkdir(parents=True)
+    # A policy left by an earlier run must not override this run's `drafts` setting.
+    drafts_file(run_dir, role).unlink(missing_ok=True)
 
 
 def exec_worker(role: Role, model: ModelSettings, worker: WorkerSettings, run_dir: Path) -> None:

@@ -19,3 +19,7 @@ def register() -> None:
     delay = os.environ.get(PROGRESS_DELAY_ENV)
     if delay is not None:
         apply_progress_delay(int(delay))
+    if os.environ.get("PDSPEC_ROLE") == "prefill":
+        from pdspec.worker.engine_plugin import install_for_process
+
+        install_for_process()

@@ -1,0 +1,100 @@
+"""One vLLM engine with pdspec's engine plugin, for the equivalence harness and benchmarks.
+
+The drafts policy is switched on the running engine (`auto` / `always`) through the
+plugin's policy file, so both modes run on the same engine, interleaved.
+Counters come from prometheus-client's multiprocess files: the plugin's counters live
+in vLLM's engine-core process, vLLM's spec-decode counters in this one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+COUNTERS = (
+    "pdspec_proposals_total",
+    "pdspec_k0_proposals_total",
+    "pdspec_draft_tokens_skipped_total",
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+)
+
+
+@dataclass
+class EngineHandle:
+    llm: Any
+    policy_file: Path
+    metrics_dir: Path
+
+    def set_policy(self, policy: str) -> None:
+        from pdspec.worker.engine_plugin import write_policy
+
+        write_policy(self.policy_file, policy)  # read by the scheduler at its next step
+
+    def counters(self) -> dict[str, float]:
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(self.metrics_dir))
+        values: dict[str, float] = defaultdict(float)
+        for family in registry.collect():
+            for sample in family.samples:
+                if sample.name in COUNTERS:
+                    values[sample.name] += sample.value
+        return {name: values.get(name, 0.0) for name in COUNTERS}
+
+
+@contextmanager
+def plugin_engine(
+    models_dir: Path | None = None,
+    target: str | None = None,
+    drafter: str | None = None,
+    method: str = "eagle3",
+    k: int = 3,
+    max_num_batched_tokens: int = 512,
+    max_model_len: int = 4096,
+    **engine_kwargs: Any,
+) -> Iterator[EngineHandle]:
+    """An offline vLLM engine (`vllm.LLM`) with the pdspec scheduler."""
+    work = Path(tempfile.mkdtemp(prefix="pdspec-engine-"))
+    metrics_dir = work / "prometheus"
+    metrics_dir.mkdir()
+    policy_file = work / "drafts-policy"
+    # Must be set before vLLM (and prometheus-client) are imported in this process.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    os.environ["PDSPEC_DRAFTS"] = "auto"
+    os.environ["PDSPEC_DRAFTS_FILE"] = str(policy_file)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    if models_dir is not None:
+        target = target or str(models_dir / "target")
+        drafter = drafter or str(models_dir / "eagle3")
+    from vllm import LLM
+
+    llm = LLM(
+        model=target,
+        speculative_config={"method": method, "model": drafter, "num_speculative_tokens": k},
+        scheduler_cls="pdspec.worker.engine_plugin.K0Scheduler",
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        disable_log_stats=False,
+        **engine_kwargs,
+    )
+    try:
+        yield EngineHandle(llm, policy_file, metrics_dir)
+    finally:
+        del llm
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {name: after[name] - before.get(name, 0.0) for name in after}

@@ -1,0 +1,72 @@
+"""Engine-plugin pieces that need no running engine: the live policy switch, version
+detection, and the idle-DP-rank vote wiring (on stand-in worker/runner classes)."""
+
+import os
+import types
+
+import pytest
+
+from pdspec.worker import engine_plugin
+from pdspec.worker.engine_plugin import DraftsPolicySource, install_idle_rank_vote, write_policy
+
+
+def test_policy_file_switches_a_running_engine(tmp_path):
+    path = tmp_path / "drafts-policy"
+    source = DraftsPolicySource("auto", path)
+    assert source.current() == "auto"  # no file yet: the start-up setting
+    write_policy(path, "always")
+    assert source.current() == "always"
+    write_policy(path, "auto")
+    os.utime(path, ns=(1, 1))  # make sure the change is seen even within one mtime tick
+    assert source.current() == "auto"
+
+
+def test_unknown_policy_keeps_the_current_one(tmp_path):
+    path = tmp_path / "drafts-policy"
+    path.write_text("sometimes")
+    assert DraftsPolicySource("always", path).current() == "always"
+
+
+def test_unknown_vllm_version_is_refused(monkeypatch):
+    vllm = pytest.importorskip("vllm")
+    monkeypatch.setattr(vllm, "__version__", "0.40.0")
+    with pytest.raises(engine_plugin.UnsupportedVllmError, match="0.40.0"):
+        engine_plugin.detect_capabilities(types.SimpleNamespace(use_v2_model_runner=False))
+
+
+def test_cpu_build_uses_the_k_override():
+    pytest.importorskip("vllm")
+    caps = engine_plugin.detect_capabilities(types.SimpleNamespace(use_v2_model_runner=False))
+    assert caps.native_skip is False
+
+
+class FakeRunner:
+    def __init__(self):
+        self.votes = []
+
+    def execute_model(self, scheduler_output, intermediate_tensors=None, dummy_run=False, **kwargs):
+        self.votes.append(scheduler_output.skip_drafts)
+
+    def _dummy_run(self, num_tokens, **kwargs):
+        self.execute_model(types.SimpleNamespace(skip_drafts=False), dummy_run=True)
+
+
+class FakeWorker:
+    def __init__(self):
+        self.model_runner = FakeRunner()
+
+    def execute_dummy_batch(self):
+        self.model_runner._dummy_run(1, uniform_decode=True)
+
+    def warm_up(self):
+        self.model_runner._dummy_run(16)
+
+
+def test_idle_rank_dummy_batch_votes_skip_but_warmup_does_not():
+    install_idle_rank_vote(FakeWorker, FakeRunner)
+    install_idle_rank_vote(FakeWorker, FakeRunner)  # idempotent
+    worker = FakeWorker()
+    worker.execute_dummy_batch()  # the DP-idle path
+    worker.warm_up()  # other dummy runs keep vLLM's vote
+    worker.model_runner.execute_model(types.SimpleNamespace(skip_drafts=False))  # a real step
+    assert worker.model_runner.votes == [True, False, False]
