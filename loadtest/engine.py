@@ -87,6 +87,8 @@ def plugin_engine(
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len,
         disable_log_stats=False,
+        # Reps re-run prompts: a prefix-cache hit would make later reps cheaper.
+        enable_prefix_caching=False,
         **engine_kwargs,
     )
     try:

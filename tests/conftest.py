@@ -43,7 +43,10 @@ def reference_outputs(tmp_path_factory) -> dict:
 def stack(reference_outputs, tmp_path_factory):
     # Depends on reference_outputs only for ordering: the reference server is gone
     # before the stack starts.
-    running = harness.start_stack(tmp_path_factory.mktemp("stack"), STACK_BASE_PORT)
+    # A small prefill budget, so long prompts arrive in several chunks (as in the seed).
+    running = harness.start_stack(
+        tmp_path_factory.mktemp("stack"), STACK_BASE_PORT, ["--prefill.max_num_batched_tokens", "512"]
+    )
     yield running
     running.stop()
 
