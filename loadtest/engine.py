@@ -74,6 +74,9 @@ def plugin_engine(
     os.environ["PDSPEC_DRAFTS"] = "auto"
     os.environ["PDSPEC_DRAFTS_FILE"] = str(policy_file)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    # CPU build: the engine's compute threads on core 1, this (front-end) process elsewhere,
+    # so the two do not take turns on one core and add noise to timings.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "1")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     if models_dir is not None:
         target = target or str(models_dir / "target")
