@@ -45,7 +45,7 @@ def timed_rep(engine, prompts, policy: str) -> tuple[float, dict]:
     from vllm import SamplingParams, TokensPrompt
 
     engine.set_policy(policy)
-    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
     inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
     before = engine.counters()
     start = time.perf_counter()

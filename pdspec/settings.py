@@ -83,6 +83,11 @@ class WorkerSettings(BaseModel):
         None, description="VLLM_CPU_OMP_THREADS_BIND on CPU builds (e.g. '0' or '0-3')."
     )
     extra_vllm_args: list[str] = Field(default_factory=list, description="Passed to vLLM as is.")
+    test_hooks: bool = Field(
+        False,
+        description="Tests only: a prefill worker skips writing drafter KV while "
+        "<run_dir>/prefill/test-skip-drafter-prefill exists (negative control).",
+    )
 
 
 class ProxySettings(BaseModel):

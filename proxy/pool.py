@@ -1,33 +1,105 @@
-"""Worker pools: which prefill and which decode worker serves a request."""
+"""Worker pools and routing: which prefill and which decode worker serves a request.
+
+Prefill and decode workers are chosen independently. Policies:
+- `round_robin`: in turn;
+- `least_outstanding`: power of two choices on in-flight requests (cheap and close to
+  the true least-loaded worker, without herding every request onto one worker);
+- `prefix_affinity` (prefill only): rendezvous hashing of the prompt's first bytes, so
+  requests sharing a prefix land on the worker whose prefix cache holds it; falls back
+  to least outstanding when that worker is much busier than the rest.
+Only healthy workers are chosen (see `health.py`); membership can change at run time.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import random
 from dataclasses import dataclass, field
+from typing import Literal
+
+Policy = Literal["round_robin", "least_outstanding", "prefix_affinity"]
+
+AFFINITY_PREFIX_CHARS = 256
+AFFINITY_MAX_EXTRA_LOAD = 4  # leave the preferred worker when it has this many more in flight
 
 
-@dataclass
+class NoHealthyWorker(Exception):
+    def __init__(self, pool: str):
+        super().__init__(f"no healthy {pool} worker")
+        self.pool = pool
+
+
+@dataclass(eq=False)
 class Worker:
     url: str
+    healthy: bool = True
     outstanding: int = 0
+    consecutive_failures: int = 0
+    consecutive_successes: int = 0
+
+    @property
+    def host(self) -> str:
+        from urllib.parse import urlsplit
+
+        return urlsplit(self.url).hostname or ""
 
 
 @dataclass
 class WorkerPool:
-    """Round-robin over a static list of workers."""
-
     name: str
     workers: list[Worker]
-    _cycle: itertools.cycle = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if not self.workers:
-            raise ValueError(f"the {self.name} pool has no workers")
-        self._cycle = itertools.cycle(self.workers)
+    policy: Policy = "round_robin"
+    _counter: itertools.count = field(default_factory=itertools.count, repr=False)
+    _rng: random.Random = field(default_factory=lambda: random.Random(0), repr=False)
 
     @classmethod
-    def from_urls(cls, name: str, urls: list[str]) -> WorkerPool:
-        return cls(name, [Worker(url.rstrip("/")) for url in urls])
+    def from_urls(cls, name: str, urls: list[str], policy: Policy = "round_robin") -> WorkerPool:
+        return cls(name, [Worker(url.rstrip("/")) for url in urls], policy)
 
-    def pick(self) -> Worker:
-        return next(self._cycle)
+    def healthy(self, exclude: set[str] = frozenset()) -> list[Worker]:
+        return [w for w in self.workers if w.healthy and w.url not in exclude]
+
+    def has_healthy(self) -> bool:
+        return any(w.healthy for w in self.workers)
+
+    def set_urls(self, urls: list[str]) -> None:
+        """Membership change (DNS re-resolution): keep known workers' state."""
+        known = {w.url: w for w in self.workers}
+        self.workers = [known.get(url.rstrip("/")) or Worker(url.rstrip("/")) for url in urls]
+
+    def pick(self, affinity_key: str | None = None, exclude: set[str] = frozenset()) -> Worker:
+        candidates = self.healthy(exclude)
+        if not candidates:
+            raise NoHealthyWorker(self.name)
+        if self.policy == "round_robin":
+            return candidates[next(self._counter) % len(candidates)]
+        least = self._power_of_two(candidates)
+        if self.policy == "prefix_affinity" and affinity_key:
+            preferred = max(candidates, key=lambda w: _rendezvous(affinity_key, w.url))
+            if preferred.outstanding - least.outstanding < AFFINITY_MAX_EXTRA_LOAD:
+                return preferred
+        return least
+
+    def _power_of_two(self, candidates: list[Worker]) -> Worker:
+        if len(candidates) == 1:
+            return candidates[0]
+        a, b = self._rng.sample(candidates, 2)
+        return a if a.outstanding <= b.outstanding else b
+
+
+def _rendezvous(key: str, url: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{url}|{key}".encode(), digest_size=8).digest(), "big")
+
+
+def affinity_key(body: dict) -> str | None:
+    """The start of the prompt (or of the rendered chat) as a routing key."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt[:AFFINITY_PREFIX_CHARS]
+    if isinstance(prompt, list) and prompt:
+        return repr(prompt[0] if isinstance(prompt[0], list) else prompt)[:AFFINITY_PREFIX_CHARS]
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return repr(messages)[:AFFINITY_PREFIX_CHARS]
+    return None

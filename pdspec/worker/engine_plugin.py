@@ -266,3 +266,40 @@ def install_for_process() -> None:
     except ImportError:
         return
     install_idle_rank_vote(Worker, V2Runner)
+
+
+# --- Test-only: a prefill worker that does not write the drafter's KV ---------------
+
+TEST_SKIP_DRAFTER_FILE_ENV = "PDSPEC_TEST_SKIP_DRAFTER_PREFILL_FILE"
+
+
+def install_skip_drafter_prefill(runner_cls: type, switch_file: Path) -> None:
+    """Negative control for the drafter-KV tests: while `switch_file` exists, the model
+    runner proposes nothing and does not run the drafter at all, so the drafter's KV
+    for the prompt is never written and the decode worker pulls whatever is in those
+    blocks. Installed only when the test-only environment variable names a file."""
+    if getattr(runner_cls.propose_draft_token_ids, "_pdspec_wrapped", False):
+        return
+    original = runner_cls.propose_draft_token_ids
+
+    @functools.wraps(original)
+    def propose_draft_token_ids(self, *args, **kwargs):
+        if not switch_file.exists():
+            return original(self, *args, **kwargs)
+        import torch
+
+        return torch.empty(len(self.input_batch.req_ids), 0, dtype=torch.int64, device=self.device)
+
+    propose_draft_token_ids._pdspec_wrapped = True  # type: ignore[attr-defined]
+    runner_cls.propose_draft_token_ids = propose_draft_token_ids
+
+
+def install_test_hooks() -> None:
+    switch = os.environ.get(TEST_SKIP_DRAFTER_FILE_ENV)
+    if not switch:
+        return
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except ImportError:
+        return
+    install_skip_drafter_prefill(GPUModelRunner, Path(switch))

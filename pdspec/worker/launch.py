@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from pdspec.settings import ModelSettings, WorkerSettings
-from pdspec.worker.engine_plugin import DRAFTS_ENV, DRAFTS_FILE_ENV, ROLE_ENV
+from pdspec.worker.engine_plugin import DRAFTS_ENV, DRAFTS_FILE_ENV, ROLE_ENV, TEST_SKIP_DRAFTER_FILE_ENV
 from pdspec.worker.nixl_progress import PROGRESS_DELAY_ENV
 
 # "colocated": one server doing both, no KV transfer (the reference P/D must match).
@@ -23,6 +23,11 @@ Role = Literal["prefill", "decode", "colocated"]
 KV_ROLES: dict[Role, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
 LOCAL_MODEL_NAME = "pdspec-tiny"
 SCHEDULER_CLS = "pdspec.worker.engine_plugin.K0Scheduler"
+
+
+def skip_drafter_file(run_dir: Path, role: Role) -> Path:
+    """Tests only: while this file exists, the worker does not write drafter KV."""
+    return run_dir / role / "test-skip-drafter-prefill"
 
 
 def drafts_file(run_dir: Path, role: Role) -> Path:
@@ -125,6 +130,8 @@ def worker_env(role: Role, worker: WorkerSettings, run_dir: Path, cpu: bool) -> 
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
     }
+    if worker.test_hooks:
+        env[TEST_SKIP_DRAFTER_FILE_ENV] = str(skip_drafter_file(run_dir, role))
     if worker.cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = worker.cuda_visible_devices
     if cpu:
@@ -149,6 +156,7 @@ def prepare_run_dir(role: Role, run_dir: Path) -> None:
     prom.mkdir(parents=True)
     # A policy left by an earlier run must not override this run's `drafts` setting.
     drafts_file(run_dir, role).unlink(missing_ok=True)
+    skip_drafter_file(run_dir, role).unlink(missing_ok=True)
 
 
 def exec_worker(role: Role, model: ModelSettings, worker: WorkerSettings, run_dir: Path) -> None:

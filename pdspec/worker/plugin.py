@@ -20,6 +20,7 @@ def register() -> None:
     if delay is not None:
         apply_progress_delay(int(delay))
     if os.environ.get("PDSPEC_ROLE") == "prefill":
-        from pdspec.worker.engine_plugin import install_for_process
+        from pdspec.worker.engine_plugin import install_for_process, install_test_hooks
 
         install_for_process()
+        install_test_hooks()

@@ -70,3 +70,27 @@ def test_idle_rank_dummy_batch_votes_skip_but_warmup_does_not():
     worker.warm_up()  # other dummy runs keep vLLM's vote
     worker.model_runner.execute_model(types.SimpleNamespace(skip_drafts=False))  # a real step
     assert worker.model_runner.votes == [True, False, False]
+
+
+class FakeV1Runner:
+    device = "cpu"
+
+    def __init__(self):
+        self.input_batch = types.SimpleNamespace(req_ids=["a", "b"])
+        self.drafter_runs = 0
+
+    def propose_draft_token_ids(self, scheduler_output, *args):
+        self.drafter_runs += 1
+        return "drafts"
+
+
+def test_skip_drafter_prefill_switch_is_live(tmp_path):
+    switch = tmp_path / "test-skip-drafter-prefill"
+    engine_plugin.install_skip_drafter_prefill(FakeV1Runner, switch)
+    runner = FakeV1Runner()
+    assert runner.propose_draft_token_ids(None) == "drafts"
+    switch.touch()
+    skipped = runner.propose_draft_token_ids(None)
+    assert tuple(skipped.shape) == (2, 0) and runner.drafter_runs == 1  # the drafter did not run
+    switch.unlink()
+    assert runner.propose_draft_token_ids(None) == "drafts" and runner.drafter_runs == 2
