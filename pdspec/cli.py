@@ -23,7 +23,7 @@ commands:
   proxy     run the OpenAI-compatible P/D proxy
   prefill   run a prefill worker (vLLM, NixlConnector kv_producer)
   decode    run a decode worker (vLLM, NixlConnector kv_consumer)
-  models    build the local small model pair (target + EAGLE3 drafter)
+  models    install the local small model pair (trained target + EAGLE3 drafter)
   drafts    switch a running worker between K=0 when unusable (auto) and always drafting
 
 `pdspec <command> --help` lists the command's options.
@@ -60,10 +60,10 @@ def _decode(cmd: s.WorkerCommand) -> int:
 def _models(cmd: s.ModelsCommand) -> int:
     import logging
 
-    from pdspec.models.build import build_models
+    from pdspec.models.build import install_models
 
     logging.basicConfig(level="INFO", format="%(message)s")
-    out = build_models(cmd.model.models_dir, force=cmd.force)
+    out = install_models(cmd.model.models_dir, force=cmd.force)
     print(out)
     return 0
 

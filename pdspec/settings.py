@@ -48,7 +48,7 @@ class ModelSettings(BaseModel):
     max_model_len: int = 2048
     models_dir: Path = Field(
         default_factory=lambda: default_home() / "models",
-        description="Where `pdspec models` builds the local model pair.",
+        description="Where `pdspec models` installs the local model pair.",
     )
 
 
@@ -93,14 +93,42 @@ class WorkerSettings(BaseModel):
 class ProxySettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8000
+    # Membership: a static list of URLs, or DNS names re-resolved periodically (a headless
+    # Kubernetes service): "dns://prefill.pdspec.svc:8100" yields one worker per address.
     prefill_urls: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8100"])
     decode_urls: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8200"])
+    dns_refresh_s: float = 10.0
+    prefill_policy: Literal["round_robin", "least_outstanding", "prefix_affinity"] = "prefix_affinity"
+    decode_policy: Literal["round_robin", "least_outstanding"] = "least_outstanding"
+    prefill_failure_policy: Literal["error", "retry", "fallback"] = Field(
+        "retry",
+        description="error: return it; retry: another prefill worker (bounded, backoff); "
+        "fallback: decode-only, the decode worker prefills itself.",
+    )
+    prefill_retries: int = Field(2, ge=0, le=10)
+    decode_retries: int = Field(1, ge=0, le=10, description="Only before the first byte reached the client.")
+    retry_backoff_s: float = 0.05
     prefill_timeout_s: float = Field(
         20.0, description="Kept below the workers' KV lease so no blocks outlive a request."
     )
     decode_timeout_s: float = Field(300.0, description="Whole decode leg, first byte to last.")
     connect_timeout_s: float = 5.0
+    health_interval_s: float = 2.0
+    health_timeout_s: float = 2.0
+    eject_after_failures: int = 2
+    readmit_after_successes: int = 2
+    max_inflight: int = Field(256, ge=1)
+    max_queue: int = Field(1024, ge=0)
+    queue_timeout_s: float = 10.0
+    retry_after_s: int = 1
     max_body_bytes: int = 4 * 1024 * 1024
+    api_keys: list[str] = Field(default_factory=list, description="Client keys (Bearer); empty: no auth.")
+    worker_api_key: str | None = Field(None, description="Sent to workers; never a client's key.")
+    kv_source_hosts: list[str] = Field(
+        default_factory=list,
+        description="Hosts besides the prefill pool's that may appear as remote_host in kv_transfer_params "
+        "(a NIXL side channel on another address than the HTTP one).",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
@@ -149,7 +177,7 @@ class WorkerCommand(_Base):
 
 
 class ModelsCommand(_Base):
-    """`pdspec models`: build the local small model pair."""
+    """`pdspec models`: install the local small model pair (shipped, trained)."""
 
     model: ModelSettings = Field(default_factory=ModelSettings)
     force: bool = False

@@ -167,11 +167,11 @@ def run_up(settings: UpCommand) -> int:
         print(f"pdspec up: {message}", flush=True)
 
     if settings.model.target is None:
-        from pdspec.models.build import build_models, is_built
+        from pdspec.models.build import install_models, is_installed
 
-        if not is_built(settings.model.models_dir):
-            say(f"building the local model pair in {settings.model.models_dir}")
-        build_models(settings.model.models_dir)
+        if not is_installed(settings.model.models_dir):
+            say(f"installing the local model pair in {settings.model.models_dir}")
+        install_models(settings.model.models_dir)
 
     from pdspec.worker.preflight import check_environment
 

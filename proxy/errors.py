@@ -22,12 +22,20 @@ _TYPES = {
 class ProxyError(Exception):
     """An error the proxy answers itself, with an HTTP status and an OpenAI error body."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers or {}
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -46,7 +54,7 @@ def error_response(error: ProxyError, headers: dict[str, str] | None = None) -> 
     return JSONResponse(
         error_body(error.status, error.message, error.param, error.code),
         status_code=error.status,
-        headers=headers,
+        headers={**error.headers, **(headers or {})},
     )
 
 

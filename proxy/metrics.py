@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 @dataclass
@@ -14,6 +14,9 @@ class ProxyMetrics:
     leg_seconds: Histogram
     leg_failures: Counter
     stream_errors: Counter
+    prefill_outcomes: Counter
+    healthy_workers: Gauge
+    inflight: Gauge
 
     @classmethod
     def create(cls) -> ProxyMetrics:
@@ -38,4 +41,13 @@ class ProxyMetrics:
                 "pdspec_proxy_stream_errors", "Streams ended with an SSE error event after they began.",
                 registry=registry,
             ),
+            prefill_outcomes=Counter(
+                "pdspec_proxy_prefill_outcomes",
+                "Prefill legs by outcome: ok, retried_ok, fallback (decode-only), error.",
+                ["outcome"], registry=registry,
+            ),
+            healthy_workers=Gauge(
+                "pdspec_proxy_healthy_workers", "Healthy workers per pool.", ["pool"], registry=registry,
+            ),
+            inflight=Gauge("pdspec_proxy_inflight_requests", "Client requests in flight.", registry=registry),
         )  # fmt: skip

@@ -53,6 +53,9 @@ class WorkerPool:
     _counter: itertools.count = field(default_factory=itertools.count, repr=False)
     _rng: random.Random = field(default_factory=lambda: random.Random(0), repr=False)
 
+    def __hash__(self) -> int:  # pools are identities (dict keys), not values
+        return id(self)
+
     @classmethod
     def from_urls(cls, name: str, urls: list[str], policy: Policy = "round_robin") -> WorkerPool:
         return cls(name, [Worker(url.rstrip("/")) for url in urls], policy)

@@ -8,7 +8,16 @@ import httpx
 import pytest
 
 from tests import harness
-from tests.prompts import CHAT_MESSAGES, COMPLETION_PROMPTS, chat_body, complete, completion_body
+from tests.prompts import (
+    ACCEPTANCE_PROMPTS,
+    CHAT_MESSAGES,
+    COMPLETION_PROMPTS,
+    acceptance_body,
+    acceptance_length,
+    chat_body,
+    complete,
+    completion_body,
+)
 
 REFERENCE_PORT = 18900
 STACK_BASE_PORT = 18000
@@ -29,12 +38,18 @@ def reference_outputs(tmp_path_factory) -> dict:
     server = harness.start_colocated(tmp_path_factory.mktemp("colocated"), REFERENCE_PORT)
     try:
         with httpx.Client(timeout=120) as client:
-            return {
+            outputs = {
                 "completions": [
                     complete(client, server.url, "/v1/completions", completion_body(p)) for p in COMPLETION_PROMPTS
                 ],
                 "chat": [complete(client, server.url, "/v1/chat/completions", chat_body(m)) for m in CHAT_MESSAGES],
             }
+            before = harness.scrape(server.url)
+            outputs["acceptance_texts"] = [
+                complete(client, server.url, "/v1/completions", acceptance_body(p)) for p in ACCEPTANCE_PROMPTS
+            ]
+            outputs["acceptance_length"] = acceptance_length(before, harness.scrape(server.url))
+            return outputs
     finally:
         server.stop()
 
@@ -45,7 +60,7 @@ def stack(reference_outputs, tmp_path_factory):
     # before the stack starts.
     # A small prefill budget, so long prompts arrive in several chunks (as in the seed).
     running = harness.start_stack(
-        tmp_path_factory.mktemp("stack"), STACK_BASE_PORT, ["--prefill.max_num_batched_tokens", "512"]
+        tmp_path_factory.mktemp("stack"), STACK_BASE_PORT, ["--prefill.max_num_batched_tokens", "512", "--prefill.test_hooks"]
     )
     yield running
     running.stop()

@@ -53,3 +53,29 @@ def complete(client: httpx.Client, base_url: str, path: str, body: dict) -> str:
             for choice in event["choices"]:
                 parts.append(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
     return "".join(parts)
+
+# Held-out prompts for acceptance: code-like text the models never trained on verbatim.
+ACCEPTANCE_PROMPTS = [
+    "def load_settings(filename):\n    \"\"\"Read the settings file and return a dict.\"\"\"\n",
+    "class Cache(object):\n    def __init__(self, size):\n        self.size = size\n",
+    "import re\nimport os\n\n\ndef find_files(pattern, root):\n",
+    "    if not isinstance(value, str):\n        raise TypeError(",
+    "# The following functions handle the conversion of\n# values between the two formats.\n\n",
+    "def parse_args(argv=None):\n    parser = argparse.ArgumentParser(",
+]
+ACCEPTANCE_MAX_TOKENS = 64
+
+
+def acceptance_body(prompt: str) -> dict:
+    return {"model": "pdspec-tiny", "prompt": prompt, "max_tokens": ACCEPTANCE_MAX_TOKENS, "temperature": 0,
+            "ignore_eos": True}  # fmt: skip
+
+
+def acceptance_length(before: dict, after: dict) -> float:
+    """Mean acceptance length, 1 + accepted / drafts, between two /metrics scrapes."""
+    drafts = after["vllm:spec_decode_num_drafts_total"] - before.get("vllm:spec_decode_num_drafts_total", 0)
+    accepted = after["vllm:spec_decode_num_accepted_tokens_total"] - before.get(
+        "vllm:spec_decode_num_accepted_tokens_total", 0
+    )
+    assert drafts > 0
+    return 1 + accepted / drafts

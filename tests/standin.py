@@ -24,6 +24,10 @@ class StandinBehaviour:
     decode_status: int = 200
     omit_kv_params: bool = False
     break_stream_after: int | None = None  # events sent before the stream breaks
+    remote_host: str = "127.0.0.1"
+    delay_s: float = 0.0  # before answering any leg
+    healthy: bool = True
+    cancelled: int = 0  # legs whose client went away while they waited
     received: list[dict] = field(default_factory=list)
     headers: list[dict] = field(default_factory=list)
 
@@ -38,10 +42,20 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
         kv = body.get("kv_transfer_params") or {}
         is_prefill = kv.get("do_remote_decode") is True
         status = behaviour.prefill_status if is_prefill else behaviour.decode_status
+        if behaviour.delay_s:
+            # Like vLLM, notice a caller that went away while the work was pending.
+            deadline = time.monotonic() + behaviour.delay_s
+            while time.monotonic() < deadline:
+                if await request.is_disconnected():
+                    behaviour.cancelled += 1
+                    return JSONResponse({}, status_code=499)
+                await asyncio.sleep(0.01)
         if status != 200:
             return JSONResponse({"error": {"message": f"stand-in {status}", "type": "X", "code": status}}, status)
         if is_prefill:
-            params = None if behaviour.omit_kv_params else {"remote_engine_id": "standin", "remote_block_ids": [[1]]}
+            params = None if behaviour.omit_kv_params else {
+                "remote_engine_id": "standin", "remote_block_ids": [[1]], "remote_host": behaviour.remote_host,
+            }  # fmt: skip
             return JSONResponse({"choices": [{"text": "x"}], "kv_transfer_params": params})
         text = f"decoded with {json.dumps(kv, sort_keys=True)}"
         if not body.get("stream"):
@@ -73,7 +87,7 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {}
+        return JSONResponse({}, status_code=200 if behaviour.healthy else 503)
 
     return app
 

@@ -1,45 +1,29 @@
-"""Build the local model pair: tokenizer + Qwen3 target + EAGLE3 drafter.
+"""Configs of the local model pair (Qwen3 target + EAGLE3 drafter), and its install.
 
-Deterministic: the same seed, corpus and shapes give byte-identical weights. The pair is
-written into `<models_dir>/target` and `<models_dir>/eagle3`, with a `pdspec-model.json`
-stamp that records how it was made; a folder whose stamp matches is reused.
+The trained pair ships with pdspec (`pdspec/models/trained/`, made by `train.py`);
+`install_models` copies it into a models folder, checking every file against the
+manifest, and reuses a folder that already holds exactly those files.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
-from transformers import Qwen3Config, Qwen3ForCausalLM
-
-from pdspec.models.paths import local_drafter_dir as drafter_dir
-from pdspec.models.paths import local_target_dir as target_dir
 from pdspec.models.shapes import ModelSpec
-from pdspec.models.tokenizer import save_tokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
 
-STAMP = "pdspec-model.json"
-FORMAT_VERSION = 1
+SHIPPED = Path(__file__).resolve().parent / "trained"
+MANIFEST = "manifest.json"
 
 
-def _stamp(spec: ModelSpec) -> dict:
-    return {"format": FORMAT_VERSION, "spec": asdict(spec)}
+def target_config(spec: ModelSpec, eos_id: int, pad_id: int):
+    from transformers import Qwen3Config
 
-
-def is_built(models_dir: Path, spec: ModelSpec | None = None) -> bool:
-    stamp = models_dir / STAMP
-    if not stamp.exists():
-        return False
-    return json.loads(stamp.read_text()) == json.loads(json.dumps(_stamp(spec or ModelSpec())))
-
-
-def target_config(spec: ModelSpec, eos_id: int, pad_id: int) -> Qwen3Config:
     t = spec.target
     return Qwen3Config(
         vocab_size=t.vocab_size,
@@ -85,66 +69,39 @@ def drafter_config(spec: ModelSpec, eos_id: int) -> dict:
     }
 
 
-def init_drafter_weights(spec: ModelSpec, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """Random EAGLE3 weights with the tensor names vLLM's Eagle3 loader expects."""
-    t, d = spec.target, spec.drafter
-    h, hd = t.hidden_size, t.head_dim
-    q_out, kv_out = t.num_attention_heads * hd, t.num_key_value_heads * hd
-
-    def normal(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=generator) * 0.02
-
-    weights = {
-        "embed_tokens.weight": normal(t.vocab_size, h),
-        "fc.weight": normal(h, h * len(d.aux_layer_ids)),
-        # The first (only) layer's attention reads [embeds, hidden] concatenated.
-        "midlayer.self_attn.q_proj.weight": normal(q_out, 2 * h),
-        "midlayer.self_attn.k_proj.weight": normal(kv_out, 2 * h),
-        "midlayer.self_attn.v_proj.weight": normal(kv_out, 2 * h),
-        "midlayer.self_attn.o_proj.weight": normal(h, q_out),
-        "midlayer.mlp.gate_proj.weight": normal(d.intermediate_size, h),
-        "midlayer.mlp.up_proj.weight": normal(d.intermediate_size, h),
-        "midlayer.mlp.down_proj.weight": normal(h, d.intermediate_size),
-        "midlayer.input_layernorm.weight": torch.ones(h),
-        "midlayer.hidden_norm.weight": torch.ones(h),
-        "midlayer.post_attention_layernorm.weight": torch.ones(h),
-        "norm.weight": torch.ones(h),
-        "lm_head.weight": normal(t.vocab_size, h),
-    }
-    return {name: w.to(torch.bfloat16).contiguous() for name, w in weights.items()}
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def build_models(models_dir: Path, spec: ModelSpec | None = None, force: bool = False) -> Path:
-    """Build (or reuse) the model pair under `models_dir`; returns `models_dir`."""
-    spec = spec or ModelSpec()
+def write_manifest(pair_dir: Path) -> dict[str, str]:
+    files = sorted(p for p in pair_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
+    manifest = {p.relative_to(pair_dir).as_posix(): sha256(p) for p in files}
+    (pair_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def is_installed(models_dir: Path, source: Path = SHIPPED) -> bool:
+    installed = Path(models_dir) / MANIFEST
+    return installed.exists() and installed.read_text() == (source / MANIFEST).read_text()
+
+
+def install_models(models_dir: Path, force: bool = False, source: Path = SHIPPED) -> Path:
+    """Copy the shipped pair into `models_dir` (seconds); verify every file."""
     models_dir = Path(models_dir)
-    if not force and is_built(models_dir, spec):
-        log.info("models already built in %s", models_dir)
+    if not force and is_installed(models_dir, source):
+        log.info("models already installed in %s", models_dir)
         return models_dir
-
+    manifest = json.loads((source / MANIFEST).read_text())
     staging = models_dir.with_name(models_dir.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-
-    tokenizer = train_tokenizer(spec.target.vocab_size, spec.corpus_bytes)
-    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-
-    torch.manual_seed(spec.seed)
-    target = Qwen3ForCausalLM(target_config(spec, eos_id, pad_id)).to(torch.bfloat16)
-    save_tokenizer(tokenizer, target_dir(staging))
-    target.save_pretrained(target_dir(staging), safe_serialization=True)
-    generation_config = target_dir(staging) / "generation_config.json"
-    generation_config.write_text(json.dumps({"eos_token_id": eos_id, "pad_token_id": pad_id}))
-
-    generator = torch.Generator().manual_seed(spec.seed + 1)
-    drafter = drafter_dir(staging)
-    drafter.mkdir()
-    save_file(init_drafter_weights(spec, generator), drafter / "model.safetensors")
-    (drafter / "config.json").write_text(json.dumps(drafter_config(spec, eos_id), indent=2))
-
-    (staging / STAMP).write_text(json.dumps(_stamp(spec), indent=2))
+    for rel, digest in manifest.items():
+        target = staging / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / rel, target)
+        if sha256(target) != digest:
+            raise RuntimeError(f"shipped model file {rel} does not match its manifest")
+    shutil.copyfile(source / MANIFEST, staging / MANIFEST)
     shutil.rmtree(models_dir, ignore_errors=True)
     staging.rename(models_dir)
-    log.info("built models in %s", models_dir)
+    log.info("installed the trained model pair in %s", models_dir)
     return models_dir

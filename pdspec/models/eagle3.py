@@ -41,7 +41,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
         emb = emb[None, None]
     else:
         emb = emb[:, None]
-    return x * emb.cos() + rotate_half(x) * emb.sin()
+    return x * emb.cos().to(x.dtype) + rotate_half(x) * emb.sin().to(x.dtype)
 
 
 class Attention(nn.Module):

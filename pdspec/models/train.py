@@ -36,14 +36,14 @@ log = logging.getLogger("pdspec.models.train")
 
 @dataclass(frozen=True)
 class TrainPlan:
-    target_steps: int = 700
+    target_steps: int = 300
     target_batch: int = 16
     target_seq: int = 256
     target_lr: float = 3e-3
     drafter_sequences: int = 384
     prompt_tokens: int = 32
     generated_tokens: int = 160
-    drafter_epochs: int = 4
+    drafter_epochs: int = 6
     drafter_batch: int = 16
     drafter_lr: float = 2e-3
     unroll_steps: int = 3
@@ -183,6 +183,11 @@ def train_pair(out_dir: Path, spec: ModelSpec, plan: TrainPlan) -> dict:
     target = Qwen3ForCausalLM(config)
     target_losses = train_target(target, data, plan, generator)
     target_s = time.monotonic() - started
+    # The pair ships as bf16 tensors and is served with float32 compute (config dtype):
+    # round the target now, so the drafter learns the features vLLM will compute.
+    with torch.no_grad():
+        for param in target.parameters():
+            param.copy_(param.to(torch.bfloat16).float())
 
     sequences = greedy_sequences(target, data, plan, generator)
     d_config = drafter_config(spec, eos_id)
@@ -199,14 +204,21 @@ def train_pair(out_dir: Path, spec: ModelSpec, plan: TrainPlan) -> dict:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     target_out, drafter_out = out_dir / "target", out_dir / "eagle3"
-    target.config.torch_dtype = "bfloat16"
+    # bf16 tensors keep the files small; config says float32, which vLLM computes in.
+    # This tiny model's greedy choices are sensitive to rounding: bf16 compute halves
+    # the drafter's acceptance, float32 compute keeps it.
+    target.config.torch_dtype = "float32"
     target.to(torch.bfloat16).save_pretrained(target_out, safe_serialization=True)
+    config_path = target_out / "config.json"
+    saved = json.loads(config_path.read_text())
+    saved["torch_dtype"] = saved["dtype"] = "float32"
+    config_path.write_text(json.dumps(saved, indent=2))
     save_tokenizer(tokenizer, target_out)
     (target_out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_id, "pad_token_id": pad_id}))
     drafter_out.mkdir(exist_ok=True)
     state = {name: tensor.detach().to(torch.bfloat16).contiguous() for name, tensor in drafter.state_dict().items()}
     save_file(state, drafter_out / "model.safetensors")
-    (drafter_out / "config.json").write_text(json.dumps(d_config, indent=2))
+    (drafter_out / "config.json").write_text(json.dumps({**d_config, "torch_dtype": "float32"}, indent=2))
     report = {
         "seconds_total": round(time.monotonic() - started, 1),
         "seconds_target": round(target_s, 1),

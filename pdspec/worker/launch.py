@@ -165,9 +165,9 @@ def exec_worker(role: Role, model: ModelSettings, worker: WorkerSettings, run_di
 
     check_environment()
     if model.target is None:
-        from pdspec.models.build import build_models
+        from pdspec.models.build import install_models
 
-        build_models(model.models_dir)
+        install_models(model.models_dir)
     prepare_run_dir(role, run_dir)
     spec = launch_spec(role, model, worker, run_dir)
     os.execve(spec.argv[0], spec.argv, {**os.environ, **spec.env})

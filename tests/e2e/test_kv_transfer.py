@@ -18,7 +18,8 @@ def kv_bytes_per_block(block_size: int) -> int:
     target = json.loads((models / "target" / "config.json").read_text())
     drafter = json.loads((models / "eagle3" / "config.json").read_text())
     layers = target["num_hidden_layers"] + drafter["num_hidden_layers"]
-    per_layer = 2 * block_size * target["num_key_value_heads"] * target["head_dim"] * 2  # K+V, bf16
+    dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[target["torch_dtype"]]
+    per_layer = 2 * block_size * target["num_key_value_heads"] * target["head_dim"] * dtype_bytes  # K and V
     return layers * per_layer
 
 

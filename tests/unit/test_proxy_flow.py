@@ -32,7 +32,9 @@ def test_prefill_then_decode_with_the_returned_kv_params(proxy_url, behaviour):
     prefill, decode = behaviour.received
     assert prefill["max_tokens"] == 1 and prefill["stream"] is False
     assert decode["max_tokens"] == 5
-    assert decode["kv_transfer_params"] == {"remote_engine_id": "standin", "remote_block_ids": [[1]]}
+    assert decode["kv_transfer_params"] == {
+        "remote_engine_id": "standin", "remote_block_ids": [[1]], "remote_host": "127.0.0.1",
+    }  # fmt: skip
     assert "standin" in response.json()["choices"][0]["text"]
 
 

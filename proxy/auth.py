@@ -1,0 +1,26 @@
+"""Client API keys (Bearer), checked by the proxy. Workers get their own credential."""
+
+from __future__ import annotations
+
+import hmac
+
+from proxy.errors import ProxyError
+
+
+class ApiKeys:
+    def __init__(self, keys: list[str]) -> None:
+        self._keys = [k.encode() for k in keys if k]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._keys)
+
+    def check(self, authorization: str | None) -> None:
+        if not self.enabled:
+            return
+        if not authorization or not authorization.startswith("Bearer "):
+            raise ProxyError(401, "Missing API key: send 'Authorization: Bearer <key>'.", code="invalid_api_key")
+        given = authorization[len("Bearer ") :].strip().encode()
+        # Compare against every key in constant time, so timing leaks nothing.
+        if not any(hmac.compare_digest(given, key) for key in self._keys):
+            raise ProxyError(401, "Invalid API key.", code="invalid_api_key")

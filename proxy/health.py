@@ -1,0 +1,60 @@
+"""Active health checks: eject a worker after failed checks, re-admit it after good ones."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+
+from proxy.pool import Worker, WorkerPool
+
+log = logging.getLogger("pdspec.proxy.health")
+
+
+class HealthChecker:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        pools: list[WorkerPool],
+        interval_s: float,
+        timeout_s: float,
+        eject_after: int,
+        readmit_after: int,
+    ) -> None:
+        self.session = session
+        self.pools = pools
+        self.interval_s = interval_s
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.eject_after = eject_after
+        self.readmit_after = readmit_after
+
+    async def check(self, pool: WorkerPool, worker: Worker) -> None:
+        try:
+            async with self.session.get(worker.url + "/health", timeout=self.timeout) as resp:
+                ok = resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            ok = False
+        self.record(pool, worker, ok)
+
+    def record(self, pool: WorkerPool, worker: Worker, ok: bool) -> None:
+        if ok:
+            worker.consecutive_failures = 0
+            worker.consecutive_successes += 1
+            if not worker.healthy and worker.consecutive_successes >= self.readmit_after:
+                worker.healthy = True
+                log.warning("re-admitted %s worker %s", pool.name, worker.url)
+        else:
+            worker.consecutive_successes = 0
+            worker.consecutive_failures += 1
+            if worker.healthy and worker.consecutive_failures >= self.eject_after:
+                worker.healthy = False
+                log.warning("ejected %s worker %s", pool.name, worker.url)
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(pool, w) for pool in self.pools for w in list(pool.workers)))
+
+    async def run(self) -> None:
+        while True:
+            await self.check_all()
+            await asyncio.sleep(self.interval_s)

@@ -1,0 +1,144 @@
+"""Failure policies, backpressure, API keys, the KV-source allowlist and client
+disconnects, against stand-in workers."""
+
+import asyncio
+import threading
+
+import httpx
+import pytest
+
+from pdspec.settings import ProxySettings
+from proxy.app import create_app
+from tests.standin import StandinBehaviour, ThreadServer, create_standin
+
+BODY = {"model": "m", "prompt": "hello", "max_tokens": 5}
+
+
+class Cluster:
+    """Two prefill stand-ins and one decode stand-in behind a real proxy."""
+
+    def __init__(self, **settings):
+        self.p1, self.p2, self.d = StandinBehaviour(), StandinBehaviour(), StandinBehaviour()
+        self.settings = settings
+
+    def __enter__(self):
+        self.servers = [ThreadServer(create_standin(b)).__enter__() for b in (self.p1, self.p2, self.d)]
+        urls = [s.url for s in self.servers]
+        settings = ProxySettings(
+            prefill_urls=urls[:2], decode_urls=urls[2:], prefill_policy="round_robin", retry_backoff_s=0.01,
+            **self.settings,
+        )  # fmt: skip
+        self.proxy = ThreadServer(create_app(settings)).__enter__()
+        self.url = self.proxy.url
+        return self
+
+    def __exit__(self, *exc):
+        self.proxy.__exit__(*exc)
+        for server in self.servers:
+            server.__exit__(*exc)
+
+
+def prefill_legs(b: StandinBehaviour) -> int:
+    return sum(1 for body in b.received if (body.get("kv_transfer_params") or {}).get("do_remote_decode"))
+
+
+def test_retry_moves_the_prefill_to_another_worker():
+    with Cluster(prefill_failure_policy="retry") as c:
+        c.p1.prefill_status = c.p2.prefill_status = 200
+        c.p1.prefill_status = 500
+        statuses = [httpx.post(c.url + "/v1/completions", json=BODY).status_code for _ in range(4)]
+        metrics = httpx.get(c.url + "/metrics").text
+    assert statuses == [200] * 4
+    assert prefill_legs(c.p2) == 4
+    assert 'pdspec_proxy_prefill_outcomes_total{outcome="retried_ok"}' in metrics
+
+
+def test_error_policy_returns_the_failure():
+    with Cluster(prefill_failure_policy="error") as c:
+        c.p1.prefill_status = c.p2.prefill_status = 500
+        response = httpx.post(c.url + "/v1/completions", json=BODY)
+    assert response.status_code == 502 and response.json()["error"]["type"] == "server_error"
+    assert c.d.received == []
+
+
+def test_fallback_policy_decodes_without_kv_params():
+    with Cluster(prefill_failure_policy="fallback") as c:
+        c.p1.prefill_status = c.p2.prefill_status = 500
+        response = httpx.post(c.url + "/v1/completions", json=BODY)
+        metrics = httpx.get(c.url + "/metrics").text
+    assert response.status_code == 200
+    assert c.d.received[-1]["kv_transfer_params"] is None
+    assert 'pdspec_proxy_prefill_outcomes_total{outcome="fallback"} 1.0' in metrics
+
+
+def test_prefill_naming_a_foreign_kv_source_is_refused():
+    with Cluster(prefill_failure_policy="error") as c:
+        c.p1.remote_host = c.p2.remote_host = "169.254.169.254"
+        response = httpx.post(c.url + "/v1/completions", json=BODY)
+    assert response.status_code == 502
+    assert "outside its pool" in response.json()["error"]["message"]
+    assert c.d.received == []
+
+
+def test_backpressure_answers_429_with_retry_after():
+    with Cluster(max_inflight=1, max_queue=0) as c:
+        c.d.delay_s = 1.0
+        results = {}
+
+        def slow():
+            results["slow"] = httpx.post(c.url + "/v1/completions", json=BODY, timeout=10).status_code
+
+        thread = threading.Thread(target=slow)
+        thread.start()
+        while not c.d.headers:  # the first request holds the only slot once it reaches decode
+            pass
+        rejected = httpx.post(c.url + "/v1/completions", json=BODY)
+        thread.join()
+    assert rejected.status_code == 429
+    assert rejected.headers["retry-after"] == "1"
+    assert rejected.json()["error"]["type"] == "rate_limit_error"
+    assert results["slow"] == 200
+
+
+@pytest.mark.parametrize("header, status", [(None, 401), ("Bearer wrong", 401), ("Basic abc", 401), ("Bearer k1", 200)])
+def test_api_keys(header, status):
+    with Cluster(api_keys=["k1", "k2"], worker_api_key="worker-secret") as c:
+        headers = {"Authorization": header} if header else {}
+        response = httpx.post(c.url + "/v1/completions", json=BODY, headers=headers)
+    assert response.status_code == status
+    if status == 200:
+        # Workers see the proxy's own credential, never the client's key.
+        assert {h["authorization"] for h in c.p1.headers + c.p2.headers + c.d.headers} == {"Bearer worker-secret"}
+    else:
+        assert response.json()["error"]["code"] == "invalid_api_key"
+        assert c.d.received == []
+
+
+def test_ready_follows_worker_health():
+    with Cluster(health_interval_s=0.05, eject_after_failures=1, readmit_after_successes=1) as c:
+        assert httpx.get(c.url + "/ready").status_code == 200
+        c.d.healthy = False
+        while httpx.get(c.url + "/ready").status_code != 503:  # health checks run every 50 ms
+            pass
+        body = httpx.get(c.url + "/ready").json()
+        c.d.healthy = True
+        while httpx.get(c.url + "/ready").status_code != 200:
+            pass
+    assert body == {"ready": False, "healthy_workers": {"prefill": 2, "decode": 0}}
+
+
+def test_client_disconnect_during_prefill_cancels_the_leg():
+    async def go(url):
+        async with httpx.AsyncClient() as client:
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post(url + "/v1/completions", json=BODY, timeout=0.3)
+
+    with Cluster() as c:
+        c.p1.delay_s = c.p2.delay_s = 5.0
+        asyncio.run(go(c.url))
+        for _ in range(200):  # the proxy closes the prefill connection once the client is gone
+            if c.p1.cancelled + c.p2.cancelled:
+                break
+            asyncio.run(asyncio.sleep(0.02))
+    assert c.p1.cancelled + c.p2.cancelled == 1
+    assert c.d.received == []
