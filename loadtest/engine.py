@@ -81,6 +81,7 @@ def plugin_engine(
     if models_dir is not None:
         target = target or str(models_dir / "target")
         drafter = drafter or str(models_dir / "eagle3")
+        engine_kwargs.setdefault("dtype", "float32")  # as pdspec serves the local model
     from vllm import LLM
 
     llm = LLM(

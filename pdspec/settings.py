@@ -46,6 +46,11 @@ class ModelSettings(BaseModel):
         None, description="Name clients use; unset: 'pdspec-tiny' for the local model, else the path."
     )
     max_model_len: int = 2048
+    dtype: str | None = Field(
+        None,
+        description="vLLM --dtype; unset: float32 for the local model (its greedy choices are "
+        "rounding-sensitive; bf16 compute lowers its acceptance), vLLM's auto otherwise.",
+    )
     models_dir: Path = Field(
         default_factory=lambda: default_home() / "models",
         description="Where `pdspec models` installs the local model pair.",

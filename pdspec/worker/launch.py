@@ -91,6 +91,9 @@ def vllm_argv(role: Role, model: ModelSettings, worker: WorkerSettings, cpu: boo
         "--port", str(worker.port),
         "--max-model-len", str(model.max_model_len),
     ]  # fmt: skip
+    dtype = model.dtype or ("float32" if model.target is None else None)
+    if dtype is not None:
+        argv += ["--dtype", dtype]
     if role != "colocated":
         argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(role, worker, cpu))]
     spec = speculative_config(model, drafter)

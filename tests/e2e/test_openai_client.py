@@ -1,0 +1,43 @@
+"""The official `openai` Python client against the proxy, with real workers."""
+
+import openai
+import pytest
+
+from tests.prompts import COMPLETION_PROMPTS
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def oai(stack):
+    return openai.OpenAI(base_url=stack.proxy_url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_completions_plain_and_streamed_agree(oai):
+    plain = oai.completions.create(model="pdspec-tiny", prompt=COMPLETION_PROMPTS[0], max_tokens=16, temperature=0)
+    streamed = oai.completions.create(
+        model="pdspec-tiny", prompt=COMPLETION_PROMPTS[0], max_tokens=16, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(streamed)
+    assert plain.choices[0].text and plain.usage.completion_tokens == 16
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == plain.choices[0].text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 16
+
+
+def test_chat_plain_and_streamed_agree(oai):
+    messages = [{"role": "user", "content": "Write a loop over a list."}]
+    plain = oai.chat.completions.create(model="pdspec-tiny", messages=messages, max_tokens=16, temperature=0)
+    streamed = oai.chat.completions.create(
+        model="pdspec-tiny", messages=messages, max_tokens=16, temperature=0, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert plain.choices[0].message.content and text == plain.choices[0].message.content
+
+
+def test_errors_surface_as_openai_exceptions(oai):
+    with pytest.raises(openai.NotFoundError):
+        oai.completions.create(model="no-such-model", prompt="x", max_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        oai.completions.create(model="pdspec-tiny", prompt="x", max_tokens=-3)
+    assert [m.id for m in oai.models.list()] == ["pdspec-tiny"]
