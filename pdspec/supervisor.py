@@ -111,7 +111,8 @@ def plan_children(settings: UpCommand) -> list[Child]:
             name="proxy",
             argv=[sys.executable, "-m", "pdspec.cli", "proxy"],
             env={"PDSPEC_PROXY": proxy.model_dump_json()},
-            health_url=f"http://{proxy.host}:{proxy.port}/health",
+            # Ready, not just alive: the proxy itself sees a healthy worker of each pool.
+            health_url=f"http://{proxy.host}:{proxy.port}/ready",
             log_path=settings.run_dir / "logs" / "proxy.log",
         )
     )

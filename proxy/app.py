@@ -88,6 +88,7 @@ def create_app(settings: ProxySettings) -> FastAPI:
             session, [prefill_pool, decode_pool], settings.health_interval_s, settings.health_timeout_s,
             settings.eject_after_failures, settings.readmit_after_successes,
         )  # fmt: skip
+        await checker.check_all()  # admit the workers that are up before serving
         state["session"] = session
         state["disaggregator"] = Disaggregator(session, prefill_pool, decode_pool, metrics, settings)
         state["checker"] = checker

@@ -41,7 +41,10 @@ class HealthChecker:
         if ok:
             worker.consecutive_failures = 0
             worker.consecutive_successes += 1
-            if not worker.healthy and worker.consecutive_successes >= self.readmit_after:
+            if not worker.healthy and not worker.seen_healthy:
+                worker.healthy = worker.seen_healthy = True  # a new member: admit at once
+                log.info("admitted %s worker %s", pool.name, worker.url)
+            elif not worker.healthy and worker.consecutive_successes >= self.readmit_after:
                 worker.healthy = True
                 log.warning("re-admitted %s worker %s", pool.name, worker.url)
         else:

@@ -37,6 +37,7 @@ class Worker:
     outstanding: int = 0
     consecutive_failures: int = 0
     consecutive_successes: int = 0
+    seen_healthy: bool = True  # False for a member that has not yet passed a health check
 
     @property
     def host(self) -> str:
@@ -67,9 +68,12 @@ class WorkerPool:
         return any(w.healthy for w in self.workers)
 
     def set_urls(self, urls: list[str]) -> None:
-        """Membership change (DNS re-resolution): keep known workers' state."""
+        """Membership change (start-up, DNS re-resolution): known workers keep their
+        state; new ones take traffic only after their first good health check."""
         known = {w.url: w for w in self.workers}
-        self.workers = [known.get(url.rstrip("/")) or Worker(url.rstrip("/")) for url in urls]
+        self.workers = [
+            known.get(url.rstrip("/")) or Worker(url.rstrip("/"), healthy=False, seen_healthy=False) for url in urls
+        ]
 
     def pick(self, affinity_key: str | None = None, exclude: set[str] = frozenset()) -> Worker:
         candidates = self.healthy(exclude)

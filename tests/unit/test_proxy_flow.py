@@ -98,12 +98,14 @@ def test_stream_broken_mid_way_ends_with_an_sse_error_event(proxy_url, behaviour
     assert "error" in json.loads(events[-2])
 
 
-def test_unreachable_worker_is_a_clean_502():
+def test_unreachable_worker_is_a_clean_503_and_not_ready():
     settings = ProxySettings(prefill_urls=["http://127.0.0.1:9"], decode_urls=["http://127.0.0.1:9"])
     with ThreadServer(create_app(settings)) as proxy:
         response = httpx.post(proxy.url + "/v1/completions", json=BODY)
-    assert response.status_code == 502
-    assert response.json()["error"]["message"]
+        ready = httpx.get(proxy.url + "/ready")
+    assert response.status_code == 503
+    assert "no healthy prefill worker" in response.json()["error"]["message"]
+    assert ready.status_code == 503
 
 
 def test_oversized_body_is_413(behaviour):

@@ -48,6 +48,11 @@ def test_membership_change_keeps_known_workers_state():
     p.workers[0].outstanding = 3
     p.set_urls([p.workers[0].url, "http://10.0.0.9:8100"])
     assert p.workers[0].outstanding == 3 and p.workers[1].url.endswith("9:8100")
+    # A new member takes no traffic before its first good health check, then at once.
+    assert not p.workers[1].healthy
+    checker = HealthChecker(None, [p], interval_s=1, timeout_s=1, eject_after=2, readmit_after=3)
+    checker.record(p, p.workers[1], ok=True)
+    assert p.workers[1].healthy
 
 
 def test_ejection_after_failures_and_readmission_after_successes():
