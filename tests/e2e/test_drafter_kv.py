@@ -31,17 +31,21 @@ def test_pd_acceptance_matches_colocated_and_drops_without_drafter_kv(stack, cli
     assert texts == reference_outputs["acceptance_texts"]  # same greedy output
     assert abs(pd - colocated) <= BAND * colocated, (pd, colocated)
 
-    # Negative control: fresh prompts (no prefix-cache hit on either worker), and the
-    # prefill worker skips the drafter, so the drafter KV that D pulls was never written.
+    # Negative control: the same prompts again (the test stack runs without prefix
+    # caching, so they are prefilled and transferred anew), while the prefill worker
+    # skips the drafter: the drafter KV that D pulls was never written.
     switch = skip_drafter_file(stack.run_dir, "prefill")
     switch.touch()
     try:
-        fresh = [f"# negative control\n{p}" for p in ACCEPTANCE_PROMPTS]
-        without_kv, _ = pd_acceptance(stack, client, fresh)
+        without_kv, texts_without_kv = pd_acceptance(stack, client, ACCEPTANCE_PROMPTS)
     finally:
         switch.unlink()
-    assert without_kv < (1 - 2 * BAND) * colocated, (without_kv, colocated)
+    assert texts_without_kv == texts  # the target's output does not depend on the drafter
+    # Greedy and deterministic: P/D and colocated agree to within rounding, so a drop
+    # below the band is the drafter missing its prompt KV, not noise.
+    assert without_kv < (1 - BAND) * colocated, (without_kv, colocated)
+    print(f"acceptance length: colocated {colocated:.3f}, P/D {pd:.3f}, P/D without drafter KV {without_kv:.3f}")
 
-    # And with the switch off again, fresh prompts are back in the band.
-    again, _ = pd_acceptance(stack, client, [f"# positive control\n{p}" for p in ACCEPTANCE_PROMPTS])
-    assert abs(again - colocated) <= 2 * BAND * colocated, (again, colocated)
+    # And with the switch off again, the same prompts are back in the band.
+    again, _ = pd_acceptance(stack, client, ACCEPTANCE_PROMPTS)
+    assert abs(again - colocated) <= BAND * colocated, (again, colocated)

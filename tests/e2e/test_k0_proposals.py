@@ -55,14 +55,19 @@ def test_decode_worker_skips_only_unusable_drafts(stack, client):
         for policy in ("auto", "always"):
             set_policy(stack, "decode", policy)
             before = counters(stack.decode_url)
-            response = client.post(stack.proxy_url + "/v1/completions", json=completion_body(prompt, max_tokens=16))
-            assert response.status_code == 200
-            results[policy] = (response.json()["choices"][0]["text"], diff(counters(stack.decode_url), before))
+            texts = []
+            for max_tokens in (16, 1):  # a max_tokens=1 request is sure to finish in its first step
+                response = client.post(
+                    stack.proxy_url + "/v1/completions", json=completion_body(prompt, max_tokens=max_tokens)
+                )
+                assert response.status_code == 200
+                texts.append(response.json()["choices"][0]["text"])
+            results[policy] = (texts, diff(counters(stack.decode_url), before))
     finally:
         set_policy(stack, "decode", "auto")
     (auto_text, auto), (always_text, always) = results["auto"], results["always"]
     assert auto_text == always_text
     assert {k: auto[k] for k in SPEC} == {k: always[k] for k in SPEC}
-    assert auto["pdspec_k0_proposals_total"] >= 1  # at least the step sampling the last token
+    assert auto["pdspec_k0_proposals_total"] >= 1  # at least the max_tokens=1 request's step
     assert auto["pdspec_k0_proposals_total"] < auto["pdspec_proposals_total"]
     assert always["pdspec_k0_proposals_total"] == 0

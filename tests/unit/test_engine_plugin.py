@@ -76,8 +76,18 @@ class FakeV1Runner:
     device = "cpu"
 
     def __init__(self):
+        import torch
+
         self.input_batch = types.SimpleNamespace(req_ids=["a", "b"])
         self.drafter_runs = 0
+        self.drafter = types.SimpleNamespace(_draft_attn_layer_names={"drafter.attn"})
+        self.drafter_kv = torch.ones(4)
+        self.target_kv = torch.ones(4)
+        context = {"drafter.attn": types.SimpleNamespace(kv_cache=[self.drafter_kv]),
+                   "target.attn": types.SimpleNamespace(kv_cache=[self.target_kv])}  # fmt: skip
+        self.vllm_config = types.SimpleNamespace(
+            compilation_config=types.SimpleNamespace(static_forward_context=context)
+        )
 
     def propose_draft_token_ids(self, scheduler_output, *args):
         self.drafter_runs += 1
@@ -92,5 +102,6 @@ def test_skip_drafter_prefill_switch_is_live(tmp_path):
     switch.touch()
     skipped = runner.propose_draft_token_ids(None)
     assert tuple(skipped.shape) == (2, 0) and runner.drafter_runs == 1  # the drafter did not run
+    assert runner.drafter_kv.sum() == 0 and runner.target_kv.sum() == 4  # only drafter KV zeroed
     switch.unlink()
     assert runner.propose_draft_token_ids(None) == "drafts" and runner.drafter_runs == 2
