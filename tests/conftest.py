@@ -24,12 +24,19 @@ STACK_BASE_PORT = 18000
 
 
 def pytest_collection_modifyitems(config, items):
-    # A test that stops the shared stack must run after every test that uses it.
-    items.sort(key=lambda item: item.get_closest_marker("stops_stack") is not None)
+    # A test that stops the shared stack runs after every test that uses it; tests that
+    # start workers of their own run after that, when the stack is gone.
+    def order(item) -> int:
+        if item.get_closest_marker("after_stack"):
+            return 2
+        return 1 if item.get_closest_marker("stops_stack") else 0
+
+    items.sort(key=order)
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "stops_stack: stops the shared stack; runs last")
+    config.addinivalue_line("markers", "stops_stack: stops the shared stack; runs after the tests using it")
+    config.addinivalue_line("markers", "after_stack: starts its own workers; runs once the shared stack is gone")
 
 
 @pytest.fixture(scope="session")

@@ -106,7 +106,14 @@ class Server:
     process: subprocess.Popen
     url: str
 
+    def kill(self) -> None:
+        """SIGKILL the whole process group: a crash, not a shutdown."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
     def stop(self) -> None:
+        if self.process.poll() is not None:
+            return
         try:
             os.killpg(self.process.pid, signal.SIGTERM)
             self.process.wait(timeout=60)
@@ -115,14 +122,15 @@ class Server:
             self.process.wait(timeout=10)
 
 
-def start_colocated(run_dir: Path, port: int) -> Server:
-    """One plain vLLM server with the same model and drafter, no KV transfer."""
+def start_worker(role: str, run_dir: Path, port: int, side_channel_port: int = 5600, **worker: object) -> Server:
+    """One vLLM worker through pdspec's launcher: prefill, decode or colocated."""
     from pdspec.settings import ModelSettings, WorkerSettings
     from pdspec.worker.launch import launch_spec, prepare_run_dir
 
-    prepare_run_dir("colocated", run_dir)
-    spec = launch_spec("colocated", ModelSettings(models_dir=models_dir()), WorkerSettings(port=port), run_dir)
-    log_path = run_dir / "colocated.log"
+    prepare_run_dir(role, run_dir)
+    settings = WorkerSettings(port=port, side_channel_port=side_channel_port, **worker)
+    spec = launch_spec(role, ModelSettings(models_dir=models_dir()), settings, run_dir)
+    log_path = run_dir / f"{role}-{port}.log"
     process = subprocess.Popen(
         spec.argv,
         env={**os.environ, **spec.env},
@@ -130,18 +138,35 @@ def start_colocated(run_dir: Path, port: int) -> Server:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    server = Server(process, f"http://127.0.0.1:{port}")
-    wait_healthy(server.url, process, log_path)
+    return Server(process, f"http://127.0.0.1:{port}")
+
+
+def start_colocated(run_dir: Path, port: int) -> Server:
+    """One plain vLLM server with the same model and drafter, no KV transfer."""
+    server = start_worker("colocated", run_dir, port)
+    wait_healthy(server.url, server.process, run_dir / f"colocated-{port}.log")
     return server
 
 
-def wait_healthy(url: str, process: subprocess.Popen, log_path: Path) -> None:
+def start_proxy(port: int, **settings: object) -> Server:
+    import json
+
+    env = {**os.environ, "PDSPEC_PROXY": json.dumps({"port": port, **settings})}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pdspec.cli", "proxy"], env=env, cwd=REPO,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    return Server(process, f"http://127.0.0.1:{port}")
+
+
+def wait_healthy(url: str, process: subprocess.Popen, log_path: Path | None = None, path: str = "/health") -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"server exited: {log_path.read_text(errors='replace')[-3000:]}")
+            tail = log_path.read_text(errors="replace")[-3000:] if log_path else ""
+            raise RuntimeError(f"server exited: {tail}")
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
+            if httpx.get(url + path, timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass

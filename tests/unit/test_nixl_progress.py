@@ -35,7 +35,7 @@ def idle_cores(delay_us: int) -> float:
 def test_default_nixl_agent_busy_spins_and_the_delay_stops_it():
     spinning = idle_cores(-1)  # nixl as shipped
     fixed = idle_cores(1000)
-    assert spinning > 0.5, "nixl no longer busy-spins: the fix may be obsolete"
+    assert spinning > 0.25, "nixl no longer busy-spins: the fix may be obsolete"
     assert fixed < 0.1
     assert fixed < spinning / 5
 

@@ -1,0 +1,150 @@
+"""Faults with real workers: two prefill workers and one decode worker, behind two
+proxies: one with only the first prefill worker and `error` policy, one with both and
+`retry`. Client disconnects first (nothing is broken), then the first prefill worker is
+killed under load, then the decode worker is killed mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+
+from tests import harness
+from tests.prompts import completion_body, unique_prompt
+
+# After every test of the shared stack (which is stopped by then): three more workers
+# beside it would crowd two cores.
+pytestmark = [pytest.mark.e2e, pytest.mark.after_stack]
+
+BASE = 19000
+CLIENT_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    run = tmp_path_factory.mktemp("faults")
+    p1 = harness.start_worker("prefill", run / "p1", BASE + 101, BASE + 301, cpu_omp_threads_bind="0")
+    p2 = harness.start_worker("prefill", run / "p2", BASE + 102, BASE + 302, cpu_omp_threads_bind="0")
+    d = harness.start_worker("decode", run / "d", BASE + 201, BASE + 401, cpu_omp_threads_bind="1")
+    workers = [p1, p2, d]
+    common = {"decode_urls": [d.url], "health_interval_s": 0.5, "prefill_timeout_s": 30, "decode_timeout_s": 60}
+    single = harness.start_proxy(BASE, prefill_urls=[p1.url], prefill_failure_policy="error", **common)
+    double = harness.start_proxy(BASE + 1, prefill_urls=[p1.url, p2.url], prefill_failure_policy="retry",
+                                 prefill_policy="round_robin", **common)  # fmt: skip
+    try:
+        for server in workers:
+            harness.wait_healthy(server.url, server.process)
+        for proxy in (single, double):
+            harness.wait_healthy(proxy.url, proxy.process, path="/ready")
+        yield {"p1": p1, "p2": p2, "d": d, "single": single, "double": double}
+    finally:
+        for server in (single, double, *workers):
+            server.stop()
+
+
+def gauges(url: str) -> tuple[float | None, float | None]:
+    """(requests running or waiting, KV cache usage); None until the engine first logs them."""
+    values = harness.scrape(url)
+    running = values.get("vllm:num_requests_running")
+    waiting = values.get("vllm:num_requests_waiting")
+    busy = None if running is None or waiting is None else running + waiting
+    return busy, values.get("vllm:kv_cache_usage_perc")
+
+
+def wait_idle(url: str, timeout_s: float = 30) -> tuple[float | None, float | None]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        busy, usage = gauges(url)
+        if busy == 0 and usage == 0:
+            return busy, usage
+        time.sleep(0.2)  # poll interval
+    return gauges(url)
+
+
+async def stream_then_vanish(url: str, body: dict) -> None:
+    """A streaming client that goes away as soon as the first event arrives: the
+    decode worker is running the request and has pulled its KV from the prefill worker."""
+    first_event = asyncio.Event()
+
+    async def read():
+        async with httpx.AsyncClient(timeout=60) as client:
+            async with client.stream("POST", url + "/v1/completions", json=body) as response:
+                async for _ in response.aiter_bytes():
+                    first_event.set()
+
+    task = asyncio.create_task(read())
+    await asyncio.wait_for(first_event.wait(), 60)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+def test_client_disconnect_mid_stream_frees_both_workers(cluster):
+    # (A disconnect while the prefill leg runs is covered against a stand-in worker in
+    # tests/unit/test_proxy_failures.py: the proxy closes the leg's connection.)
+    body = completion_body(unique_prompt(60), stream=True, max_tokens=1000)
+    asyncio.run(stream_then_vanish(cluster["single"].url, body))
+    for worker in ("p1", "d"):
+        assert wait_idle(cluster[worker].url) == (0, 0), worker
+
+
+async def fire(url: str, n: int, kill_after_s: float, kill) -> list:
+    async def one(i):
+        body = completion_body(unique_prompt(150), max_tokens=24)
+        started = time.monotonic()
+        try:
+            async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as client:
+                response = await client.post(url + "/v1/completions", json=body)
+            return response.status_code, response.json(), time.monotonic() - started
+        except httpx.HTTPError as exc:
+            return type(exc).__name__, None, time.monotonic() - started
+
+    tasks = [asyncio.create_task(one(i)) for i in range(n)]
+    await asyncio.sleep(kill_after_s)
+    await asyncio.to_thread(kill)
+    return await asyncio.gather(*tasks)
+
+
+def test_prefill_worker_killed_under_load(cluster):
+    async def both():
+        # 50 requests through each proxy; kill the first prefill worker while they run.
+        killed = asyncio.Event()
+
+        def kill():
+            cluster["p1"].kill()
+            killed.set()
+
+        single, double = await asyncio.gather(
+            fire(cluster["single"].url, 50, 1.0, kill), fire(cluster["double"].url, 50, 1.0, lambda: None)
+        )
+        return single, double
+
+    single, double = asyncio.run(both())
+    # One prefill worker, `error` policy: each request completes or gets a clean 5xx, in time.
+    for status, body, seconds in single:
+        assert status == 200 or (isinstance(status, int) and 500 <= status < 600), (status, body)
+        if status != 200:
+            assert "error" in body
+        assert seconds < CLIENT_TIMEOUT_S
+    assert any(status != 200 for status, _, _ in single)  # the kill did hit requests in flight
+    # Two prefill workers, `retry` policy: every request completes.
+    assert [status for status, _, _ in double] == [200] * 50, [r for r in double if r[0] != 200][:3]
+    outcomes = harness.scrape(cluster["double"].url)
+    assert outcomes.get("pdspec_proxy_prefill_outcomes_total", 0) >= 50
+
+
+def test_decode_worker_killed_mid_stream_ends_with_an_sse_error(cluster):
+    body = completion_body(unique_prompt(40), stream=True, max_tokens=1500)
+    events = []
+    with httpx.stream("POST", cluster["double"].url + "/v1/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            events.append(line[len("data: "):])
+            if len(events) == 3:
+                cluster["d"].kill()
+    assert events[-1] == "[DONE]"
+    assert "error" in json.loads(events[-2])
