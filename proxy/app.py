@@ -90,6 +90,7 @@ def create_app(settings: ProxySettings) -> FastAPI:
         )  # fmt: skip
         await checker.check_all()  # admit the workers that are up before serving
         state["session"] = session
+        state["limits"] = await fetch_model_limits(session, decode_pool)
         state["disaggregator"] = Disaggregator(session, prefill_pool, decode_pool, metrics, settings)
         state["checker"] = checker
         tasks = [asyncio.create_task(checker.run()), asyncio.create_task(membership.run())]
@@ -118,6 +119,9 @@ def create_app(settings: ProxySettings) -> FastAPI:
             raw = await read_body(request, settings.max_body_bytes)
             body = parse_json_object(raw)
             validate(body, ChatCompletionRequest if chat else CompletionRequest)
+            if not state.get("limits"):  # workers were not up when the proxy started
+                state["limits"] = await fetch_model_limits(state["session"], decode_pool)
+            check_limits(body, state["limits"])
             async with admission.slot():
                 metrics.inflight.set(admission.inflight)
                 response = await cancel_on_disconnect(
@@ -170,6 +174,31 @@ def create_app(settings: ProxySettings) -> FastAPI:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+async def fetch_model_limits(session: aiohttp.ClientSession, pool: WorkerPool) -> dict[str, int]:
+    """max_model_len per served model, from a decode worker's /v1/models (vLLM lists it).
+
+    A request the decode worker would refuse must be refused before its prefill leg:
+    otherwise the prefill worker keeps the prompt's KV for a decode that never comes."""
+    for worker in pool.healthy():
+        try:
+            async with session.get(worker.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                cards = (await resp.json(content_type=None)).get("data", [])
+            return {card["id"]: int(card["max_model_len"]) for card in cards if card.get("max_model_len")}
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError):
+            continue
+    return {}
+
+
+def check_limits(body: dict, limits: dict[str, int]) -> None:
+    max_len = limits.get(body.get("model"))
+    if max_len is None:
+        return
+    for field in ("max_tokens", "max_completion_tokens"):
+        value = body.get(field)
+        if isinstance(value, int) and value >= max_len:
+            raise ProxyError(400, f"'{field}' is {value}, but the model's context is {max_len} tokens.", param=field)
 
 
 def _request_id(request: Request) -> str:
