@@ -167,6 +167,13 @@ def run_up(settings: UpCommand) -> int:
     def say(message: str) -> None:
         print(f"pdspec up: {message}", flush=True)
 
+    from pdspec.worker.preflight import PreflightError, check_environment
+
+    try:
+        check_environment()
+    except PreflightError as exc:
+        say(f"error: {exc}")
+        return 1
     if settings.model.target is None:
         from pdspec.models.build import install_models, is_installed
 
@@ -174,9 +181,6 @@ def run_up(settings: UpCommand) -> int:
             say(f"installing the local model pair in {settings.model.models_dir}")
         install_models(settings.model.models_dir)
 
-    from pdspec.worker.preflight import check_environment
-
-    check_environment()
     children = plan_children(settings)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
