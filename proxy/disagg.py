@@ -140,10 +140,10 @@ class Disaggregator:
         if not isinstance(params, dict):
             # Without it the decode worker would silently recompute the prompt.
             raise LegFailed(502, "Prefill worker returned no kv_transfer_params; is it a kv_producer?", "no_kv_params")
-        self._check_remote(params, worker)
+        self._check_remote(params)
         return params
 
-    def _check_remote(self, params: dict, worker: Worker) -> None:
+    def _check_remote(self, params: dict) -> None:
         host = params.get("remote_host")
         allowed = {w.host for w in self.prefill_pool.workers} | set(self.settings.kv_source_hosts)
         if host is not None and host not in allowed:
@@ -175,7 +175,8 @@ class Disaggregator:
             except LegFailed as exc:
                 failure = exc
                 self.metrics.leg_failures.labels("decode", exc.reason).inc()
-                await asyncio.sleep(self.settings.retry_backoff_s * (2**attempt))
+                if attempt < self.settings.decode_retries:  # no pause before giving up
+                    await asyncio.sleep(self.settings.retry_backoff_s * (2**attempt))
                 continue
             if body.get("stream"):
                 return StreamingResponse(self._relay(resp, worker, started), media_type="text/event-stream",

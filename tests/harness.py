@@ -8,7 +8,6 @@ real responses and on the workers' own /metrics.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -172,9 +171,6 @@ def wait_healthy(url: str, process: subprocess.Popen, log_path: Path | None = No
             pass
         time.sleep(0.5)  # poll interval
     raise RuntimeError(f"{url} not healthy in time")
-
-
-_LABEL_FILTER = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 
 
 def scrape(url: str) -> dict[str, float]:
