@@ -134,7 +134,13 @@ class ProxySettings(BaseModel):
         description="Hosts besides the prefill pool's that may appear as remote_host in kv_transfer_params "
         "(a NIXL side channel on another address than the HTTP one).",
     )
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="info logs one line per request (with its request id); warning only failures."
+    )
+    log_format: Literal["text", "json"] = Field("text", description="json: one JSON object per line.")
+    otlp_traces_endpoint: str | None = Field(
+        None, description="OTLP/HTTP collector (http://host:4318): spans for prefill, handoff and decode."
+    )
 
 
 class _Base(BaseSettings):

@@ -4,7 +4,6 @@ rest get 429 with Retry-After at once, and a waiter that times out gets 503."""
 from __future__ import annotations
 
 import asyncio
-from contextlib import asynccontextmanager
 
 from proxy.errors import ProxyError
 
@@ -19,8 +18,8 @@ class Admission:
         self.inflight = 0
         self.waiting = 0
 
-    @asynccontextmanager
-    async def slot(self):
+    async def acquire(self) -> None:
+        """Take a slot, wait in the queue for one, or raise 429/503. Pair with `release()`."""
         if self._slots.locked():
             if self.waiting >= self.max_queue:
                 raise ProxyError(429, "Too many requests in flight; retry later.", code="rate_limit_exceeded",
@@ -36,8 +35,7 @@ class Admission:
         else:
             await self._slots.acquire()
         self.inflight += 1
-        try:
-            yield
-        finally:
-            self.inflight -= 1
-            self._slots.release()
+
+    def release(self) -> None:
+        self.inflight -= 1
+        self._slots.release()

@@ -20,29 +20,25 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-from starlette.responses import Response, StreamingResponse
+import orjson
 
 from pdspec.settings import ProxySettings
+from proxy.asgi import Reply
 from proxy.errors import ProxyError, sse_error_event
 from proxy.legs import decode_body, prefill_body
 from proxy.metrics import ProxyMetrics
 from proxy.pool import NoHealthyWorker, Worker, WorkerPool, affinity_key
+from proxy.tracing import NO_TRACE, NoTrace
+from proxy.upstream import UpstreamClient, UpstreamError, UpstreamResponse
+from proxy.usage import cached_tokens_of, patch_body, patch_stream
 
 log = logging.getLogger("pdspec.proxy")
 
 
-@dataclass
-class WorkerReply:
+class PassThrough(Exception):
     """A worker answered with a status the client should see as is (a 4xx)."""
 
-    status: int
-    body: bytes
-    content_type: str
-
-
-class PassThrough(Exception):
-    def __init__(self, reply: WorkerReply):
+    def __init__(self, reply: Reply):
         super().__init__(f"worker replied {reply.status}")
         self.reply = reply
 
@@ -58,36 +54,51 @@ class LegFailed(Exception):
 
 
 @dataclass
+class Prefilled:
+    """What the prefill leg hands to the decode leg."""
+
+    kv_transfer_params: dict[str, Any] | None  # None: decode-only fallback
+    cached_tokens: int | None  # the prefill worker's prefix-cache hits
+
+
 class Disaggregator:
-    session: aiohttp.ClientSession
-    prefill_pool: WorkerPool
-    decode_pool: WorkerPool
-    metrics: ProxyMetrics
-    settings: ProxySettings
+    def __init__(
+        self,
+        client: UpstreamClient,
+        prefill_pool: WorkerPool,
+        decode_pool: WorkerPool,
+        metrics: ProxyMetrics,
+        settings: ProxySettings,
+    ) -> None:
+        self.client = client
+        self.prefill_pool = prefill_pool
+        self.decode_pool = decode_pool
+        self.metrics = metrics
+        self.settings = settings
+        self.worker_headers = {"Authorization": f"Bearer {settings.worker_api_key}"} if settings.worker_api_key else {}
+        # Children of the metrics every request touches, bound once (labels() costs a lock).
+        self.prefill_seconds = metrics.leg_seconds.labels("prefill")
+        self.decode_seconds = metrics.leg_seconds.labels("decode")
+        self.prefill_ok = metrics.prefill_outcomes.labels("ok")
 
-    def __post_init__(self) -> None:
-        s = self.settings
-        self.prefill_timeout = aiohttp.ClientTimeout(total=s.prefill_timeout_s, connect=s.connect_timeout_s)
-        self.decode_timeout = aiohttp.ClientTimeout(total=s.decode_timeout_s, connect=s.connect_timeout_s)
-        self.worker_headers = {"Authorization": f"Bearer {s.worker_api_key}"} if s.worker_api_key else {}
-
-    async def serve(self, path: str, body: dict[str, Any], chat: bool, request_id: str) -> Response:
+    async def serve(
+        self, path: str, body: dict[str, Any], chat: bool, request_id: str, trace: NoTrace = NO_TRACE
+    ) -> Reply:
         try:
-            kv_transfer_params = await self._prefill(path, body, chat, request_id)
-            return await self._decode(path, body, kv_transfer_params, request_id)
+            prefilled = await self._prefill(path, body, chat, request_id, trace)
+            return await self._decode(path, body, prefilled, request_id, trace)
         except PassThrough as passthrough:
-            reply = passthrough.reply
-            return Response(
-                reply.body, status_code=reply.status, media_type=reply.content_type, headers={"X-Request-Id": request_id}
-            )
+            passthrough.reply.headers["X-Request-Id"] = request_id
+            return passthrough.reply
 
     # --- prefill ---------------------------------------------------------------------
 
-    async def _prefill(self, path: str, body: dict, chat: bool, request_id: str) -> dict[str, Any] | None:
+    async def _prefill(self, path: str, body: dict, chat: bool, request_id: str, trace: NoTrace) -> Prefilled:
         policy = self.settings.prefill_failure_policy
         attempts = 1 + (self.settings.prefill_retries if policy == "retry" else 0)
         tried: set[str] = set()
-        key = affinity_key(body)
+        key = affinity_key(body) if self.prefill_pool.policy == "prefix_affinity" else None
+        leg = orjson.dumps(prefill_body(body, chat))
         failure: LegFailed | None = None
         for attempt in range(attempts):
             try:
@@ -96,70 +107,84 @@ class Disaggregator:
                 failure = failure or LegFailed(503, "no healthy prefill worker", "no_healthy_worker")
                 break
             tried.add(worker.url)
+            span = trace.start("prefill", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
             try:
-                params = await self._prefill_once(worker, path, body, chat, request_id)
+                prefilled = await self._prefill_once(worker, path, leg, request_id, trace.headers(span))
             except LegFailed as exc:
+                trace.end(span, exc.message)
                 failure = exc
                 self.metrics.leg_failures.labels("prefill", exc.reason).inc()
                 if attempt + 1 < attempts:
                     await asyncio.sleep(self.settings.retry_backoff_s * (2**attempt))
                 continue
-            self.metrics.prefill_outcomes.labels("ok" if attempt == 0 else "retried_ok").inc()
-            return params
+            except PassThrough:
+                trace.end(span, "worker 4xx")
+                raise
+            trace.end(span)
+            (self.prefill_ok if attempt == 0 else self.metrics.prefill_outcomes.labels("retried_ok")).inc()
+            return prefilled
         assert failure is not None
         if policy == "fallback":
             # The decode worker prefills the prompt itself: slower, but the request lives.
             self.metrics.prefill_outcomes.labels("fallback").inc()
-            log.warning("request %s: prefill failed (%s); decode-only fallback", request_id, failure.message)
-            return None
+            log.warning("prefill failed (%s); decode-only fallback", failure.message, extra={"request_id": request_id})
+            return Prefilled(None, None)
         self.metrics.prefill_outcomes.labels("error").inc()
         raise ProxyError(failure.status, failure.message)
 
-    async def _prefill_once(self, worker: Worker, path: str, body: dict, chat: bool, request_id: str) -> dict:
+    async def _prefill_once(self, worker: Worker, path: str, leg: bytes, request_id: str, trace_headers) -> Prefilled:
         started = time.perf_counter()
         worker.outstanding += 1
         try:
-            async with self.session.post(
-                worker.url + path,
-                json=prefill_body(body, chat),
-                headers={"X-Request-Id": request_id, **self.worker_headers},
-                timeout=self.prefill_timeout,
-            ) as resp:
-                data = await resp.read()
-                if resp.status != 200:
-                    raise self._worker_error("prefill", worker, resp.status, data, resp.headers.get("content-type"))
-                reply = await resp.json(content_type=None)
-        except asyncio.TimeoutError:
-            raise LegFailed(504, f"prefill worker {worker.url} timed out", "timeout") from None
-        except aiohttp.ClientError as exc:
-            raise LegFailed(502, f"prefill worker {worker.url} failed: {type(exc).__name__}", type(exc).__name__) from None
+            resp = await self.client.request(
+                worker.url, "POST", path, leg,
+                {"X-Request-Id": request_id, **self.worker_headers, **trace_headers},
+                self.settings.prefill_timeout_s,
+            )  # fmt: skip
+            data = await resp.read()
+        except UpstreamError as exc:
+            raise self._leg_failed("prefill", worker, exc) from None
         finally:
             worker.outstanding -= 1
-        self.metrics.leg_seconds.labels("prefill").observe(time.perf_counter() - started)
-        params = reply.get("kv_transfer_params")
+        if resp.status != 200:
+            raise self._worker_error("prefill", worker, resp, data)
+        self.prefill_seconds.observe(time.perf_counter() - started)
+        try:
+            reply = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise LegFailed(502, f"prefill worker {worker.url} sent a body that is not JSON", "bad_reply") from None
+        params = reply.get("kv_transfer_params") if isinstance(reply, dict) else None
         if not isinstance(params, dict):
             # Without it the decode worker would silently recompute the prompt.
             raise LegFailed(502, "Prefill worker returned no kv_transfer_params; is it a kv_producer?", "no_kv_params")
         self._check_remote(params)
-        return params
+        return Prefilled(params, cached_tokens_of(reply))
 
     def _check_remote(self, params: dict) -> None:
         host = params.get("remote_host")
-        allowed = {w.host for w in self.prefill_pool.workers} | set(self.settings.kv_source_hosts)
-        if host is not None and host not in allowed:
+        if host is None or host in self.settings.kv_source_hosts:
+            return
+        if not any(w.host == host for w in self.prefill_pool.workers):
             raise LegFailed(502, f"prefill worker named a KV source outside its pool: {host}", "foreign_remote_host")
 
-    def _worker_error(self, leg: str, worker: Worker, status: int, data: bytes, content_type: str | None):
-        if 400 <= status < 500:
-            self.metrics.leg_failures.labels(leg, f"http_{status}").inc()
-            return PassThrough(WorkerReply(status, data, content_type or "application/json"))
+    def _leg_failed(self, leg: str, worker: Worker, exc: UpstreamError) -> LegFailed:
+        status = 504 if exc.reason == "timeout" else 502
+        return LegFailed(status, f"{leg} worker {worker.url} failed: {exc.reason}", exc.reason)
+
+    def _worker_error(self, leg: str, worker: Worker, resp: UpstreamResponse, data: bytes):
+        if 400 <= resp.status < 500:
+            self.metrics.leg_failures.labels(leg, f"http_{resp.status}").inc()
+            content_type = resp.headers.get("content-type", "application/json")
+            return PassThrough(Reply(resp.status, data, content_type=content_type))
         text = data[:200].decode("utf-8", "replace")
-        return LegFailed(502, f"{leg} worker {worker.url} answered HTTP {status}: {text}", f"http_{status}")
+        return LegFailed(502, f"{leg} worker {worker.url} answered HTTP {resp.status}: {text}", f"http_{resp.status}")
 
     # --- decode ----------------------------------------------------------------------
 
-    async def _decode(self, path: str, body: dict, kv: dict | None, request_id: str) -> Response:
+    async def _decode(self, path: str, body: dict, prefilled: Prefilled, request_id: str, trace: NoTrace) -> Reply:
         headers = {"X-Request-Id": request_id}
+        leg = orjson.dumps(decode_body(body, prefilled.kv_transfer_params))
+        handoff = trace.start("handoff") if prefilled.kv_transfer_params else None
         tried: set[str] = set()
         failure: LegFailed | None = None
         for attempt in range(1 + self.settings.decode_retries):
@@ -169,74 +194,116 @@ class Disaggregator:
                 failure = failure or LegFailed(503, "no healthy decode worker", "no_healthy_worker")
                 break
             tried.add(worker.url)
-            started = time.perf_counter()
+            span = trace.start("decode", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
             try:
-                resp = await self._open_decode(worker, path, body, kv, request_id)
+                resp = await self._open_decode(worker, path, leg, request_id, trace.headers(span))
             except LegFailed as exc:
+                trace.end(span, exc.message)
                 failure = exc
                 self.metrics.leg_failures.labels("decode", exc.reason).inc()
                 if attempt < self.settings.decode_retries:  # no pause before giving up
                     await asyncio.sleep(self.settings.retry_backoff_s * (2**attempt))
                 continue
+            except PassThrough:
+                trace.end(span, "worker 4xx")
+                trace.end(handoff, "decode refused")
+                raise
+            relay = Relay(self, resp, worker, trace, span, handoff)
             if body.get("stream"):
-                return StreamingResponse(self._relay(resp, worker, started), media_type="text/event-stream",
-                                         headers=headers)  # fmt: skip
-            try:
-                data = await resp.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                self.metrics.leg_failures.labels("decode", type(exc).__name__).inc()
-                raise ProxyError(502, f"decode worker {worker.url} failed mid-response: {type(exc).__name__}") from exc
-            finally:
-                resp.release()
-                worker.outstanding -= 1
-            self.metrics.leg_seconds.labels("decode").observe(time.perf_counter() - started)
-            return Response(data, status_code=200, media_type="application/json", headers=headers)
+                stream = patch_stream(relay.chunks(), prefilled.cached_tokens)
+                return Reply(200, content_type="text/event-stream", stream=stream, headers=headers, closer=relay)
+            data = await relay.read()
+            return Reply(200, patch_body(data, prefilled.cached_tokens), headers=headers)
+        trace.end(handoff, "no decode")
         assert failure is not None
         raise ProxyError(failure.status, failure.message)
 
-    async def _open_decode(self, worker: Worker, path: str, body: dict, kv: dict | None, request_id: str):
+    async def _open_decode(self, worker: Worker, path: str, leg: bytes, request_id: str, trace_headers):
         """The decode response, checked before any byte goes to the client: once a
         streaming response has started, its status can no longer change."""
         worker.outstanding += 1
         try:
-            resp = await self.session.post(
-                worker.url + path,
-                json=decode_body(body, kv),
-                headers={"X-Request-Id": request_id, **self.worker_headers},
-                timeout=self.decode_timeout,
-            )
-        except asyncio.TimeoutError:
+            resp = await self.client.request(
+                worker.url, "POST", path, leg,
+                {"X-Request-Id": request_id, **self.worker_headers, **trace_headers},
+                self.settings.decode_timeout_s,
+            )  # fmt: skip
+        except UpstreamError as exc:
             worker.outstanding -= 1
-            raise LegFailed(504, f"decode worker {worker.url} timed out", "timeout") from None
-        except aiohttp.ClientError as exc:
+            raise self._leg_failed("decode", worker, exc) from None
+        except BaseException:
             worker.outstanding -= 1
-            raise LegFailed(502, f"decode worker {worker.url} failed: {type(exc).__name__}", type(exc).__name__) from None
+            raise
         if resp.status != 200:
+            worker.outstanding -= 1
             try:
                 data = await resp.read()
-            finally:
-                resp.release()
-                worker.outstanding -= 1
-            raise self._worker_error("decode", worker, resp.status, data, resp.headers.get("content-type"))
+            except UpstreamError:
+                data = b""
+            raise self._worker_error("decode", worker, resp, data)
         return resp
 
-    async def _relay(self, resp: aiohttp.ClientResponse, worker: Worker, started: float) -> AsyncIterator[bytes]:
-        finished = False
+
+class Relay:
+    """The decode worker's body on its way to the client. Owns the worker's in-flight
+    count and the connection: `close()` is safe at any point, also before the first
+    chunk, and a stream that did not finish drops its connection so vLLM aborts."""
+
+    def __init__(self, owner: Disaggregator, resp: UpstreamResponse, worker: Worker, trace: NoTrace, span, handoff):
+        self.owner = owner
+        self.resp = resp
+        self.worker = worker
+        self.trace = trace
+        self.span = span
+        self.handoff = handoff
+        self.started = time.perf_counter()
+        self.closed = False
+
+    def _first_byte(self) -> None:
+        if self.handoff is not None:
+            self.trace.end(self.handoff)
+            self.handoff = None
+
+    async def read(self) -> bytes:
         try:
-            async for chunk in resp.content.iter_any():
+            data = await self.resp.read()
+        except UpstreamError as exc:
+            self.owner.metrics.leg_failures.labels("decode", exc.reason).inc()
+            self.close(error=exc.reason)
+            raise ProxyError(502, f"decode worker {self.worker.url} failed mid-response: {exc.reason}") from None
+        except BaseException:  # cancelled: the client went away
+            self.close(error="cancelled")
+            raise
+        self._first_byte()
+        self.close()
+        return data
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.resp.iter_chunks():
+                self._first_byte()
                 yield chunk
-            finished = True
-            self.metrics.leg_seconds.labels("decode").observe(time.perf_counter() - started)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except UpstreamError as exc:
             # Headers are gone already: end the stream with an error event, not a hang.
-            self.metrics.stream_errors.inc()
-            self.metrics.leg_failures.labels("decode", type(exc).__name__).inc()
-            log.warning("decode stream from %s broke: %r", worker.url, exc)
-            yield sse_error_event(502, f"decode worker failed mid-stream: {type(exc).__name__}")
+            self.owner.metrics.stream_errors.inc()
+            self.owner.metrics.leg_failures.labels("decode", exc.reason).inc()
+            log.warning("decode stream from %s broke: %s", self.worker.url, exc.reason)
+            self.close(error=exc.reason)
+            yield sse_error_event(502, f"decode worker failed mid-stream: {exc.reason}")
         finally:
-            if finished:
-                resp.release()  # keep the connection for the next request
-            else:
-                # Dropping the connection makes vLLM abort the request (client gone).
-                resp.close()
-            worker.outstanding -= 1
+            self.close()
+
+    def close(self, error: str | None = None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.resp.complete and error is None:
+            self.resp.release()  # keep the connection for the next request
+            self.owner.decode_seconds.observe(time.perf_counter() - self.started)
+        else:
+            self.resp.close()  # dropping the connection makes vLLM abort the request
+            error = error or "client gone"
+        self.worker.outstanding -= 1
+        self.trace.end(self.handoff, error)
+        self.handoff = None
+        self.trace.end(self.span, error)

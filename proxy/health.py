@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import aiohttp
-
 from proxy.pool import Worker, WorkerPool
+from proxy.upstream import UpstreamClient, UpstreamError
 
 log = logging.getLogger("pdspec.proxy.health")
 
@@ -15,25 +14,26 @@ log = logging.getLogger("pdspec.proxy.health")
 class HealthChecker:
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        client: UpstreamClient,
         pools: list[WorkerPool],
         interval_s: float,
         timeout_s: float,
         eject_after: int,
         readmit_after: int,
     ) -> None:
-        self.session = session
+        self.client = client
         self.pools = pools
         self.interval_s = interval_s
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.timeout_s = timeout_s
         self.eject_after = eject_after
         self.readmit_after = readmit_after
 
     async def check(self, pool: WorkerPool, worker: Worker) -> None:
         try:
-            async with self.session.get(worker.url + "/health", timeout=self.timeout) as resp:
-                ok = resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+            resp = await self.client.request(worker.url, "GET", "/health", timeout_s=self.timeout_s)
+            await resp.read()
+            ok = resp.status == 200
+        except UpstreamError:
             ok = False
         self.record(pool, worker, ok)
 

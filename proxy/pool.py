@@ -17,6 +17,7 @@ import itertools
 import random
 from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import urlsplit
 
 Policy = Literal["round_robin", "least_outstanding", "prefix_affinity"]
 
@@ -38,12 +39,10 @@ class Worker:
     consecutive_failures: int = 0
     consecutive_successes: int = 0
     seen_healthy: bool = True  # False for a member that has not yet passed a health check
+    host: str = field(init=False)
 
-    @property
-    def host(self) -> str:
-        from urllib.parse import urlsplit
-
-        return urlsplit(self.url).hostname or ""
+    def __post_init__(self) -> None:
+        self.host = urlsplit(self.url).hostname or ""
 
 
 @dataclass

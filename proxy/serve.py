@@ -1,23 +1,23 @@
-"""Run the proxy under uvicorn."""
+"""Run the proxy under uvicorn (uvloop and httptools, which uvicorn[standard] brings)."""
 
 from __future__ import annotations
-
-import logging
 
 import uvicorn
 
 from pdspec.settings import ProxySettings
 from proxy.app import create_app
+from proxy.logs import configure_logging
 
 
 def serve(settings: ProxySettings) -> None:
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        access_log=False,
+        log_config=None,  # keep the handlers set above: uvicorn's lines get request ids too
+        access_log=False,  # the proxy logs each request itself, with its id
         loop="auto",
         http="auto",
         timeout_graceful_shutdown=5,

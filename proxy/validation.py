@@ -6,8 +6,9 @@ other fields pass through untouched, so new OpenAI/vLLM options keep working.
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
+
+import orjson
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
@@ -61,8 +62,8 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise ProxyError(400, "Request body is not valid UTF-8.") from None
     try:
-        body = json.loads(text)
-    except json.JSONDecodeError as exc:
+        body = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
         raise ProxyError(400, f"Request body is not valid JSON: {exc.msg} at position {exc.pos}.") from None
     if not isinstance(body, dict):
         raise ProxyError(400, "Request body must be a JSON object.")
