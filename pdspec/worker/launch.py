@@ -90,6 +90,9 @@ def vllm_argv(role: Role, model: ModelSettings, worker: WorkerSettings, cpu: boo
         "--host", worker.host,
         "--port", str(worker.port),
         "--max-model-len", str(model.max_model_len),
+        # usage.prompt_tokens_details.cached_tokens: the proxy reports the prefill
+        # worker's prefix-cache hits to clients (see proxy/usage.py).
+        "--enable-prompt-tokens-details",
     ]  # fmt: skip
     dtype = model.dtype or ("float32" if model.target is None else None)
     if dtype is not None:

@@ -25,6 +25,7 @@ def test_roles_get_their_nixl_role_and_the_same_drafter(role, kv_role):
     }  # fmt: skip
     assert option(argv, "--model") == "/m/target"
     assert option(argv, "--served-model-name") == "pdspec-tiny"
+    assert "--enable-prompt-tokens-details" in argv  # the proxy's cached_tokens come from it
 
 
 def test_gpu_build_uses_cuda_kv_buffer_and_memory_share():
