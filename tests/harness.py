@@ -197,3 +197,22 @@ def scrape_labeled(url: str, name: str) -> dict[tuple, float]:
             if sample.name == name:
                 out[tuple(sorted(sample.labels.items()))] = sample.value
     return out
+
+
+def gauges(url: str) -> tuple[float | None, float | None]:
+    """(requests running or waiting, KV cache usage); None until the engine first logs them."""
+    values = scrape(url)
+    running = values.get("vllm:num_requests_running")
+    waiting = values.get("vllm:num_requests_waiting")
+    busy = None if running is None or waiting is None else running + waiting
+    return busy, values.get("vllm:kv_cache_usage_perc")
+
+
+def wait_idle(url: str, timeout_s: float = 30) -> tuple[float | None, float | None]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        busy, usage = gauges(url)
+        if busy == 0 and usage == 0:
+            return busy, usage
+        time.sleep(0.2)  # poll interval
+    return gauges(url)

@@ -1,7 +1,8 @@
 """Faults with real workers: two prefill workers and one decode worker, behind two
 proxies: one with only the first prefill worker and `error` policy, one with both and
-`retry`. Client disconnects first (nothing is broken), then the first prefill worker is
-killed under load, then the decode worker is killed mid-stream."""
+`retry`. Prefix-cache reporting and client disconnects first (nothing is broken), then
+the first prefill worker is killed under load, then the decode worker is killed
+mid-stream."""
 
 from __future__ import annotations
 
@@ -45,25 +46,6 @@ def cluster(tmp_path_factory):
             server.stop()
 
 
-def gauges(url: str) -> tuple[float | None, float | None]:
-    """(requests running or waiting, KV cache usage); None until the engine first logs them."""
-    values = harness.scrape(url)
-    running = values.get("vllm:num_requests_running")
-    waiting = values.get("vllm:num_requests_waiting")
-    busy = None if running is None or waiting is None else running + waiting
-    return busy, values.get("vllm:kv_cache_usage_perc")
-
-
-def wait_idle(url: str, timeout_s: float = 30) -> tuple[float | None, float | None]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        busy, usage = gauges(url)
-        if busy == 0 and usage == 0:
-            return busy, usage
-        time.sleep(0.2)  # poll interval
-    return gauges(url)
-
-
 async def stream_then_vanish(url: str, body: dict) -> None:
     """A streaming client that goes away as soon as the first event arrives: the
     decode worker is running the request and has pulled its KV from the prefill worker."""
@@ -81,13 +63,25 @@ async def stream_then_vanish(url: str, body: dict) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
+def test_prefix_cache_hits_are_reported_from_the_prefill_worker(cluster, client):
+    """These workers cache prefixes: a prompt sent twice is a hit on the prefill worker
+    the second time, and the client sees that hit, block-aligned, in its usage."""
+    body = completion_body(unique_prompt(150))
+    first, second = (client.post(cluster["single"].url + "/v1/completions", json=body).json() for _ in range(2))
+    prompt_tokens = first["usage"]["prompt_tokens"]
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert 0 < cached < prompt_tokens and cached % 16 == 0
+    assert first["choices"][0]["text"] == second["choices"][0]["text"]
+
+
 def test_client_disconnect_mid_stream_frees_both_workers(cluster):
     # (A disconnect while the prefill leg runs is covered against a stand-in worker in
     # tests/unit/test_proxy_failures.py: the proxy closes the leg's connection.)
     body = completion_body(unique_prompt(60), stream=True, max_tokens=1000)
     asyncio.run(stream_then_vanish(cluster["single"].url, body))
     for worker in ("p1", "d"):
-        assert wait_idle(cluster[worker].url) == (0, 0), worker
+        assert harness.wait_idle(cluster[worker].url) == (0, 0), worker
 
 
 async def fire(url: str, n: int, kill_after_s: float, kill) -> list:
