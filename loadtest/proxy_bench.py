@@ -80,6 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path("loadtest/results"))
+    parser.add_argument("--access-log", action="store_true", help="the proxy logs every request")
     args = parser.parse_args()
     if not (shutil.which("wrk") and shutil.which("taskset")):
         sys.exit("needs wrk and taskset (Debian: apt-get install wrk util-linux)")
@@ -90,7 +91,7 @@ def main() -> None:
     worker = start([sys.executable, "-m", "loadtest.instant_worker", "--port", "9190"], core=1)
     proxy_settings = {
         "port": 9180, "prefill_urls": ["http://127.0.0.1:9190"], "decode_urls": ["http://127.0.0.1:9190"],
-        "log_level": "warning", "max_inflight": 1024,
+        "access_log": args.access_log, "max_inflight": 1024,
     }  # fmt: skip
     proxy = start([sys.executable, "-m", "pdspec.cli", "proxy"], core=0, env={"PDSPEC_PROXY": json.dumps(proxy_settings)})
     rows = []

@@ -127,6 +127,7 @@ class ProxySettings(BaseModel):
     queue_timeout_s: float = 10.0
     retry_after_s: int = 1
     max_body_bytes: int = 4 * 1024 * 1024
+    max_choices: int = Field(16, ge=1, description="Largest `n`: each choice is its own prefill and decode.")
     api_keys: list[str] = Field(default_factory=list, description="Client keys (Bearer); empty: no auth.")
     worker_api_key: str | None = Field(None, description="Sent to workers; never a client's key.")
     kv_source_hosts: list[str] = Field(
@@ -134,8 +135,10 @@ class ProxySettings(BaseModel):
         description="Hosts besides the prefill pool's that may appear as remote_host in kv_transfer_params "
         "(a NIXL side channel on another address than the HTTP one).",
     )
-    log_level: Literal["debug", "info", "warning", "error"] = Field(
-        "info", description="info logs one line per request (with its request id); warning only failures."
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    access_log: bool = Field(
+        False, description="A log line for every request, not only failed ones (costs about a third of the "
+        "proxy's peak rate: loadtest/proxy_bench.py --access-log).",
     )
     log_format: Literal["text", "json"] = Field("text", description="json: one JSON object per line.")
     otlp_traces_endpoint: str | None = Field(

@@ -10,6 +10,7 @@ ordinary FastAPI.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import secrets
@@ -77,6 +78,7 @@ class OpenAIEndpoint:
             self.api_keys.check(header(scope, b"authorization"))
             body = parse_json_object(await read_body(scope, receive, self.settings.max_body_bytes))
             validate(body, self.schema)
+            check_choices(body, self.settings.max_choices)
             await self.limits.check(body)
             await self.admission.acquire()
             try:
@@ -89,11 +91,16 @@ class OpenAIEndpoint:
             status = exc.status
             if status != 499:  # nobody is left to tell
                 await send_reply(send, Reply.error(exc, request_id))
+        except Exception:  # a bug: still an OpenAI error (unless the reply began), and the proxy lives on
+            log.exception("unexpected error", extra={"request_id": request_id})
+            status = 500
+            with contextlib.suppress(Exception):
+                await send_reply(send, Reply.error(ProxyError(500, "Internal proxy error."), request_id))
         finally:
             self.metrics.inflight.set(self.admission.inflight)
             self._count(status)
             trace.finish(status)
-            if status >= 400 or log.isEnabledFor(logging.INFO):
+            if status >= 400 or self.settings.access_log:
                 log.log(
                     logging.WARNING if status >= 500 else logging.INFO,
                     "%s %s -> %d in %.1f ms", scope["method"], self.path, status, 1000 * (time.perf_counter() - started),
@@ -226,6 +233,16 @@ def create_app(settings: ProxySettings) -> FastAPI:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def check_choices(body: dict, max_choices: int) -> None:
+    """`n` as vLLM takes it (no greedy n > 1), and bounded: each choice is a prefill and
+    a decode of its own (proxy/fanout.py)."""
+    n = body.get("n") or 1
+    if n > max_choices:
+        raise ProxyError(400, f"'n' is {n}; this proxy serves at most {max_choices} choices.", param="n")
+    if n > 1 and body.get("temperature") == 0:
+        raise ProxyError(400, f"n must be 1 when using greedy sampling, got {n}.", param="n")
 
 
 def request_id_of(scope) -> str:

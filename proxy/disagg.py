@@ -25,6 +25,7 @@ import orjson
 from pdspec.settings import ProxySettings
 from proxy.asgi import Reply
 from proxy.errors import ProxyError, sse_error_event
+from proxy.fanout import fan_out
 from proxy.legs import decode_body, prefill_body
 from proxy.metrics import ProxyMetrics
 from proxy.pool import NoHealthyWorker, Worker, WorkerPool, affinity_key
@@ -84,6 +85,12 @@ class Disaggregator:
     async def serve(
         self, path: str, body: dict[str, Any], chat: bool, request_id: str, trace: NoTrace = NO_TRACE
     ) -> Reply:
+        n = body.get("n") or 1
+        if n > 1:  # one prefill + decode per choice: see proxy/fanout.py
+            return await fan_out(lambda sub, rid: self._serve_one(path, sub, chat, rid, trace), body, n, request_id)
+        return await self._serve_one(path, body, chat, request_id, trace)
+
+    async def _serve_one(self, path: str, body: dict[str, Any], chat: bool, request_id: str, trace: NoTrace) -> Reply:
         try:
             prefilled = await self._prefill(path, body, chat, request_id, trace)
             return await self._decode(path, body, prefilled, request_id, trace)

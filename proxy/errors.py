@@ -58,6 +58,11 @@ def error_response(error: ProxyError, headers: dict[str, str] | None = None) -> 
     )
 
 
+def sse_error_data(status: int, message: str) -> bytes:
+    """An error as one server-sent event."""
+    return b"data: " + json.dumps(error_body(status, message)).encode() + b"\n\n"
+
+
 def sse_error_event(status: int, message: str) -> bytes:
-    """The event that ends a stream that failed after it began."""
-    return b"data: " + json.dumps(error_body(status, message)).encode() + b"\n\ndata: [DONE]\n\n"
+    """The events that end a stream that failed after it began."""
+    return sse_error_data(status, message) + b"data: [DONE]\n\n"

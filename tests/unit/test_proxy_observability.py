@@ -80,16 +80,27 @@ def test_no_exporter_means_no_trace_headers():
     assert all("traceparent" not in h for h in behaviour.headers)
 
 
-def test_each_request_logs_a_line_with_its_request_id(caplog):
+def test_access_log_has_a_line_per_request_with_its_request_id(caplog):
     behaviour = StandinBehaviour()
     with ThreadServer(create_standin(behaviour)) as worker:
-        settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url])
+        settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url], access_log=True)
         with ThreadServer(create_app(settings)) as proxy, caplog.at_level(logging.INFO, logger="pdspec.proxy"):
             httpx.post(proxy.url + "/v1/completions", json=BODY, headers={"X-Request-Id": "log-me"})
             httpx.post(proxy.url + "/v1/completions", content=b"{", headers={"X-Request-Id": "bad-one"})
     lines = {r.request_id: r for r in caplog.records if getattr(r, "request_id", None)}
     assert "-> 200" in lines["log-me"].getMessage()
     assert "-> 400" in lines["bad-one"].getMessage()
+
+
+def test_failed_requests_are_logged_even_without_the_access_log(caplog):
+    behaviour = StandinBehaviour()
+    with ThreadServer(create_standin(behaviour)) as worker:
+        settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url])
+        with ThreadServer(create_app(settings)) as proxy, caplog.at_level(logging.INFO, logger="pdspec.proxy"):
+            httpx.post(proxy.url + "/v1/completions", json=BODY, headers={"X-Request-Id": "fine"})
+            httpx.post(proxy.url + "/v1/completions", content=b"{", headers={"X-Request-Id": "broken"})
+    ids = [getattr(r, "request_id", None) for r in caplog.records]
+    assert "broken" in ids and "fine" not in ids
 
 
 def test_json_log_lines_carry_the_request_id():
