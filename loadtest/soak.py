@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -274,8 +274,13 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "soak.md").write_text(f"Command: python -m loadtest.soak --requests {args.requests} "
                                       f"--concurrency {args.concurrency}\n\n" + text)  # fmt: skip
-    data = asdict(report) | {"lost": report.count("lost"), "malformed": report.count("malformed")}
-    (args.out / "soak.json").write_text(json.dumps(data, indent=1, default=dict))
+    data = {
+        "requests": report.requests, "concurrency": report.concurrency, "seconds": report.seconds,
+        "lost": report.count("lost"), "malformed": report.count("malformed"),
+        "by_kind": {kind: dict(counts) for kind, counts in report.by_kind.items()},
+        "problems": report.problems, "latencies_s": report.latencies,
+    }  # fmt: skip
+    (args.out / "soak.json").write_text(json.dumps(data, indent=1))
     _plot(report, args.out / "soak.png")
     sys.exit(1 if report.count("lost") or report.count("malformed") else 0)
 

@@ -60,6 +60,7 @@ class Prefilled:
 
     kv_transfer_params: dict[str, Any] | None  # None: decode-only fallback
     cached_tokens: int | None  # the prefill worker's prefix-cache hits
+    decode_in_flight: bool = False  # a decode worker holds the request (it frees the KV if aborted)
 
 
 class Disaggregator:
@@ -81,6 +82,7 @@ class Disaggregator:
         self.prefill_seconds = metrics.leg_seconds.labels("prefill")
         self.decode_seconds = metrics.leg_seconds.labels("decode")
         self.prefill_ok = metrics.prefill_outcomes.labels("ok")
+        self._releases: set[asyncio.Task] = set()
 
     async def serve(
         self, path: str, body: dict[str, Any], chat: bool, request_id: str, trace: NoTrace = NO_TRACE
@@ -93,7 +95,12 @@ class Disaggregator:
     async def _serve_one(self, path: str, body: dict[str, Any], chat: bool, request_id: str, trace: NoTrace) -> Reply:
         try:
             prefilled = await self._prefill(path, body, chat, request_id, trace)
-            return await self._decode(path, body, prefilled, request_id, trace)
+            try:
+                return await self._decode(path, body, prefilled, request_id, trace)
+            except asyncio.CancelledError:
+                if prefilled.kv_transfer_params is not None and not prefilled.decode_in_flight:
+                    self._release_kv(path, body, prefilled, request_id)
+                raise
         except PassThrough as passthrough:
             passthrough.reply.headers["X-Request-Id"] = request_id
             return passthrough.reply
@@ -186,6 +193,37 @@ class Disaggregator:
         text = data[:200].decode("utf-8", "replace")
         return LegFailed(502, f"{leg} worker {worker.url} answered HTTP {resp.status}: {text}", f"http_{resp.status}")
 
+    # --- a client gone between the legs ---------------------------------------------
+
+    def _release_kv(self, path: str, body: dict, prefilled: Prefilled, request_id: str) -> None:
+        """The prefill worker holds the prompt's KV for a decode that will never come,
+        and would keep it until its abort timeout (minutes). vLLM has no call to drop it;
+        what frees it is a decode worker reading it. So a one-token decode is sent in the
+        background and its answer thrown away (counted in pdspec_proxy_kv_releases)."""
+        release = {key: value for key, value in body.items() if key not in ("stream_options", "n")}
+        release.update(max_tokens=1, stream=False)
+        if "max_completion_tokens" in release:
+            release["max_completion_tokens"] = 1
+        leg = orjson.dumps(decode_body(release, prefilled.kv_transfer_params))
+        task = asyncio.ensure_future(self._release_once(path, leg, request_id))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _release_once(self, path: str, leg: bytes, request_id: str) -> None:
+        try:
+            worker = self.decode_pool.pick()
+            resp = await self.client.request(
+                worker.url, "POST", path, leg, {"X-Request-Id": request_id + "-release", **self.worker_headers},
+                self.settings.decode_timeout_s,
+            )  # fmt: skip
+            await resp.read()
+            outcome = "ok" if resp.status == 200 else f"http_{resp.status}"
+        except (NoHealthyWorker, UpstreamError) as exc:
+            outcome = getattr(exc, "reason", "no_healthy_worker")
+        self.metrics.kv_releases.labels(outcome).inc()
+        log.info("released the prefill KV of a request whose client left: %s", outcome,
+                 extra={"request_id": request_id})  # fmt: skip
+
     # --- decode ----------------------------------------------------------------------
 
     async def _decode(self, path: str, body: dict, prefilled: Prefilled, request_id: str, trace: NoTrace) -> Reply:
@@ -203,7 +241,7 @@ class Disaggregator:
             tried.add(worker.url)
             span = trace.start("decode", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
             try:
-                resp = await self._open_decode(worker, path, leg, request_id, trace.headers(span))
+                resp = await self._open_decode(worker, path, leg, request_id, trace.headers(span), prefilled)
             except LegFailed as exc:
                 trace.end(span, exc.message)
                 failure = exc
@@ -225,23 +263,30 @@ class Disaggregator:
         assert failure is not None
         raise ProxyError(failure.status, failure.message)
 
-    async def _open_decode(self, worker: Worker, path: str, leg: bytes, request_id: str, trace_headers):
+    async def _open_decode(self, worker: Worker, path: str, leg: bytes, request_id: str, trace_headers,
+                           prefilled: Prefilled):  # fmt: skip
         """The decode response, checked before any byte goes to the client: once a
         streaming response has started, its status can no longer change."""
+
+        def sent() -> None:
+            prefilled.decode_in_flight = True
+
         worker.outstanding += 1
         try:
             resp = await self.client.request(
                 worker.url, "POST", path, leg,
                 {"X-Request-Id": request_id, **self.worker_headers, **trace_headers},
-                self.settings.decode_timeout_s,
+                self.settings.decode_timeout_s, on_sent=sent,
             )  # fmt: skip
         except UpstreamError as exc:
             worker.outstanding -= 1
+            prefilled.decode_in_flight = False
             raise self._leg_failed("decode", worker, exc) from None
         except BaseException:
             worker.outstanding -= 1
             raise
         if resp.status != 200:
+            prefilled.decode_in_flight = False  # refused: the worker holds nothing
             worker.outstanding -= 1
             try:
                 data = await resp.read()

@@ -16,6 +16,7 @@ class ProxyMetrics:
     stream_errors: Counter
     prefill_outcomes: Counter
     healthy_workers: Gauge
+    kv_releases: Counter
     inflight: Gauge
 
     @classmethod
@@ -48,6 +49,11 @@ class ProxyMetrics:
             ),
             healthy_workers=Gauge(
                 "pdspec_proxy_healthy_workers", "Healthy workers per pool.", ["pool"], registry=registry,
+            ),
+            kv_releases=Counter(
+                "pdspec_proxy_kv_releases",
+                "One-token decodes sent to free a prefill's KV after its client left between the legs.",
+                ["outcome"], registry=registry,
             ),
             inflight=Gauge("pdspec_proxy_inflight_requests", "Client requests in flight.", registry=registry),
         )  # fmt: skip

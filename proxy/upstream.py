@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -281,7 +281,9 @@ class UpstreamClient:
         body: bytes | None = None,
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
+        on_sent: Callable[[], None] | None = None,
     ) -> UpstreamResponse:
+        """`on_sent` is called once the request is on the wire (the worker may act on it)."""
         pool = self._pool(origin)
         loop = asyncio.get_running_loop()
         head = [f"{method} {path} HTTP/1.1\r\nHost: ".encode("latin-1"), pool.host_header, b"\r\n"]
@@ -306,6 +308,8 @@ class UpstreamClient:
             if deadline is not None:
                 response._timer = loop.call_at(deadline, response._on_timeout)
             connection.transport.write(message)
+            if on_sent is not None:
+                on_sent()
             try:
                 while not response._headers_in:
                     await response._wait()

@@ -26,6 +26,7 @@ class StandinBehaviour:
     break_stream_after: int | None = None  # events sent before the stream breaks
     remote_host: str = "127.0.0.1"
     delay_s: float = 0.0  # before answering any leg
+    fail_decodes: int = 0  # the next this many decode legs get a 503
     healthy: bool = True
     cancelled: int = 0  # legs whose client went away while they waited
     received: list[dict] = field(default_factory=list)
@@ -42,6 +43,9 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
         kv = body.get("kv_transfer_params") or {}
         is_prefill = kv.get("do_remote_decode") is True
         status = behaviour.prefill_status if is_prefill else behaviour.decode_status
+        if not is_prefill and behaviour.fail_decodes > 0:
+            behaviour.fail_decodes -= 1
+            status = 503
         if behaviour.delay_s:
             # Like vLLM, notice a caller that went away while the work was pending.
             deadline = time.monotonic() + behaviour.delay_s

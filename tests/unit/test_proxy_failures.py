@@ -25,8 +25,8 @@ class Cluster:
         self.servers = [ThreadServer(create_standin(b)).__enter__() for b in (self.p1, self.p2, self.d)]
         urls = [s.url for s in self.servers]
         settings = ProxySettings(
-            prefill_urls=urls[:2], decode_urls=urls[2:], prefill_policy="round_robin", retry_backoff_s=0.01,
-            **self.settings,
+            prefill_urls=urls[:2], decode_urls=urls[2:], **{"prefill_policy": "round_robin", "retry_backoff_s": 0.01,
+                                                            **self.settings},
         )  # fmt: skip
         self.proxy = ThreadServer(create_app(settings)).__enter__()
         self.url = self.proxy.url
@@ -82,7 +82,7 @@ def test_prefill_naming_a_foreign_kv_source_is_refused():
 
 def test_backpressure_answers_429_with_retry_after():
     with Cluster(max_inflight=1, max_queue=0) as c:
-        c.d.delay_s = 1.0
+        c.d.delay_s = 3.0  # long enough for a loaded machine to send the second request meanwhile
         results = {}
 
         def slow():
@@ -142,3 +142,36 @@ def test_client_disconnect_during_prefill_cancels_the_leg():
             asyncio.run(asyncio.sleep(0.02))
     assert c.p1.cancelled + c.p2.cancelled == 1
     assert c.d.received == []
+
+
+def test_client_gone_between_the_legs_gets_its_prefill_kv_released():
+    """The decode leg is refused once, and the client leaves during the retry backoff:
+    no decode worker holds the request, so the proxy sends a one-token decode with the
+    same KV params, which makes a real decode worker read (and so free) the KV."""
+    with Cluster(decode_retries=1, retry_backoff_s=1.0) as c:
+        c.d.fail_decodes = 1
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(c.url + "/v1/completions", json={**BODY, "stream": True}, timeout=0.3)
+        for _ in range(300):
+            if len(c.d.received) == 2:
+                break
+            asyncio.run(asyncio.sleep(0.02))
+        metrics = httpx.get(c.url + "/metrics").text
+    refused, release = c.d.received
+    assert release["kv_transfer_params"] == refused["kv_transfer_params"] is not None
+    assert release["max_tokens"] == 1 and release["stream"] is False
+    assert 'pdspec_proxy_kv_releases_total{outcome="ok"} 1.0' in metrics
+
+
+def test_no_release_when_the_decode_worker_holds_the_request():
+    with Cluster() as c:
+        c.d.delay_s = 5.0
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(c.url + "/v1/completions", json=BODY, timeout=0.5)
+        for _ in range(200):  # the decode worker sees its caller leave, and aborts
+            if c.d.cancelled:
+                break
+            asyncio.run(asyncio.sleep(0.02))
+        metrics = httpx.get(c.url + "/metrics").text
+    assert c.d.cancelled == 1 and len(c.d.received) == 1
+    assert "pdspec_proxy_kv_releases_total{" not in metrics
