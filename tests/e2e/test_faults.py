@@ -76,12 +76,44 @@ def test_prefix_cache_hits_are_reported_from_the_prefill_worker(cluster, client)
 
 
 def test_client_disconnect_mid_stream_frees_both_workers(cluster):
-    # (A disconnect while the prefill leg runs is covered against a stand-in worker in
-    # tests/unit/test_proxy_failures.py: the proxy closes the leg's connection.)
     body = completion_body(unique_prompt(60), stream=True, max_tokens=1000)
     asyncio.run(stream_then_vanish(cluster["single"].url, body))
     for worker in ("p1", "d"):
         assert harness.wait_idle(cluster[worker].url) == (0, 0), worker
+
+
+def proxy_counts(url: str) -> dict:
+    return {"prefilled": sum(v for k, v in harness.scrape_labeled(url, "pdspec_proxy_prefill_outcomes_total").items()),
+            "gone": harness.scrape_labeled(url, "pdspec_proxy_requests_total").get(
+                (("endpoint", "completions"), ("status", "499")), 0)}  # fmt: skip
+
+
+async def vanish_during_prefill(proxy_url: str, prefill_url: str) -> None:
+    """Keeps the prefill worker busy with long prompts sent to it directly, sends one
+    request through the proxy, and leaves as soon as the proxy has it in flight: its
+    prefill leg is then queued or running behind the others."""
+    long_prompt = {"model": "pdspec-tiny", "max_tokens": 1}
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as client:
+        busy = [asyncio.create_task(client.post(prefill_url + "/v1/completions",
+                                                json={**long_prompt, "prompt": unique_prompt(420)}))
+                for _ in range(4)]  # fmt: skip
+        target = asyncio.create_task(
+            client.post(proxy_url + "/v1/completions", json=completion_body(unique_prompt(420), max_tokens=8))
+        )
+        while harness.scrape(proxy_url).get("pdspec_proxy_inflight_requests", 0) < 1:
+            await asyncio.sleep(0.005)
+        target.cancel()
+        await asyncio.gather(target, return_exceptions=True)
+        assert all(r.status_code == 200 for r in await asyncio.gather(*busy))
+
+
+def test_client_disconnect_during_prefill_frees_the_prefill_worker(cluster):
+    before = proxy_counts(cluster["single"].url)
+    asyncio.run(vanish_during_prefill(cluster["single"].url, cluster["p1"].url))
+    assert harness.wait_idle(cluster["p1"].url) == (0, 0)
+    after = proxy_counts(cluster["single"].url)
+    assert after["prefilled"] == before["prefilled"]  # the client left before its prefill finished
+    assert after["gone"] == before["gone"] + 1
 
 
 async def fire(url: str, n: int, kill_after_s: float, kill) -> list:
