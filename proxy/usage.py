@@ -1,10 +1,14 @@
 """`usage.prompt_tokens_details.cached_tokens` as the client should see it.
 
-The decode worker counts every prompt token it pulled over NIXL as computed before the
-request ran, so its own `cached_tokens` is nearly the whole prompt on every request. The
-number a client cares about (prompt tokens served from a prefix cache, not computed for
-this request) is the prefill worker's: the proxy copies it into the decode reply, whole
-or streamed. Workers report it with vLLM's `--enable-prompt-tokens-details`.
+The number a client cares about is how many prompt tokens were served from a prefix
+cache instead of computed. In P/D the prompt is computed on the prefill worker, so that
+is the prefill worker's count. vLLM 0.32's NIXL path forwards it to the decode worker
+(`remote_prefill_cached_tokens` in `kv_transfer_params`), which then reports it; a
+decode worker that does not (another vLLM version, another connector) would report only
+its own local hits, 0 when the KV came over NIXL. The proxy copies the prefill leg's
+number into the decode reply, whole or streamed, so the client gets the right number
+whichever vLLM the decode workers run. Workers report it with vLLM's
+`--enable-prompt-tokens-details`.
 """
 
 from __future__ import annotations

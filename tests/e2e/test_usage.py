@@ -1,7 +1,6 @@
-"""usage.prompt_tokens_details.cached_tokens through the real 1P1D stack, whose workers
-run without prefix caching: nothing was served from a cache, so the client must see 0,
-not the decode worker's count of the tokens it pulled over NIXL. (Prefix-cache hits on
-a caching prefill worker: tests/e2e/test_faults.py.)"""
+"""usage.prompt_tokens_details.cached_tokens keeps its shape through the real 1P1D
+stack (whose workers cache nothing, so it is 0), whole and streamed. That the number is
+the prefill worker's: tests/e2e/test_faults.py, whose workers cache prefixes."""
 
 from __future__ import annotations
 
