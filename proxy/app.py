@@ -1,7 +1,7 @@
 """The proxy's app factory: `create_app(settings)` returns a configured FastAPI app.
 
-The two OpenAI generation endpoints are plain ASGI (`OpenAIEndpoint`), served by the
-`HotPaths` middleware ahead of FastAPI's routing: they are the hot path, and FastAPI's
+The two OpenAI generation endpoints are plain ASGI (`OpenAIEndpoint`), served ahead of
+FastAPI's middleware and routing (`ProxyApp`): they are the hot path, and FastAPI's
 per-request machinery cost more than both worker legs together (profiled under
 loadtest/proxy_bench.py). Everything else (/v1/models, /health, /ready, /metrics) is
 ordinary FastAPI.
@@ -135,7 +135,7 @@ class OpenAIEndpoint:
 
 
 class HotPaths:
-    """ASGI middleware: requests for these exact paths go straight to their endpoint."""
+    """ASGI: requests for these exact paths go straight to their endpoint."""
 
     def __init__(self, app, endpoints: dict[str, OpenAIEndpoint]) -> None:
         self.app = app
@@ -149,7 +149,19 @@ class HotPaths:
             await endpoint(scope, receive, send)
 
 
-def create_app(settings: ProxySettings) -> FastAPI:
+class ProxyApp(FastAPI):
+    """FastAPI with the OpenAI generation endpoints in front of its whole middleware
+    stack (its error middleware alone wraps every send); they answer errors themselves."""
+
+    def __init__(self, hot_paths: dict[str, OpenAIEndpoint], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.hot_paths = hot_paths
+
+    def build_middleware_stack(self):
+        return HotPaths(super().build_middleware_stack(), self.hot_paths)
+
+
+def create_app(settings: ProxySettings) -> ProxyApp:
     metrics = ProxyMetrics.create()
     prefill_pool = WorkerPool.from_urls("prefill", [], settings.prefill_policy)
     decode_pool = WorkerPool.from_urls("decode", [], settings.decode_policy)
@@ -186,15 +198,14 @@ def create_app(settings: ProxySettings) -> FastAPI:
             client.close()
             tracing.shutdown()
 
-    app = FastAPI(title="pdspec proxy", lifespan=lifespan)
-    app.state.metrics = metrics
-    app.state.pools = (prefill_pool, decode_pool)
-    app.state.admission = admission
     endpoints = {
         path: OpenAIEndpoint(path, chat, settings, api_keys, admission, limits, disaggregator, metrics, tracing)
         for path, chat in (("/v1/completions", False), ("/v1/chat/completions", True))
     }
-    app.add_middleware(HotPaths, endpoints=endpoints)
+    app = ProxyApp(endpoints, title="pdspec proxy", lifespan=lifespan)
+    app.state.metrics = metrics
+    app.state.pools = (prefill_pool, decode_pool)
+    app.state.admission = admission
 
     @app.exception_handler(ProxyError)
     async def proxy_error_handler(request: Request, exc: ProxyError) -> Response:
