@@ -90,6 +90,8 @@ class DisconnectWatch:
     it ends normally. (Cancelling it made a garbage cycle per request, and the garbage
     collector's passes over them were most of the proxy's p99 under load.)"""
 
+    __slots__ = ("receive", "_send", "disconnected", "finished", "_task", "_watcher")
+
     def __init__(self, receive: Receive, send: Send) -> None:
         self.receive = receive
         self._send = send

@@ -54,7 +54,7 @@ class LegFailed(Exception):
         self.reason = reason
 
 
-@dataclass
+@dataclass(slots=True)
 class Prefilled:
     """What the prefill leg hands to the decode leg."""
 
@@ -300,6 +300,8 @@ class Relay:
     """The decode worker's body on its way to the client. Owns the worker's in-flight
     count and the connection: `close()` is safe at any point, also before the first
     chunk, and a stream that did not finish drops its connection so vLLM aborts."""
+
+    __slots__ = ("owner", "resp", "worker", "trace", "span", "handoff", "started", "closed")
 
     def __init__(self, owner: Disaggregator, resp: UpstreamResponse, worker: Worker, trace: NoTrace, span, handoff):
         self.owner = owner

@@ -44,6 +44,9 @@ class UpstreamError(Exception):
 class UpstreamResponse:
     """One response, fed by its connection; the body is read once, whole or in chunks."""
 
+    __slots__ = ("status", "headers", "complete", "_connection", "_pool", "_chunks", "_buffered", "_keep_alive",
+                 "_error", "_waiter", "_headers_in", "_timer", "_released")  # fmt: skip
+
     def __init__(self, connection: _Connection, pool: _OriginPool) -> None:
         self.status = 0
         self.headers: dict[str, str] = {}
@@ -157,6 +160,8 @@ class UpstreamResponse:
 
 
 class _Connection(asyncio.Protocol):
+    __slots__ = ("loop", "transport", "parser", "response", "closed", "reading_paused", "bytes_received")
+
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.transport: asyncio.Transport | None = None
