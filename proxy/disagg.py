@@ -197,7 +197,8 @@ class Disaggregator:
 
     def _release_kv(self, path: str, body: dict, prefilled: Prefilled, request_id: str) -> None:
         """The prefill worker holds the prompt's KV for a decode that will never come,
-        and would keep it until its abort timeout (minutes). vLLM has no call to drop it;
+        and would keep it until its KV lease ends (`kv_lease_duration`, 30 s by default
+        in vLLM 0.32), blocks other requests could use. vLLM has no call to drop it;
         what frees it is a decode worker reading it. So a one-token decode is sent in the
         background and its answer thrown away (counted in pdspec_proxy_kv_releases)."""
         release = {key: value for key, value in body.items() if key not in ("stream_options", "n")}

@@ -15,6 +15,7 @@ import pytest
 
 from tests import harness
 from tests.prompts import completion_body, unique_prompt
+from tests.standin import StandinBehaviour, ThreadServer, create_standin
 
 # After every test of the shared stack (which is stopped by then): three more workers
 # beside it would crowd two cores.
@@ -114,6 +115,30 @@ def test_client_disconnect_during_prefill_frees_the_prefill_worker(cluster):
     after = proxy_counts(cluster["single"].url)
     assert after["prefilled"] == before["prefilled"]  # the client left before its prefill finished
     assert after["gone"] == before["gone"] + 1
+
+
+def test_client_gone_between_the_legs_frees_the_prefill_kv_before_its_lease_ends(cluster):
+    """The prefill leg finishes on the real prefill worker; the first decode attempt
+    goes to a stand-in that refuses it, and the client leaves during the retry backoff,
+    so no decode worker holds the request. Without the proxy's one-token release the
+    prefill worker would keep the KV until its lease ends (30 s in vLLM 0.32); with it,
+    the real decode worker reads the KV and the prefill worker is idle within seconds."""
+    refusing = StandinBehaviour(fail_decodes=1000)
+    with ThreadServer(create_standin(refusing)) as standin:
+        proxy = harness.start_proxy(
+            BASE + 2, prefill_urls=[cluster["p1"].url], decode_urls=[standin.url, cluster["d"].url],
+            decode_policy="round_robin", decode_retries=1, retry_backoff_s=5.0, health_interval_s=0.5,
+        )  # fmt: skip
+        try:
+            harness.wait_healthy(proxy.url, proxy.process, path="/ready")
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(proxy.url + "/v1/completions", json=completion_body(unique_prompt(150)), timeout=3)
+            assert len(refusing.received) == 1  # the refused decode attempt
+            assert harness.wait_idle(cluster["p1"].url, timeout_s=10) == (0, 0)
+            releases = harness.scrape_labeled(proxy.url, "pdspec_proxy_kv_releases_total")
+            assert releases == {(("outcome", "ok"),): 1.0}
+        finally:
+            proxy.stop()
 
 
 async def fire(url: str, n: int, kill_after_s: float, kill) -> list:
