@@ -17,7 +17,8 @@ def serve(settings: ProxySettings) -> None:
         port=settings.port,
         log_level=settings.log_level,
         log_config=None,  # keep the handlers set above: uvicorn's lines get request ids too
-        access_log=False,  # the proxy logs each request itself, with its id
+        access_log=False,  # the proxy logs requests itself, with their ids
+        proxy_headers=False,  # client addresses are never used; skip X-Forwarded-* per request
         loop="auto",
         http="auto",
         timeout_graceful_shutdown=5,
