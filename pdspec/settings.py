@@ -128,6 +128,10 @@ class ProxySettings(BaseModel):
     retry_after_s: int = 1
     max_body_bytes: int = 4 * 1024 * 1024
     max_choices: int = Field(16, ge=1, description="Largest `n`: each choice is its own prefill and decode.")
+    gc_interval_s: float = Field(
+        10.0, ge=0, description="Collect reference cycles every this many seconds instead of Python's automatic "
+        "collector (0: keep the automatic one).",
+    )
     api_keys: list[str] = Field(default_factory=list, description="Client keys (Bearer); empty: no auth.")
     worker_api_key: str | None = Field(None, description="Sent to workers; never a client's key.")
     kv_source_hosts: list[str] = Field(
