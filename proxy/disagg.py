@@ -26,7 +26,7 @@ from pdspec.settings import ProxySettings
 from proxy.asgi import Reply
 from proxy.errors import ProxyError, sse_error_event
 from proxy.fanout import fan_out
-from proxy.legs import decode_body, prefill_body
+from proxy.legs import decode_body, prefill_body, release_body
 from proxy.metrics import ProxyMetrics
 from proxy.pool import NoHealthyWorker, Worker, WorkerPool, affinity_key
 from proxy.tracing import NO_TRACE, NoTrace
@@ -99,7 +99,7 @@ class Disaggregator:
                 return await self._decode(path, body, prefilled, request_id, trace)
             except asyncio.CancelledError:
                 if prefilled.kv_transfer_params is not None and not prefilled.decode_in_flight:
-                    self._release_kv(path, body, prefilled, request_id)
+                    self._release_kv(path, body, chat, prefilled, request_id)
                 raise
         except PassThrough as passthrough:
             passthrough.reply.headers["X-Request-Id"] = request_id
@@ -195,17 +195,13 @@ class Disaggregator:
 
     # --- a client gone between the legs ---------------------------------------------
 
-    def _release_kv(self, path: str, body: dict, prefilled: Prefilled, request_id: str) -> None:
+    def _release_kv(self, path: str, body: dict, chat: bool, prefilled: Prefilled, request_id: str) -> None:
         """The prefill worker holds the prompt's KV for a decode that will never come,
         and would keep it until its KV lease ends (`kv_lease_duration`, 30 s by default
         in vLLM 0.32), blocks other requests could use. vLLM has no call to drop it;
         what frees it is a decode worker reading it. So a one-token decode is sent in the
         background and its answer thrown away (counted in pdspec_proxy_kv_releases)."""
-        release = {key: value for key, value in body.items() if key not in ("stream_options", "n")}
-        release.update(max_tokens=1, stream=False)
-        if "max_completion_tokens" in release:
-            release["max_completion_tokens"] = 1
-        leg = orjson.dumps(decode_body(release, prefilled.kv_transfer_params))
+        leg = orjson.dumps(release_body(body, chat, prefilled.kv_transfer_params))
         task = asyncio.ensure_future(self._release_once(path, leg, request_id))
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)

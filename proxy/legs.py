@@ -26,18 +26,27 @@ PREFILL_KV_REQUEST: dict[str, Any] = {
 }
 
 
-def prefill_body(body: dict[str, Any], chat: bool) -> dict[str, Any]:
+def _one_token(body: dict[str, Any], chat: bool) -> dict[str, Any]:
     leg = {key: value for key, value in body.items() if key not in _PREFILL_DROPPED}
     leg["max_tokens"] = 1
     if chat:
         leg["max_completion_tokens"] = 1
     leg["stream"] = False
     leg["n"] = 1
-    leg["kv_transfer_params"] = dict(PREFILL_KV_REQUEST)
     return leg
+
+
+def prefill_body(body: dict[str, Any], chat: bool) -> dict[str, Any]:
+    return decode_body(_one_token(body, chat), dict(PREFILL_KV_REQUEST))
 
 
 def decode_body(body: dict[str, Any], kv_transfer_params: dict[str, Any] | None) -> dict[str, Any]:
     leg = dict(body)
     leg["kv_transfer_params"] = kv_transfer_params
     return leg
+
+
+def release_body(body: dict[str, Any], chat: bool, kv_transfer_params: dict[str, Any]) -> dict[str, Any]:
+    """A one-token decode whose only use is to make a decode worker read a prefill's KV,
+    which frees it on the prefill worker (see Disaggregator._release_kv)."""
+    return decode_body(_one_token(body, chat), kv_transfer_params)

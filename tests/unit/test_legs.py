@@ -1,4 +1,4 @@
-from proxy.legs import PREFILL_KV_REQUEST, decode_body, prefill_body
+from proxy.legs import PREFILL_KV_REQUEST, decode_body, prefill_body, release_body
 
 
 def test_prefill_leg_asks_for_one_token_and_a_remote_decode():
@@ -29,3 +29,13 @@ def test_decode_leg_is_the_original_request_plus_kv_params():
     leg = decode_body(body, params)
     assert leg == {**body, "kv_transfer_params": params}
     assert "kv_transfer_params" not in body
+
+
+def test_release_leg_is_a_one_token_decode_with_the_prefills_kv_params():
+    body = {"model": "m", "messages": [], "max_completion_tokens": 9, "stream": True,
+            "stream_options": {"include_usage": True}, "n": 3}  # fmt: skip
+    params = {"remote_engine_id": "e", "remote_block_ids": [[1]]}
+    leg = release_body(body, True, params)
+    assert leg["max_tokens"] == leg["max_completion_tokens"] == 1 and leg["n"] == 1
+    assert leg["stream"] is False and "stream_options" not in leg
+    assert leg["kv_transfer_params"] == params
