@@ -160,7 +160,7 @@ class UpstreamResponse:
 
 
 class _Connection(asyncio.Protocol):
-    __slots__ = ("loop", "transport", "parser", "response", "closed", "reading_paused", "bytes_received")
+    __slots__ = ("loop", "transport", "parser", "response", "closed", "bytes_received")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -168,7 +168,6 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.response: UpstreamResponse | None = None
         self.closed = False
-        self.reading_paused = False
         self.bytes_received = 0
 
     # asyncio protocol
