@@ -1,0 +1,112 @@
+"""The load generator of serve_bench: random token-id prompts, streamed completions.
+
+Prompts are lists of token ids (the proxy and vLLM take them as `prompt` on
+/v1/completions), fresh for every phase, so no prefix-cache hit makes a phase cheaper.
+`ignore_eos` keeps every reply at `max_tokens`, whatever the weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable
+
+import httpx
+import numpy as np
+
+from loadtest.serve_stats import RequestResult
+
+# Low ids are often control or byte tokens; the benchmark needs none of them.
+FIRST_TOKEN_ID = 10
+
+
+def random_prompts(count: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(FIRST_TOKEN_ID, vocab_size, size=(count, length)).tolist()
+
+
+def completion_body(model: str, prompt: list[int], max_tokens: int) -> dict:
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+async def stream_completion(client: httpx.AsyncClient, url: str, body: dict) -> RequestResult:
+    """One streamed completion, timed chunk by chunk."""
+    prompt_tokens = len(body["prompt"])
+    started = time.perf_counter()
+    ttft, last, gaps, usage, finished = None, 0.0, [], None, False
+    try:
+        async with client.stream("POST", url + "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                return RequestResult(False, prompt_tokens, error=f"HTTP {response.status_code}: {text[:200]}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    finished = True
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    return RequestResult(False, prompt_tokens, error=f"error event: {chunk['error']}"[:240])
+                if chunk.get("choices"):
+                    now = time.perf_counter()
+                    if ttft is None:
+                        ttft = now - started
+                    else:
+                        gaps.append(now - last)
+                    last = now
+                usage = chunk.get("usage") or usage
+    except (httpx.HTTPError, ValueError) as exc:
+        return RequestResult(False, prompt_tokens, error=f"{type(exc).__name__}: {exc}"[:240])
+    e2e = time.perf_counter() - started
+    if not finished or ttft is None:
+        return RequestResult(False, prompt_tokens, error="stream ended without a choice or [DONE]")
+    output_tokens = (usage or {}).get("completion_tokens") or len(gaps) + 1
+    return RequestResult(True, (usage or {}).get("prompt_tokens") or prompt_tokens, output_tokens, ttft, e2e, gaps)
+
+
+async def run_load(
+    url: str,
+    bodies: list[dict],
+    concurrency: int | None,
+    request_rate: float | None,
+    seed: int = 0,
+    timeout_s: float = 600.0,
+    on_done: Callable[[RequestResult], None] | None = None,
+) -> tuple[list[RequestResult], float]:
+    """Send every body: at most `concurrency` in flight, arrivals a Poisson process of
+    `request_rate` per second (None: all at once). Returns the results and the window's
+    length, first request sent to last reply done."""
+    limit = concurrency or len(bodies)
+    gate = asyncio.Semaphore(limit)
+    rng = random.Random(seed)
+    pool = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
+
+    async with httpx.AsyncClient(timeout=timeout_s, limits=pool) as client:
+
+        async def one(body: dict) -> RequestResult:
+            async with gate:
+                result = await stream_completion(client, url, body)
+            if on_done is not None:
+                on_done(result)
+            return result
+
+        started = time.perf_counter()
+        tasks = []
+        for i, body in enumerate(bodies):
+            tasks.append(asyncio.create_task(one(body)))
+            if request_rate and i + 1 < len(bodies):
+                await asyncio.sleep(rng.expovariate(request_rate))  # the arrival process itself
+        results = await asyncio.gather(*tasks)
+        return list(results), time.perf_counter() - started
