@@ -146,7 +146,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
         raise SystemExit("--ab needs the prefill worker's metrics (drop --no-worker-metrics)")
 
     progress = Progress(args.warmup + len(plan) * args.num_prompts, not args.no_progress)
-    phases = []
+    phases, skipped, longest = [], [], 0.0
     with httpx.Client() as metrics_client:
 
         def idle_counters() -> tuple[dict | None, dict | None]:
@@ -165,6 +165,11 @@ def run_benchmark(args: argparse.Namespace) -> dict:
                 asyncio.run(run_load(args.url, bodies, loads[0].concurrency, None, timeout_s=args.timeout,
                                      on_done=progress.done))  # fmt: skip
             for index, (load, rep, policy) in enumerate(plan):
+                if args.deadline and time.time() + longest > args.deadline:
+                    # It would not finish in time: skip it, and say so in the report.
+                    skipped.append({"index": index, "load": load.label, "policy": policy})
+                    continue
+                phase_started = time.time()
                 if policy is not None:
                     set_drafts_policy(run_dir, policy)
                 progress.phase(f"phase {index + 1}/{len(plan)} {load.label}" + (f" {policy}" if policy else ""))
@@ -188,6 +193,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
                     **worker_metrics.worker_figures(*worker_deltas, duration),
                 }
                 phases.append(phase)
+                longest = max(longest, time.time() - phase_started)
         finally:
             progress.close()
             if args.ab:
@@ -206,6 +212,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
         "ab": args.ab,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "phases": phases,
+        "skipped_phases": skipped,
         "ab_summary": serve_report.ab_summary(phases) if args.ab else [],
     }
 
@@ -233,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--vocab-size", type=int, help="token ids drawn below this (default: the target's config)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")
+    parser.add_argument("--deadline", type=float,
+                        help="Unix time: a phase that would not end by then (longest phase so far) is skipped")  # fmt: skip
     parser.add_argument("--label", default="", help="a name for this run in tables and plots")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("loadtest/results/serve_bench"))

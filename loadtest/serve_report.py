@@ -51,6 +51,9 @@ def markdown(report: dict) -> str:
         f"max_tokens {report['output_len']}, model `{report['model']}` at {report['url']}.",
         "",
     ]
+    if report.get("skipped_phases"):
+        lines += [f"**{len(report['skipped_phases'])} phases skipped** (time budget): "
+                  + ", ".join(f"{p['load']} {p['policy'] or ''}".strip() for p in report["skipped_phases"]), ""]
     if report.get("ab_summary"):
         lines += [
             "| load | always prefill tok/s | auto prefill tok/s | auto vs always | pair ratios | "

@@ -25,6 +25,7 @@ commands:
   decode    run a decode worker (vLLM, NixlConnector kv_consumer)
   models    install the local small model pair (trained target + EAGLE3 drafter)
   drafts    switch a running worker between K=0 when unusable (auto) and always drafting
+  bench     start a profile's stack, run a named workload (loadtest.serve_bench), stop it
 
 `pdspec <command> --help` lists the command's options.
 """
@@ -96,6 +97,11 @@ def main(argv: list[str] | None = None) -> None:
     if len(args) >= 2 and args[0] == "--config":
         os.environ[s.CONFIG_ENV] = args[1]
         args = args[2:]
+    if args and args[0] == "bench":
+        # Its own argument parser: serve_bench's arguments pass through after `--`.
+        from loadtest.bench import main as bench_main
+
+        sys.exit(bench_main(args[1:]))
     if not args or args[0] not in COMMANDS:
         print(USAGE, file=sys.stderr if args and args[0] not in ("-h", "--help") else sys.stdout)
         sys.exit(0 if args and args[0] in ("-h", "--help") else 2)

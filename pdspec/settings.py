@@ -217,12 +217,23 @@ class DecodeWorkerSettings(WorkerSettings):
     cpu_omp_threads_bind: str | None = "1"
 
 
+class ColocatedWorkerSettings(WorkerSettings):
+    """The one server of `pdspec up --layout colocated`: prefill and decode in one vLLM, no
+    proxy, on the port clients use in 1P1D (the proxy's), so the two compare as is."""
+
+    port: int = 8000
+
+
 class UpCommand(_Base):
     """`pdspec up`: one prefill worker, one decode worker and the proxy."""
 
+    layout: Literal["1p1d", "colocated"] = Field(
+        "1p1d", description="1p1d: prefill worker, decode worker, proxy; colocated: one vLLM server doing both."
+    )
     model: ModelSettings = Field(default_factory=ModelSettings)
     prefill: PrefillWorkerSettings = Field(default_factory=PrefillWorkerSettings)
     decode: DecodeWorkerSettings = Field(default_factory=DecodeWorkerSettings)
+    colocated: ColocatedWorkerSettings = Field(default_factory=ColocatedWorkerSettings)
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     run_dir: Path = Field(default_factory=lambda: default_home() / "run")
     ready_timeout_s: float = Field(600.0, description="Give up if a child is not ready by then.")

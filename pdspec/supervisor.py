@@ -92,8 +92,12 @@ class Child:
 def plan_children(settings: UpCommand) -> list[Child]:
     from pdspec.worker.launch import launch_spec, prepare_run_dir
 
+    if settings.layout == "colocated":
+        roles = (("colocated", settings.colocated),)
+    else:
+        roles = (("prefill", settings.prefill), ("decode", settings.decode))
     children = []
-    for role, worker in (("prefill", settings.prefill), ("decode", settings.decode)):
+    for role, worker in roles:
         prepare_run_dir(role, settings.run_dir)
         spec = launch_spec(role, settings.model, worker, settings.run_dir)
         children.append(
@@ -105,6 +109,8 @@ def plan_children(settings: UpCommand) -> list[Child]:
                 log_path=settings.run_dir / "logs" / f"{role}.log",
             )
         )
+    if settings.layout == "colocated":
+        return children  # clients talk to the one server itself
     proxy = proxy_settings_for(settings)
     children.append(
         Child(
@@ -127,6 +133,14 @@ def proxy_settings_for(settings: UpCommand) -> ProxySettings:
             "decode_urls": [f"http://{settings.decode.host}:{settings.decode.port}"],
         }
     )
+
+
+def client_url(settings: UpCommand) -> str:
+    """Where clients send requests: the proxy, or the colocated server."""
+    if settings.layout == "colocated":
+        return f"http://{settings.colocated.host}:{settings.colocated.port}"
+    proxy = proxy_settings_for(settings)
+    return f"http://{proxy.host}:{proxy.port}"
 
 
 def wait_ready(children: list[Child], timeout_s: float, say) -> None:
@@ -188,8 +202,7 @@ def run_up(settings: UpCommand) -> int:
             child.start()
             say(f"started {child.name} (pid {child.pid}, log {child.log_path})")
         wait_ready(children, settings.ready_timeout_s, say)
-        proxy = proxy_settings_for(settings)
-        say(f"ready: http://{proxy.host}:{proxy.port}")
+        say(f"ready: {client_url(settings)}")
         while True:
             for child in children:
                 code = child.exited()

@@ -7,7 +7,7 @@ import pytest
 from pydantic_settings import CliApp
 
 from pdspec.settings import UpCommand
-from pdspec.worker.launch import vllm_argv, worker_env
+from pdspec.worker.launch import KV_ROLES, SCHEDULER_CLS, vllm_argv, worker_env
 
 PROFILES = Path(__file__).resolve().parents[2] / "deploy" / "profiles"
 
@@ -35,3 +35,66 @@ def test_paths_can_be_overridden_without_editing_the_file(monkeypatch):
     monkeypatch.setenv("PDSPEC_MODEL__TARGET", "/data/qwen")
     up = load(monkeypatch, "qwen3-8b-eagle3.toml")
     assert up.model.target == "/data/qwen" and up.model.num_speculative_tokens == 3
+
+
+SHAPES = PROFILES.parents[0] / "shapes"
+REPO = PROFILES.parents[1]
+DUMMY = [("qwen3-8b-eagle3", "eagle3", 3), ("qwen3-8b-dflash", "dflash", 16)]
+
+
+def _config(path: str) -> dict:
+    return json.loads((REPO / path / "config.json").read_text())
+
+
+@pytest.mark.parametrize("name, method, k", DUMMY)
+def test_dummy_1p1d_profiles_run_the_shapes_with_random_weights(monkeypatch, tmp_path, name, method, k):
+    up = load(monkeypatch, f"dummy/{name}-1p1d.toml")
+    assert up.layout == "1p1d"
+    for role, worker, gpu in (("prefill", up.prefill, "0"), ("decode", up.decode, "1")):
+        argv = vllm_argv(role, up.model, worker, cpu=False)
+        assert argv[argv.index("--model") + 1] == "deploy/shapes/qwen3-8b-v4096"
+        assert argv[argv.index("--load-format") + 1] == "dummy"
+        assert "--enforce-eager" not in argv and "--dtype" not in argv  # compiled, the shapes' bf16
+        spec = json.loads(argv[argv.index("--speculative-config") + 1])
+        assert (spec["method"], spec["num_speculative_tokens"], spec["model"]) == (method, k, up.model.drafter)
+        assert json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_role"] == KV_ROLES[role]
+        assert argv[argv.index("--scheduler-cls") + 1] == SCHEDULER_CLS
+        assert worker_env(role, worker, tmp_path, cpu=False)["CUDA_VISIBLE_DEVICES"] == gpu
+    prefill = vllm_argv("prefill", up.model, up.prefill, cpu=False)
+    assert prefill[prefill.index("--max-num-batched-tokens") + 1] == "512"
+
+
+@pytest.mark.parametrize("name, method, k", DUMMY)
+def test_dummy_colocated_profiles_start_one_server(monkeypatch, name, method, k):
+    from pdspec.supervisor import client_url
+
+    up = load(monkeypatch, f"dummy/{name}-colocated.toml")
+    assert up.layout == "colocated" and client_url(up) == "http://127.0.0.1:8000"
+    argv = vllm_argv("colocated", up.model, up.colocated, cpu=False)
+    assert "--kv-transfer-config" not in argv
+    assert argv[argv.index("--port") + 1] == "8000"
+    assert argv[argv.index("--load-format") + 1] == "dummy"
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == k
+    assert up.colocated.cuda_visible_devices == "0"
+    # The real-weight twin differs only in paths and the dummy load format.
+    real = load(monkeypatch, f"{name}-colocated.toml")
+    assert real.layout == "colocated" and real.model.method == method and real.model.target.startswith("/models/")
+
+
+def test_shapes_fit_the_shipped_tokenizer():
+    target = _config("deploy/shapes/qwen3-8b-v4096")
+    full = _config("deploy/shapes/qwen3-8b")
+    assert target["vocab_size"] == 4096 and target["eos_token_id"] < 4096
+    # Only the vocabulary differs from Qwen3-8B's shape: same compute per token.
+    assert {k: v for k, v in target.items() if k not in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")} == {
+        k: v for k, v in full.items() if k not in ("vocab_size", "bos_token_id", "eos_token_id")
+    }
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        assert (REPO / "deploy/shapes/qwen3-8b-v4096" / name).is_file(), name  # the links resolve
+    tokenizer = json.loads((REPO / "deploy/shapes/qwen3-8b-v4096/tokenizer.json").read_text())
+    assert max(tokenizer["model"]["vocab"].values()) < 4096 and target["eos_token_id"] == tokenizer["model"]["vocab"]["<|im_end|>"]
+    eagle = _config("deploy/shapes/qwen3-8b-eagle3-v4096")
+    assert eagle["vocab_size"] == eagle["draft_vocab_size"] == 4096
+    dflash = _config("deploy/shapes/qwen3-8b-dflash-v4096")
+    assert dflash["vocab_size"] == 4096 and dflash["dflash_config"]["mask_token_id"] < 4096
+    assert max(dflash["dflash_config"]["target_layer_ids"]) < target["num_hidden_layers"] == dflash["num_target_layers"]

@@ -1,0 +1,117 @@
+"""`pdspec bench`: stacks planned from profiles, workloads and overrides; markdown summary.
+The real run (stacks started, benchmarked, stopped) is recorded in
+loadtest/results/serve_bench-cpu/ and the e2e test runs serve_bench itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loadtest import bench
+from loadtest.stack import env_name, load_settings, stack_ports
+from loadtest.workloads import WORKLOADS
+from pdspec.supervisor import client_url
+
+PROFILES = Path(__file__).resolve().parents[2] / "deploy" / "profiles"
+
+
+def test_seed_workload_is_the_seed():
+    seed = WORKLOADS["seed"]
+    args = bench.serve_bench.parse_args(["--url", "http://x", *seed.serve_args])
+    assert (args.input_len, args.output_len, args.num_prompts, args.concurrency, args.phases, args.ab) == (
+        8192, 8, 128, [32], 3, True)  # fmt: skip
+    assert [v["prefill.max_num_batched_tokens"] for v in seed.variants.values()] == [512, 2048]
+    for name, workload in WORKLOADS.items():  # every preset parses
+        bench.serve_bench.parse_args(["--url", "http://x", *workload.serve_args])
+
+
+def test_env_names_and_set_values():
+    assert env_name("prefill.max_num_batched_tokens") == "PDSPEC_PREFILL__MAX_NUM_BATCHED_TOKENS"
+    assert env_name("layout") == "PDSPEC_LAYOUT"
+    assert bench.parse_set(["prefill.gpu_memory_utilization=0.4", "prefill.cuda_visible_devices=1",
+                            "decode.extra_vllm_args=[\"--x\"]", "layout=colocated"]) == {  # fmt: skip
+        "prefill.gpu_memory_utilization": 0.4, "prefill.cuda_visible_devices": 1,
+        "decode.extra_vllm_args": ["--x"], "layout": "colocated"}  # fmt: skip
+    with pytest.raises(SystemExit):
+        bench.parse_set(["novalue"])
+
+
+def test_settings_come_from_profile_and_overrides_not_the_shell(monkeypatch):
+    monkeypatch.setenv("PDSPEC_PREFILL__PORT", "1")  # a stray setting in this shell
+    s = load_settings(PROFILES / "dummy/qwen3-8b-eagle3-1p1d.toml", {"prefill.max_num_batched_tokens": 2048,
+                                                                     "decode.gpu_memory_utilization": 0.4})  # fmt: skip
+    assert s.prefill.port == 8100 and s.prefill.max_num_batched_tokens == 2048
+    assert s.decode.gpu_memory_utilization == 0.4 and s.prefill.gpu_memory_utilization == 0.9
+    assert s.model.method == "eagle3"
+    import os
+
+    assert os.environ["PDSPEC_PREFILL__PORT"] == "1" and "PDSPEC_CONFIG" not in os.environ  # restored
+
+
+def _args(*argv: str):
+    args = bench.build_parser().parse_args(list(argv))
+    args.serve_args = []
+    return args
+
+
+def test_seed_plan_two_stacks_on_alternating_gpus(tmp_path):
+    profile = str(PROFILES / "dummy/qwen3-8b-dflash-1p1d.toml")
+    args = _args(profile, "--workload", "seed", "--out", str(tmp_path), "--together", "--alternate-gpus",
+                 "--set", "prefill.gpu_memory_utilization=0.4", "decode.gpu_memory_utilization=0.4",
+                 "--base-port", "19400")  # fmt: skip
+    stacks = bench.plan_stacks(args, tmp_path)
+    assert [s.name for s in stacks] == ["qwen3-8b-dflash-1p1d.mbt512", "qwen3-8b-dflash-1p1d.mbt2048"]
+    first, second = (s.settings for s in stacks)
+    assert (first.prefill.max_num_batched_tokens, second.prefill.max_num_batched_tokens) == (512, 2048)
+    assert (first.prefill.cuda_visible_devices, first.decode.cuda_visible_devices) == ("0", "1")
+    assert (second.prefill.cuda_visible_devices, second.decode.cuda_visible_devices) == ("1", "0")
+    assert first.prefill.gpu_memory_utilization == second.decode.gpu_memory_utilization == 0.4
+    ports = [{first.proxy.port, first.prefill.port, first.decode.port, first.prefill.side_channel_port,
+              first.decode.side_channel_port} for first in (first, second)]  # fmt: skip
+    assert len(ports[0] | ports[1]) == 10 and all(19400 <= p < 19500 for p in ports[0] | ports[1])
+    assert stacks[1].run_dir == tmp_path / "qwen3-8b-dflash-1p1d.mbt2048"
+    assert stacks[0].urls() == {"url": "http://127.0.0.1:19400", "prefill_url": "http://127.0.0.1:19410",
+                                "decode_url": "http://127.0.0.1:19420"}  # fmt: skip
+
+
+def test_colocated_stack_is_one_server(tmp_path):
+    args = _args(str(PROFILES / "dummy/qwen3-8b-eagle3-1p1d.toml"), str(PROFILES / "dummy/qwen3-8b-eagle3-colocated.toml"),
+                 "--workload", "latency", "--out", str(tmp_path), "--base-port", "19400")  # fmt: skip
+    p1d1, colocated = bench.plan_stacks(args, tmp_path)
+    assert colocated.settings.layout == "colocated"
+    assert colocated.urls() == {"url": "http://127.0.0.1:19401", "prefill_url": "http://127.0.0.1:19401",
+                                "decode_url": "http://127.0.0.1:19401"}  # fmt: skip
+    assert client_url(p1d1.settings) == "http://127.0.0.1:19400"
+
+
+def test_colocated_layout_plans_one_child_and_no_proxy(tmp_path):
+    from pdspec.supervisor import plan_children
+
+    s = load_settings(None, {"layout": "colocated", "colocated.port": 19480, "run_dir": str(tmp_path)})
+    children = plan_children(s)
+    assert [c.name for c in children] == ["colocated worker"]
+    assert children[0].health_url == "http://127.0.0.1:19480/health"
+    assert "--kv-transfer-config" not in children[0].argv
+    assert [c.name for c in plan_children(load_settings(None, {"run_dir": str(tmp_path)}))] == [
+        "prefill worker", "decode worker", "proxy"]  # fmt: skip
+
+
+def test_summary_markdown_has_the_cross_stack_table():
+    row = {"load": "concurrency 32", "always_prefill_tokens_per_s": 27000.0, "auto_prefill_tokens_per_s": 27567.0,
+           "auto_vs_always_pct": 2.1, "pair_ratios": [1.02], "k0_proposals": {"auto": 96, "always": 0},
+           "proposals": {"auto": 96, "always": 96}, "ttft_ms_median": {}}  # fmt: skip
+    report = {"label": "x", "command": "c", "url": "u", "model": "m", "num_prompts": 1, "input_len": 1, "output_len": 1,
+              "phases": [], "ab_summary": [row]}  # fmt: skip
+    summary = {"workload": "seed", "description": "d", "command": "pdspec bench", "stacks": [
+        {"name": "eagle3.mbt512", "profile": "p", "overrides": {}, "ready_s": 130.0, "report": report},
+        {"name": "eagle3.mbt2048", "profile": "p", "overrides": {}, "error": "boom"}]}  # fmt: skip
+    text = bench.markdown(summary)
+    assert "| eagle3.mbt512 | concurrency 32 | 27,000 | 27,567 | +2.10% | 96 / 96 | 0 / 96 |" in text
+    assert "boom" in text
+
+
+def test_ports_leave_room_for_dp_ranks():
+    a, b = stack_ports(8000, 0), stack_ports(8000, 1)
+    assert b["prefill.side_channel_port"] - a["prefill.side_channel_port"] == 4
+    assert a["decode.side_channel_port"] - a["prefill.side_channel_port"] == 2  # DP 2: base, base+1
