@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -63,6 +64,16 @@ def plan_stacks(args: argparse.Namespace, run_root: Path) -> list[Stack]:
     return stacks
 
 
+def target_vocab_size(stack: Stack) -> int | None:
+    from pdspec.worker.launch import resolve_model_paths
+
+    target, _ = resolve_model_paths(stack.settings.model)
+    try:
+        return json.loads((Path(target) / "config.json").read_text())["vocab_size"]
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def bench_stack(stack: Stack, args: argparse.Namespace, deadline: float | None) -> dict:
     urls = stack.urls()
     argv = [*WORKLOADS[args.workload].serve_args, *args.serve_args,
@@ -72,6 +83,9 @@ def bench_stack(stack: Stack, args: argparse.Namespace, deadline: float | None) 
         argv += ["--deadline", str(deadline)]
     if args.no_progress:
         argv.append("--no-progress")
+    vocab = target_vocab_size(stack)
+    if vocab and "--vocab-size" not in args.serve_args:
+        argv += ["--vocab-size", str(vocab)]
     sb_args = serve_bench.parse_args(argv)
     if sb_args.ab and stack.settings.layout == "colocated":
         raise RuntimeError("--ab switches a prefill worker's policy; a colocated stack has none")
@@ -137,6 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(Exception):
+    pass
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str]) -> int:
     if "--" in argv:
         cut = argv.index("--")
@@ -152,6 +174,8 @@ def main(argv: list[str]) -> int:
         return 0
     if not args.workload or not args.out:
         parser.error("--workload and --out are required")
+    # A SIGTERM (`timeout`, a supervisor) must still stop the stacks and write results.
+    signal.signal(signal.SIGTERM, _terminate)
     started = time.time()
     deadline = started + args.budget_s if args.budget_s else None
     run_root = args.run_root or Path(tempfile.mkdtemp(prefix="pdspec-bench-"))
@@ -167,15 +191,19 @@ def main(argv: list[str]) -> int:
     def say(message: str) -> None:
         print(f"pdspec bench: [{time.time() - started:5.0f} s] {message}", file=sys.stderr, flush=True)
 
-    def run_one(stack: Stack, record: dict) -> None:
+    def run_one(stack: Stack, record: dict, stack_deadline: float | None) -> None:
         try:
-            record["report"] = bench_stack(stack, args, deadline)
+            record["report"] = bench_stack(stack, args, stack_deadline)
+        except Terminated:
+            record["error"] = "terminated (SIGTERM) while benchmarking"
+            raise
         except Exception:  # one stack's failure must not lose the others' results
             record["error"] = traceback.format_exc() + "\n" + stack.log_tail()
             say(f"stack {stack.name} failed:\n{record['error'][-3000:]}")
         write(summary, args.out)
 
     groups = [stacks] if args.together else [[s] for s in stacks]
+    code = 0
     try:
         for group in groups:
             for stack in group:
@@ -189,15 +217,21 @@ def main(argv: list[str]) -> int:
                 write(summary, args.out)
                 say(str(exc))
                 return 1
-            for stack in group:
+            for position, stack in enumerate(group):
                 record = summary["stacks"][stacks.index(stack)]
                 record["ready_s"] = ready_s[stack.name]
+                # An equal share of the time left for each stack still to run, so a tight
+                # budget trims every stack's phases rather than dropping the last stack.
+                share = None if deadline is None else time.time() + (deadline - time.time()) / (len(group) - position)
                 say(f"benchmarking {stack.name}")
-                run_one(stack, record)
+                run_one(stack, record, share)
             stop_all(group)
+    except Terminated:
+        say("terminated: stopping the stacks")
+        code = 1
     finally:
         stop_all(stacks)
         write(summary, args.out)
         say(f"done; results in {args.out}")
     print(markdown(summary))
-    return 1 if any(s.get("error") for s in summary["stacks"]) else 0
+    return 1 if code or any(s.get("error") for s in summary["stacks"]) else 0

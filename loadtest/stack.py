@@ -110,6 +110,8 @@ class Stack:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+        # For a clean-up that outlives this process (loadtest/gpu/serve_bench_2gpu.sh).
+        (self.run_dir / "pdspec-up.pid").write_text(str(self.process.pid))
 
     def ready(self) -> bool:
         """True once `pdspec up` printed its ready line; raises if it exited first."""

@@ -26,16 +26,20 @@ WORKLOADS: dict[str, Workload] = {
         SEED_MBT,
     ),
     "latency": Workload(
-        "TTFT and inter-token latency against concurrency (1, 4, 16, 32): 64 random 4,096-token "
-        "prompts per level, 128 output tokens each. Run on a 1P1D and a colocated profile to compare.",
-        ("--input-len", "4096", "--output-len", "128", "--num-prompts", "64", "--concurrency", "1", "4", "16", "32",
+        "TTFT and inter-token latency against concurrency (1, 4, 16, 32): 32 random 4,096-token "
+        "prompts per level, 64 output tokens each; prefill chunks of 2,048 tokens (the 1P1D "
+        "prefill worker's and the colocated server's max_num_batched_tokens alike, so the two "
+        "differ in disaggregation only). Run on a 1P1D and a colocated profile to compare.",
+        ("--input-len", "4096", "--output-len", "64", "--num-prompts", "32", "--concurrency", "1", "4", "16", "32",
          "--warmup", "8"),  # fmt: skip
+        {"mbt2048": {"prefill.max_num_batched_tokens": 2048, "colocated.max_num_batched_tokens": 2048}},
     ),
     "cpu-seed": Workload(
-        "The seed preset scaled to the 2-core CPU and the local model: 2 phases per policy of 8 "
-        "random 1,536-token prompts at concurrency 4, max_tokens 8; prefill mbt 512 and 2048.",
-        ("--input-len", "1536", "--output-len", "8", "--num-prompts", "8", "--concurrency", "4",
-         "--phases", "2", "--ab", "--warmup", "2"),  # fmt: skip
+        "The seed preset scaled to the 2-core CPU and the local model (max_model_len 2048): 3 "
+        "phases per policy of 24 random 2,000-token prompts at concurrency 8, max_tokens 8; "
+        "prefill mbt 512 and 2048.",
+        ("--input-len", "2000", "--output-len", "8", "--num-prompts", "24", "--concurrency", "8",
+         "--phases", "3", "--ab", "--warmup", "4"),  # fmt: skip
         SEED_MBT,
     ),
     "cpu-tiny": Workload(
