@@ -42,6 +42,13 @@ WORKLOADS: dict[str, Workload] = {
          "--phases", "3", "--ab", "--warmup", "4"),  # fmt: skip
         SEED_MBT,
     ),
+    "cpu-latency": Workload(
+        "The latency workload scaled to the CPU: 8 random 512-token prompts per level at "
+        "concurrency 1, 2 and 4, 32 output tokens each; prefill chunks of 2,048 tokens.",
+        ("--input-len", "512", "--output-len", "32", "--num-prompts", "8", "--concurrency", "1", "2", "4",
+         "--warmup", "2"),  # fmt: skip
+        {"mbt2048": {"prefill.max_num_batched_tokens": 2048, "colocated.max_num_batched_tokens": 2048}},
+    ),
     "cpu-tiny": Workload(
         "A few seconds of work for tests: 1 phase per policy of 4 random 600-token prompts at "
         "concurrency 2, max_tokens 4.",

@@ -115,3 +115,12 @@ def test_ports_leave_room_for_dp_ranks():
     a, b = stack_ports(8000, 0), stack_ports(8000, 1)
     assert b["prefill.side_channel_port"] - a["prefill.side_channel_port"] == 4
     assert a["decode.side_channel_port"] - a["prefill.side_channel_port"] == 2  # DP 2: base, base+1
+
+
+def test_cpu_profiles_compare_the_two_layouts_on_two_cores(tmp_path):
+    args = _args(str(PROFILES / "cpu-1p1d.toml"), str(PROFILES / "cpu-colocated.toml"), "--workload", "cpu-latency",
+                 "--out", str(tmp_path))  # fmt: skip
+    p1d1, colocated = (s.settings for s in bench.plan_stacks(args, tmp_path))
+    assert (p1d1.layout, p1d1.prefill.cpu_omp_threads_bind, p1d1.decode.cpu_omp_threads_bind) == ("1p1d", "0", "1")
+    assert (colocated.layout, colocated.colocated.cpu_omp_threads_bind) == ("colocated", "0-1")
+    assert p1d1.prefill.max_num_batched_tokens == colocated.colocated.max_num_batched_tokens == 2048
