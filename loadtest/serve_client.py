@@ -54,8 +54,11 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict) -> 
                     continue
                 data = line[6:]
                 if data == "[DONE]":
+                    # Read on to the end of the body: leaving now would close the
+                    # connection under a reply the server has not finished, which the
+                    # proxy counts as a client gone away (499).
                     finished = True
-                    break
+                    continue
                 chunk = json.loads(data)
                 if "error" in chunk:
                     return RequestResult(False, prompt_tokens, error=f"error event: {chunk['error']}"[:240])
