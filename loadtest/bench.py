@@ -124,7 +124,8 @@ def write(summary: dict, out: Path) -> None:
     (out / "bench.json").write_text(json.dumps(summary, indent=1))
     (out / "bench.md").write_text(markdown(summary))
     reports = [s["report"] for s in summary["stacks"] if s.get("report")]
-    if len(reports) > 1:
+    several_loads = any(len({ph["load"] for ph in r["phases"]}) > 1 for r in reports)
+    if len(reports) > 1 and several_loads:  # curves need more than one load level
         try:
             serve_report.plot_latency(reports, out / "bench_latency.png")
         except ImportError:

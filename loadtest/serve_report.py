@@ -144,15 +144,16 @@ def plot_ab(report: dict, path: Path) -> None:
     colors = {"auto": "tab:blue", "always": "tab:gray", None: "tab:green"}
     for p in phases:
         ax.bar(p["index"] + 1, p["prefill_tokens_per_s"] or 0, color=colors[p["policy"]])
-    for policy, color in colors.items():
-        if any(p["policy"] == policy for p in phases):
-            ax.bar([], [], color=color, label=policy or "single policy")
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=color, label=policy or "single policy")
+               for policy, color in colors.items() if any(p["policy"] == policy for p in phases)]  # fmt: skip
     ax.set_xlabel("phase (run order)")
     ax.set_ylabel("prefill worker prompt tokens/s")
     title = " / ".join(f"{r['load']}: auto {r['auto_vs_always_pct']:+.1f}%" for r in report.get("ab_summary", []))
     ax.set_title((report.get("label") + ": " if report.get("label") else "") + (title or "prefill throughput"),
                  fontsize=9)  # fmt: skip
-    ax.legend()
+    ax.legend(handles=handles)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
