@@ -124,3 +124,31 @@ def test_cpu_profiles_compare_the_two_layouts_on_two_cores(tmp_path):
     assert (p1d1.layout, p1d1.prefill.cpu_omp_threads_bind, p1d1.decode.cpu_omp_threads_bind) == ("1p1d", "0", "1")
     assert (colocated.layout, colocated.colocated.cpu_omp_threads_bind) == ("colocated", "0-1")
     assert p1d1.prefill.max_num_batched_tokens == colocated.colocated.max_num_batched_tokens == 2048
+
+
+def test_together_starts_every_stack_first_and_shares_the_budget(monkeypatch, tmp_path):
+    events = []
+    monkeypatch.setattr(bench.Stack, "start", lambda self: events.append(("start", self.name)))
+    monkeypatch.setattr(bench.Stack, "ready", lambda self: True)
+    monkeypatch.setattr(bench.Stack, "running", lambda self: ("start", self.name) in events)
+    monkeypatch.setattr(bench.Stack, "log_tail", lambda self, lines=40: "")
+    monkeypatch.setattr(bench, "stop_all", lambda stacks: events.extend(("stop", s.name) for s in stacks))
+    import time as _time
+
+    def fake_bench(stack, args, deadline):
+        events.append(("bench", stack.name, round(deadline - _time.time())))
+        if stack.name.endswith("mbt2048"):
+            raise RuntimeError("engine died")
+        return {"label": stack.name, "command": "c", "url": "u", "model": "m", "num_prompts": 1, "input_len": 1,
+                "output_len": 1, "phases": [], "ab_summary": []}  # fmt: skip
+
+    monkeypatch.setattr(bench, "bench_stack", fake_bench)
+    code = bench.main([str(PROFILES / "dummy/qwen3-8b-eagle3-1p1d.toml"), "--workload", "seed", "--out", str(tmp_path),
+                       "--together", "--budget-s", "100", "--run-root", str(tmp_path / "runs")])  # fmt: skip
+    names = ["qwen3-8b-eagle3-1p1d.mbt512", "qwen3-8b-eagle3-1p1d.mbt2048"]
+    assert events[:2] == [("start", n) for n in names]  # both start before any benchmark
+    assert [e[:2] for e in events[2:4]] == [("bench", n) for n in names]
+    assert 45 <= events[2][2] <= 50 and 95 <= events[3][2] <= 100  # half the budget, then the rest
+    assert code == 1  # one stack failed; the other's results are still written
+    summary = __import__("json").loads((tmp_path / "bench.json").read_text())
+    assert summary["stacks"][0]["report"]["label"] == names[0] and "engine died" in summary["stacks"][1]["error"]
