@@ -12,7 +12,7 @@
 #   mbt512 has its prefill worker on GPU 0 and its decode worker on GPU 1, stack mbt2048
 #   the other way round, every worker at 40% of its GPU (the one-GPU 1P1D share that
 #   was validated); they are benchmarked one after the other, the idle one waiting;
-# - the seed runs 48 prompts per phase (not 128) and 2 phases per policy (not 3),
+# - the seed runs 40 prompts per phase (not 128) and 2 phases per policy (not 3),
 #   interleaved auto, always, always, auto; NUM_PROMPTS and PHASES change that;
 # - the seed's decode workers run eager (only the prefill worker's figures are the table);
 # - `pdspec bench --budget-s` gives each stack an equal share of the time left after the
@@ -50,7 +50,7 @@ case "$what" in
     # The decode workers run eager: the table is the prefill worker's, and two engines
     # compiling instead of four shortens the cold start.
     bench_args=(--workload seed --together --alternate-gpus --set $share decode.enforce_eager=true)
-    serve_args=(-- --num-prompts "${NUM_PROMPTS:-48}" --phases "${PHASES:-2}" --warmup 8) ;;
+    serve_args=(-- --num-prompts "${NUM_PROMPTS:-40}" --phases "${PHASES:-2}" --warmup 8) ;;
   latency)
     profiles="deploy/profiles/dummy/qwen3-8b-eagle3-1p1d.toml deploy/profiles/dummy/qwen3-8b-eagle3-colocated.toml"
     # The colocated server shares GPU 1 with the (then idle) 1P1D decode worker.
