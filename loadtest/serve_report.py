@@ -120,8 +120,11 @@ def plot_latency(reports: list[dict], path: Path) -> None:
             name = " ".join(part for part in (report.get("label"), policy) if part)
             _latency_curves(ax_ttft, ax_itl, [p for p in report["phases"] if p["policy"] == policy], name, style)
     rate = any(p["request_rate"] for r in reports for p in r["phases"])
+    levels = sorted({_load_x(p) for r in reports for p in r["phases"]})
     for ax, title in ((ax_ttft, "time to first token"), (ax_itl, "inter-token latency (per chunk)")):
         ax.set_xscale("log", base=2)  # load levels usually double: 1, 4, 16, 32
+        ax.set_xticks(levels, [f"{x:g}" for x in levels])
+        ax.minorticks_off()
         ax.set_xlabel("request rate, req/s" if rate else "concurrency")
         ax.set_ylabel("ms")
         ax.set_title(title)
