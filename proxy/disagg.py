@@ -335,6 +335,8 @@ class Relay:
                 self._first_byte()
                 yield chunk
         except UpstreamError as exc:
+            if self.closed:  # the proxy dropped the stream itself: its client is gone
+                return
             # Headers are gone already: end the stream with an error event, not a hang.
             self.owner.metrics.stream_errors.inc()
             self.owner.metrics.leg_failures.labels("decode", exc.reason).inc()

@@ -28,6 +28,8 @@ class StandinBehaviour:
     delay_s: float = 0.0  # before answering any leg
     fail_decodes: int = 0  # the next this many decode legs get a 503
     healthy: bool = True
+    stream_event_delay_s: float = 0.0  # between the events of a decode stream
+    streams_abandoned: int = 0  # decode streams whose client left before the last event
     cancelled: int = 0  # legs whose client went away while they waited
     received: list[dict] = field(default_factory=list)
     headers: list[dict] = field(default_factory=list)
@@ -68,12 +70,18 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
             return JSONResponse({"id": request.headers.get("x-request-id"), "choices": [{key: value}]})
 
         async def events():
-            for index, word in enumerate(text.split(" ")):
-                if behaviour.break_stream_after is not None and index >= behaviour.break_stream_after:
-                    raise RuntimeError("stand-in stream broken on purpose")
-                yield f"data: {json.dumps({'choices': [{'text': word + ' '}]})}\n\n".encode()
-                await asyncio.sleep(0)
-            yield b"data: [DONE]\n\n"
+            finished = False
+            try:
+                for index, word in enumerate(text.split(" ")):
+                    if behaviour.break_stream_after is not None and index >= behaviour.break_stream_after:
+                        raise RuntimeError("stand-in stream broken on purpose")
+                    yield f"data: {json.dumps({'choices': [{'text': word + ' '}]})}\n\n".encode()
+                    await asyncio.sleep(behaviour.stream_event_delay_s)
+                yield b"data: [DONE]\n\n"
+                finished = True
+            finally:
+                if not finished and behaviour.break_stream_after is None:
+                    behaviour.streams_abandoned += 1
 
         return StreamingResponse(events(), media_type="text/event-stream")
 

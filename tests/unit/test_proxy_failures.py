@@ -28,7 +28,8 @@ class Cluster:
             prefill_urls=urls[:2], decode_urls=urls[2:], **{"prefill_policy": "round_robin", "retry_backoff_s": 0.01,
                                                             **self.settings},
         )  # fmt: skip
-        self.proxy = ThreadServer(create_app(settings)).__enter__()
+        self.app = create_app(settings)
+        self.proxy = ThreadServer(self.app).__enter__()
         self.url = self.proxy.url
         return self
 
