@@ -26,7 +26,8 @@ class StandinBehaviour:
     break_stream_after: int | None = None  # events sent before the stream breaks
     remote_host: str = "127.0.0.1"
     delay_s: float = 0.0  # before answering any leg
-    fail_decodes: int = 0  # the next this many decode legs get a 503
+    fail_decodes: int = 0  # the next this many decode legs get `fail_status`
+    fail_status: int = 503
     healthy: bool = True
     stream_event_delay_s: float = 0.0  # between the events of a decode stream
     streams_abandoned: int = 0  # decode streams whose client left before the last event
@@ -47,7 +48,7 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
         status = behaviour.prefill_status if is_prefill else behaviour.decode_status
         if not is_prefill and behaviour.fail_decodes > 0:
             behaviour.fail_decodes -= 1
-            status = 503
+            status = behaviour.fail_status
         if behaviour.delay_s:
             # Like vLLM, notice a caller that went away while the work was pending.
             deadline = time.monotonic() + behaviour.delay_s

@@ -136,7 +136,7 @@ def test_client_gone_between_the_legs_frees_the_prefill_kv_before_its_lease_ends
             assert len(refusing.received) == 1  # the refused decode attempt
             assert harness.wait_idle(cluster["p1"].url, timeout_s=10) == (0, 0)
             releases = harness.scrape_labeled(proxy.url, "pdspec_proxy_kv_releases_total")
-            assert releases == {(("outcome", "ok"),): 1.0}
+            assert releases == {(("outcome", "ok"), ("reason", "client_gone")): 1.0}
         finally:
             proxy.stop()
 

@@ -161,7 +161,7 @@ def test_client_gone_between_the_legs_gets_its_prefill_kv_released():
     refused, release = c.d.received
     assert release["kv_transfer_params"] == refused["kv_transfer_params"] is not None
     assert release["max_tokens"] == 1 and release["stream"] is False
-    assert 'pdspec_proxy_kv_releases_total{outcome="ok"} 1.0' in metrics
+    assert 'pdspec_proxy_kv_releases_total{outcome="ok",reason="client_gone"} 1.0' in metrics
 
 
 def test_no_release_when_the_decode_worker_holds_the_request():

@@ -54,3 +54,88 @@ def test_client_leaving_a_merged_stream_closes_every_choice_without_counting_err
         metrics = httpx.get(c.url + "/metrics").text
     assert "pdspec_proxy_stream_errors_total 0.0" in metrics
     assert "pdspec_proxy_leg_failures_total{" not in metrics
+
+
+BODY = {"model": "m", "prompt": "hello", "max_tokens": 5}
+
+
+def releases(url: str) -> dict[tuple[str, str], float]:
+    """pdspec_proxy_kv_releases_total as {(reason, outcome): count}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for sample in family.samples:
+            if sample.name == "pdspec_proxy_kv_releases_total":
+                out[(sample.labels["reason"], sample.labels["outcome"])] = sample.value
+    return out
+
+
+def decode_legs(behaviour) -> list[dict]:
+    return [b for b in behaviour.received if not (b.get("kv_transfer_params") or {}).get("do_remote_decode")]
+
+
+def assert_released(decode: list[dict]) -> None:
+    """The last decode leg is the release of the one before: same KV params, one token."""
+    refused, release = decode[-2], decode[-1]
+    assert release["kv_transfer_params"] == refused["kv_transfer_params"] is not None
+    assert release["max_tokens"] == 1 and release["stream"] is False
+
+
+@pytest.mark.parametrize("status, reason", [(400, "http_4xx"), (503, "http_5xx")])
+def test_decode_refused_after_a_good_prefill_releases_the_kv(status, reason):
+    with Cluster(decode_retries=0) as c:
+        c.d.fail_decodes, c.d.fail_status = 1, status
+        response = httpx.post(c.url + "/v1/completions", json=BODY)
+        assert response.status_code == (status if status < 500 else 502)
+        assert wait_for(lambda: releases(c.url) == {(reason, "ok"): 1.0}), releases(c.url)
+    assert_released(decode_legs(c.d))
+
+
+def test_decode_timeout_releases_the_kv():
+    with Cluster(decode_retries=0, decode_timeout_s=0.5) as c:
+        c.d.delay_s = 2.0  # longer than the decode leg may take (the release times out too)
+        assert httpx.post(c.url + "/v1/completions", json=BODY).status_code == 504
+        assert wait_for(lambda: releases(c.url) == {("timeout", "timeout"): 1.0}), releases(c.url)
+    assert_released(decode_legs(c.d))
+
+
+def test_no_healthy_decode_worker_sends_the_release_to_an_ejected_one():
+    """An ejected decode worker may still be up; it is the only one that can free the KV."""
+    with Cluster(decode_retries=0, health_interval_s=0.05, eject_after_failures=1) as c:
+        c.d.healthy = False
+        assert wait_for(lambda: httpx.get(c.url + "/ready").status_code == 503)
+        response = httpx.post(c.url + "/v1/completions", json=BODY)
+        assert response.status_code == 503
+        assert wait_for(lambda: releases(c.url) == {("no_healthy_worker", "ok"): 1.0}), releases(c.url)
+    (release,) = decode_legs(c.d)
+    assert release["max_tokens"] == 1 and release["kv_transfer_params"]["remote_engine_id"] == "standin"
+
+
+def test_unreachable_decode_worker_still_gets_a_release_attempt_counted():
+    with Cluster(decode_retries=0, health_interval_s=60) as c:
+        c.servers[2].__exit__(None, None, None)  # the decode worker is gone
+        assert httpx.post(c.url + "/v1/completions", json=BODY).status_code == 502
+        assert wait_for(lambda: releases(c.url) == {("connect_error", "connect_error"): 1.0}), releases(c.url)
+
+
+def test_stream_broken_before_its_first_event_releases_the_kv():
+    """Headers were sent, but the decode worker broke before any event: it may never
+    have read the KV."""
+    with Cluster(decode_retries=0) as c:
+        c.d.break_stream_after = 0
+        with httpx.stream("POST", c.url + "/v1/completions", json={**BODY, "stream": True}) as response:
+            body = response.read()
+        assert b'"error"' in body
+        assert wait_for(lambda: sum(releases(c.url).values()) == 1), releases(c.url)
+    assert_released(decode_legs(c.d))
+
+
+def test_a_good_request_sends_no_release():
+    with Cluster() as c:
+        assert httpx.post(c.url + "/v1/completions", json=BODY).status_code == 200
+        with httpx.stream("POST", c.url + "/v1/completions", json={**BODY, "stream": True}) as response:
+            response.read()
+        metrics = httpx.get(c.url + "/metrics").text
+    assert "pdspec_proxy_kv_releases_total{" not in metrics
+    assert len(decode_legs(c.d)) == 2
