@@ -139,3 +139,30 @@ def test_a_good_request_sends_no_release():
         metrics = httpx.get(c.url + "/metrics").text
     assert "pdspec_proxy_kv_releases_total{" not in metrics
     assert len(decode_legs(c.d)) == 2
+
+
+def prefill_legs(behaviour) -> list[dict]:
+    return [b for b in behaviour.received if (b.get("kv_transfer_params") or {}).get("do_remote_decode")]
+
+
+def test_client_leaving_while_queued_gives_up_its_place_and_sends_no_prefill():
+    import threading
+
+    with Cluster(max_inflight=1, max_queue=4) as c:
+        c.d.delay_s = 2.0  # the first request holds the only slot this long
+        first = {}
+        thread = threading.Thread(
+            target=lambda: first.update(status=httpx.post(c.url + "/v1/completions", json=BODY, timeout=30).status_code)
+        )
+        thread.start()
+        assert wait_for(lambda: len(decode_legs(c.d)) == 1)  # the first request is decoding
+        with pytest.raises(httpx.ReadTimeout):  # queued behind it, then gone
+            httpx.post(c.url + "/v1/completions", json={**BODY, "prompt": "queued"}, timeout=0.5)
+        assert wait_for(lambda: c.app.state.admission.waiting == 0)
+        thread.join()
+        c.d.delay_s = 0.0
+        assert httpx.post(c.url + "/v1/completions", json={**BODY, "prompt": "later"}, timeout=30).status_code == 200
+        metrics = httpx.get(c.url + "/metrics").text
+    assert first["status"] == 200
+    assert [leg["prompt"] for leg in prefill_legs(c.p1) + prefill_legs(c.p2)] == ["hello", "later"]
+    assert 'pdspec_proxy_requests_total{endpoint="completions",status="499"} 1.0' in metrics
