@@ -215,7 +215,11 @@ def create_app(settings: ProxySettings) -> ProxyApp:
         path: OpenAIEndpoint(path, chat, settings, api_keys, admission, limits, disaggregator, metrics, tracing)
         for path, chat in (("/v1/completions", False), ("/v1/chat/completions", True))
     }
-    app = ProxyApp(endpoints, title="pdspec proxy", lifespan=lifespan)
+    # FastAPI's /docs, /redoc and /openapi.json describe the proxy's routes to anyone who
+    # asks; a browser's docs page cannot send a Bearer key, so with API keys set they are
+    # switched off (404) rather than half-working behind the key.
+    docs = {} if not api_keys.enabled else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = ProxyApp(endpoints, title="pdspec proxy", lifespan=lifespan, **docs)
     app.state.metrics = metrics
     app.state.pools = (prefill_pool, decode_pool)
     app.state.admission = admission

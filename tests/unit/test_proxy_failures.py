@@ -115,6 +115,14 @@ def test_api_keys(header, status):
         assert c.d.received == []
 
 
+@pytest.mark.parametrize("keys, status", [(["k1"], 404), ([], 200)])
+def test_api_docs_are_off_when_api_keys_are_set(keys, status):
+    with Cluster(api_keys=keys) as c:
+        for path in ("/docs", "/redoc", "/openapi.json"):
+            for headers in ({}, {"Authorization": "Bearer k1"}):
+                assert httpx.get(c.url + path, headers=headers).status_code == status, (path, headers)
+
+
 def test_ready_follows_worker_health():
     with Cluster(health_interval_s=0.05, eject_after_failures=1, readmit_after_successes=1) as c:
         assert httpx.get(c.url + "/ready").status_code == 200
