@@ -5,8 +5,9 @@ Failure handling, in order of the request's life:
   a 5xx, connection error or timeout follows `prefill_failure_policy`: `error` returns
   it, `retry` tries other prefill workers (bounded, with backoff), `fallback` sends the
   request to a decode worker without KV params, which then prefills it itself;
-- hand-off: the prefill worker's `kv_transfer_params` must name a host of the prefill
-  pool, so no reply can steer a decode worker to pull KV from anywhere else;
+- hand-off: the prefill worker's `kv_transfer_params` must name that worker's own host
+  (or one of `kv_source_hosts`) and a port of `kv_source_ports`, so no reply can steer a
+  decode worker to pull KV from anywhere else;
 - decode leg: retried on another decode worker only before its first byte reached the
   client; afterwards a broken stream ends with an SSE error event, never a hang;
 - release: whenever the decode leg fails after a good prefill and no decode worker is
@@ -25,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from pdspec.settings import ProxySettings
+from pdspec.settings import ProxySettings, port_range
 from proxy.asgi import Reply
 from proxy.errors import ProxyError, sse_error_event
 from proxy.fanout import fan_out
@@ -108,6 +109,7 @@ class Disaggregator:
         self.decode_seconds = metrics.leg_seconds.labels("decode")
         self.prefill_ok = metrics.prefill_outcomes.labels("ok")
         self._releases: set[asyncio.Task] = set()
+        self.kv_source_ports = [port_range(spec) for spec in settings.kv_source_ports]
 
     async def serve(
         self, path: str, body: dict[str, Any], chat: bool, request_id: str, trace: NoTrace = NO_TRACE
@@ -200,15 +202,23 @@ class Disaggregator:
         if not isinstance(params, dict):
             # Without it the decode worker would silently recompute the prompt.
             raise LegFailed(502, "Prefill worker returned no kv_transfer_params; is it a kv_producer?", "no_kv_params")
-        self._check_remote(params)
+        self._check_remote(params, worker)
         return Prefilled(params, cached_tokens_of(reply))
 
-    def _check_remote(self, params: dict) -> None:
+    def _check_remote(self, params: dict, worker: Worker) -> None:
+        """The decode worker will connect to (remote_host, remote_port) and pull KV from
+        it: it must be the NIXL side channel of the prefill worker that answered. The
+        host must be that worker's own (or listed in `kv_source_hosts`); a missing one
+        is refused too (vLLM's would then be whatever the decode side defaults to); the
+        port must be an integer in `kv_source_ports`."""
         host = params.get("remote_host")
-        if host is None or host in self.settings.kv_source_hosts:
-            return
-        if not any(w.host == host for w in self.prefill_pool.workers):
-            raise LegFailed(502, f"prefill worker named a KV source outside its pool: {host}", "foreign_remote_host")
+        if not isinstance(host, str) or not (host == worker.host or host in self.settings.kv_source_hosts):
+            raise LegFailed(502, f"prefill worker {worker.url} named a KV source that is not its own: "
+                                 f"remote_host={host!r}", "foreign_remote_host")  # fmt: skip
+        port = params.get("remote_port")
+        if type(port) is not int or not any(low <= port <= high for low, high in self.kv_source_ports):
+            raise LegFailed(502, f"prefill worker {worker.url} named a KV source port outside kv_source_ports: "
+                                 f"remote_port={port!r}", "foreign_remote_port")  # fmt: skip
 
     def _leg_failed(self, leg: str, worker: Worker, exc: UpstreamError) -> LegFailed:
         status = 504 if exc.reason == "timeout" else 502

@@ -24,7 +24,8 @@ class StandinBehaviour:
     decode_status: int = 200
     omit_kv_params: bool = False
     break_stream_after: int | None = None  # events sent before the stream breaks
-    remote_host: str = "127.0.0.1"
+    remote_host: str | None = "127.0.0.1"
+    remote_port: object = 5600  # vLLM's default NIXL side-channel port
     delay_s: float = 0.0  # before answering any leg
     fail_decodes: int = 0  # the next this many decode legs get `fail_status`
     fail_status: int = 503
@@ -62,6 +63,7 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
         if is_prefill:
             params = None if behaviour.omit_kv_params else {
                 "remote_engine_id": "standin", "remote_block_ids": [[1]], "remote_host": behaviour.remote_host,
+                "remote_port": behaviour.remote_port,
             }  # fmt: skip
             return JSONResponse({"choices": [{"text": "x"}], "kv_transfer_params": params})
         text = f"decoded with {json.dumps(kv, sort_keys=True)}"

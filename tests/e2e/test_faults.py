@@ -22,6 +22,7 @@ from tests.standin import StandinBehaviour, ThreadServer, create_standin
 pytestmark = [pytest.mark.e2e, pytest.mark.after_stack]
 
 BASE = 19000
+KV_SOURCE_PORTS = [f"{BASE + 301}-{BASE + 302}"]  # the prefill workers' NIXL side channels
 CLIENT_TIMEOUT_S = 120
 
 
@@ -32,7 +33,8 @@ def cluster(tmp_path_factory):
     p2 = harness.start_worker("prefill", run / "p2", BASE + 102, BASE + 302, cpu_omp_threads_bind="0")
     d = harness.start_worker("decode", run / "d", BASE + 201, BASE + 401, cpu_omp_threads_bind="1")
     workers = [p1, p2, d]
-    common = {"decode_urls": [d.url], "health_interval_s": 0.5, "prefill_timeout_s": 30, "decode_timeout_s": 60}
+    common = {"decode_urls": [d.url], "health_interval_s": 0.5, "prefill_timeout_s": 30, "decode_timeout_s": 60,
+              "kv_source_ports": KV_SOURCE_PORTS}  # fmt: skip
     single = harness.start_proxy(BASE, prefill_urls=[p1.url], prefill_failure_policy="error", **common)
     double = harness.start_proxy(BASE + 1, prefill_urls=[p1.url, p2.url], prefill_failure_policy="retry",
                                  prefill_policy="round_robin", **common)  # fmt: skip
@@ -128,6 +130,7 @@ def test_client_gone_between_the_legs_frees_the_prefill_kv_before_its_lease_ends
         proxy = harness.start_proxy(
             BASE + 2, prefill_urls=[cluster["p1"].url], decode_urls=[standin.url, cluster["d"].url],
             decode_policy="round_robin", decode_retries=1, retry_backoff_s=5.0, health_interval_s=0.5,
+            kv_source_ports=KV_SOURCE_PORTS,
         )  # fmt: skip
         try:
             harness.wait_healthy(proxy.url, proxy.process, path="/ready")

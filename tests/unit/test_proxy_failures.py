@@ -72,13 +72,49 @@ def test_fallback_policy_decodes_without_kv_params():
     assert 'pdspec_proxy_prefill_outcomes_total{outcome="fallback"} 1.0' in metrics
 
 
-def test_prefill_naming_a_foreign_kv_source_is_refused():
+@pytest.mark.parametrize(
+    "host, port, fragment",
+    [
+        ("169.254.169.254", 5600, "not its own"),
+        (None, 5600, "not its own"),  # no host: the decode side would pick one itself
+        ("", 5600, "not its own"),
+        (["127.0.0.1"], 5600, "not its own"),
+        ("127.0.0.1", None, "outside kv_source_ports"),
+        ("127.0.0.1", 22, "outside kv_source_ports"),
+        ("127.0.0.1", 5664, "outside kv_source_ports"),
+        ("127.0.0.1", "5600", "outside kv_source_ports"),
+        ("127.0.0.1", True, "outside kv_source_ports"),
+        ("127.0.0.1", 5600.0, "outside kv_source_ports"),
+    ],
+)
+def test_prefill_naming_a_foreign_kv_source_is_refused(host, port, fragment):
     with Cluster(prefill_failure_policy="error") as c:
-        c.p1.remote_host = c.p2.remote_host = "169.254.169.254"
+        c.p1.remote_host = c.p2.remote_host = host
+        c.p1.remote_port = c.p2.remote_port = port
         response = httpx.post(c.url + "/v1/completions", json=BODY)
     assert response.status_code == 502
-    assert "outside its pool" in response.json()["error"]["message"]
+    assert fragment in response.json()["error"]["message"]
     assert c.d.received == []
+
+
+def test_kv_source_must_be_the_answering_prefill_worker():
+    """Both prefill workers are in the pool, but each may only name itself: p1 naming
+    p2's address (here 127.0.0.2 stands for another pool member) is refused."""
+    with Cluster(prefill_failure_policy="error", prefill_policy="round_robin") as c:
+        c.p1.remote_host = c.p2.remote_host = "127.0.0.2"
+        c.app.state.pools[0].workers.append(type(c.app.state.pools[0].workers[0])("http://127.0.0.2:9", healthy=False))
+        response = httpx.post(c.url + "/v1/completions", json=BODY)
+    assert response.status_code == 502 and "not its own" in response.json()["error"]["message"]
+
+
+def test_kv_source_hosts_and_ports_can_be_widened():
+    with Cluster(kv_source_hosts=["10.0.0.7"], kv_source_ports=["7000-7010", "7100"]) as c:
+        c.p1.remote_host = c.p2.remote_host = "10.0.0.7"
+        statuses = []
+        for port in (7000, 7010, 7100, 5600):
+            c.p1.remote_port = c.p2.remote_port = port
+            statuses.append(httpx.post(c.url + "/v1/completions", json=BODY).status_code)
+    assert statuses == [200, 200, 200, 502]
 
 
 def test_backpressure_answers_429_with_retry_after():
