@@ -256,8 +256,11 @@ def create_app(settings: ProxySettings) -> ProxyApp:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
+        metrics.worker_inflight.clear()  # workers may have left the pool since
         for pool in (prefill_pool, decode_pool):
             metrics.healthy_workers.labels(pool.name).set(sum(w.healthy for w in pool.workers))
+            for worker in pool.workers:
+                metrics.worker_inflight.labels(pool.name, worker.url).set(worker.outstanding)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -16,6 +16,7 @@ class ProxyMetrics:
     stream_errors: Counter
     prefill_outcomes: Counter
     healthy_workers: Gauge
+    worker_inflight: Gauge
     kv_releases: Counter
     inflight: Gauge
 
@@ -49,6 +50,10 @@ class ProxyMetrics:
             ),
             healthy_workers=Gauge(
                 "pdspec_proxy_healthy_workers", "Healthy workers per pool.", ["pool"], registry=registry,
+            ),
+            worker_inflight=Gauge(
+                "pdspec_proxy_worker_inflight", "Legs the proxy has open on each worker (what least_outstanding "
+                "routing reads).", ["pool", "worker"], registry=registry,
             ),
             kv_releases=Counter(
                 "pdspec_proxy_kv_releases",

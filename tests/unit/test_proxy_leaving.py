@@ -166,3 +166,19 @@ def test_client_leaving_while_queued_gives_up_its_place_and_sends_no_prefill():
     assert first["status"] == 200
     assert [leg["prompt"] for leg in prefill_legs(c.p1) + prefill_legs(c.p2)] == ["hello", "later"]
     assert 'pdspec_proxy_requests_total{endpoint="completions",status="499"} 1.0' in metrics
+
+
+def test_worker_inflight_is_exported():
+    with Cluster() as c:
+        c.d.delay_s = 2.0
+        import threading
+
+        thread = threading.Thread(target=lambda: httpx.post(c.url + "/v1/completions", json=BODY, timeout=30))
+        thread.start()
+        assert wait_for(lambda: len(c.d.received) == 1)
+        during = httpx.get(c.url + "/metrics").text
+        thread.join()
+        after = httpx.get(c.url + "/metrics").text
+    decode = f'pdspec_proxy_worker_inflight{{pool="decode",worker="{c.servers[2].url}"}}'
+    assert f"{decode} 1.0" in during and f"{decode} 0.0" in after
+
