@@ -4,6 +4,7 @@ prefilled KV released. (tests/e2e/test_faults.py checks the same on real workers
 
 from __future__ import annotations
 
+import threading
 import time
 
 import httpx
@@ -146,8 +147,6 @@ def prefill_legs(behaviour) -> list[dict]:
 
 
 def test_client_leaving_while_queued_gives_up_its_place_and_sends_no_prefill():
-    import threading
-
     with Cluster(max_inflight=1, max_queue=4) as c:
         c.d.delay_s = 2.0  # the first request holds the only slot this long
         first = {}
@@ -171,8 +170,6 @@ def test_client_leaving_while_queued_gives_up_its_place_and_sends_no_prefill():
 def test_worker_inflight_is_exported():
     with Cluster() as c:
         c.d.delay_s = 2.0
-        import threading
-
         thread = threading.Thread(target=lambda: httpx.post(c.url + "/v1/completions", json=BODY, timeout=30))
         thread.start()
         assert wait_for(lambda: len(c.d.received) == 1)
