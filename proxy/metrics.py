@@ -58,8 +58,9 @@ class ProxyMetrics:
             kv_releases=Counter(
                 "pdspec_proxy_kv_releases",
                 "One-token decodes sent to free a prefill's KV whose decode will not come, by why "
-                "(client_gone, http_4xx, http_5xx, connect_error, timeout, connection_reset, no_healthy_worker, "
-                "...) and how the release went (ok, http_4xx, ..., no_decode_worker).",
+                "(client_gone: the request was given up, by its client or because another choice of its n failed; "
+                "http_4xx, http_5xx, connect_error, timeout, connection_reset, no_healthy_worker, ...: how the decode "
+                "leg failed) and how the release went (ok, http_4xx, ..., no_decode_worker).",
                 ["reason", "outcome"], registry=registry,
             ),
             inflight=Gauge("pdspec_proxy_inflight_requests", "Client requests in flight.", registry=registry),
