@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -25,6 +25,25 @@ CONFIG_ENV = "PDSPEC_CONFIG"
 
 def default_home() -> Path:
     return Path(os.environ.get("PDSPEC_HOME", Path.home() / ".cache" / "pdspec"))
+
+
+def port_range(spec: str) -> tuple[int, int]:
+    """'5600' or '5600-5663' as (low, high), both inclusive."""
+    low, _, high = spec.partition("-")
+    if not low.isdigit() or (high and not high.isdigit()):
+        raise ValueError(f"a port range is 'N' or 'N-M', got {spec!r}")
+    first, last = int(low), int(high or low)
+    if not 1 <= first <= last <= 65535:
+        raise ValueError(f"a port range must lie in 1-65535 with its low end first, got {spec!r}")
+    return first, last
+
+
+def _checked_port_range(spec: str) -> str:
+    port_range(spec)
+    return spec
+
+
+PortRange = Annotated[str, AfterValidator(_checked_port_range)]
 
 
 class ModelSettings(BaseModel):
@@ -136,8 +155,14 @@ class ProxySettings(BaseModel):
     worker_api_key: str | None = Field(None, description="Sent to workers; never a client's key.")
     kv_source_hosts: list[str] = Field(
         default_factory=list,
-        description="Hosts besides the prefill pool's that may appear as remote_host in kv_transfer_params "
-        "(a NIXL side channel on another address than the HTTP one).",
+        description="Hosts besides the answering prefill worker's own that may appear as remote_host in its "
+        "kv_transfer_params (a NIXL side channel on another address than the HTTP one).",
+    )
+    kv_source_ports: list[PortRange] = Field(
+        default_factory=lambda: ["5600-5663"],
+        description="Ports ('N' or 'N-M') that may appear as remote_port in a prefill worker's "
+        "kv_transfer_params: its NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_PORT, 5600 by default, plus the "
+        "data-parallel rank). `pdspec up` adds its prefill worker's port.",
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = Field(

@@ -131,6 +131,7 @@ def proxy_settings_for(settings: UpCommand) -> ProxySettings:
         update={
             "prefill_urls": [f"http://{settings.prefill.host}:{settings.prefill.port}"],
             "decode_urls": [f"http://{settings.decode.host}:{settings.decode.port}"],
+            "kv_source_ports": [*settings.proxy.kv_source_ports, str(settings.prefill.side_channel_port)],
         }
     )
 

@@ -80,13 +80,28 @@ class OpenAIEndpoint:
             validate(body, self.schema)
             check_choices(body, self.settings.max_choices)
             await self.limits.check(body)
-            await self.admission.acquire()
+            # Watched from here on: a client that leaves while queued gives up its place
+            # (no prefill is sent), and one that leaves later cancels its legs.
+            watch = DisconnectWatch(receive, send)
             try:
-                self.metrics.inflight.set(self.admission.inflight)
-                trace = self.tracing.begin(request_id, self.endpoint, header(scope, b"traceparent"))
-                status = await self._serve(body, request_id, receive, send, trace)
+                await self.admission.acquire()
+                try:
+                    if watch.disconnected:  # left just as a slot came free
+                        raise asyncio.CancelledError
+                    self.metrics.inflight.set(self.admission.inflight)
+                    trace = self.tracing.begin(request_id, self.endpoint, header(scope, b"traceparent"))
+                    status = await self._serve(body, request_id, watch, trace)
+                finally:
+                    self.admission.release()
+            except asyncio.CancelledError:
+                if not watch.disconnected:
+                    raise
+                uncancel = getattr(asyncio.current_task(), "uncancel", None)
+                if uncancel is not None:
+                    uncancel()
+                raise ProxyError(499, "Client closed the request.", code="client_closed_request") from None
             finally:
-                self.admission.release()
+                watch.stop()
         except ProxyError as exc:
             status = exc.status
             if status != 499:  # nobody is left to tell
@@ -113,21 +128,13 @@ class OpenAIEndpoint:
             counter = self._requests_by_status[status] = self.metrics.requests.labels(self.endpoint, str(status))
         counter.inc()
 
-    async def _serve(self, body: dict, request_id: str, receive, send, trace) -> int:
+    async def _serve(self, body: dict, request_id: str, watch: DisconnectWatch, trace) -> int:
         """Both legs and the reply; a client gone meanwhile cancels them (status 499)."""
-        watch = DisconnectWatch(receive, send)
         reply = None
         try:
             reply = await self.disaggregator.serve(self.path, body, self.chat, request_id, trace)
             await send_reply(watch.send, reply)
             return reply.status
-        except asyncio.CancelledError:
-            if not watch.disconnected:
-                raise
-            uncancel = getattr(asyncio.current_task(), "uncancel", None)
-            if uncancel is not None:
-                uncancel()
-            raise ProxyError(499, "Client closed the request.", code="client_closed_request") from None
         finally:
             watch.stop()
             if reply is not None and reply.closer is not None:
@@ -208,7 +215,11 @@ def create_app(settings: ProxySettings) -> ProxyApp:
         path: OpenAIEndpoint(path, chat, settings, api_keys, admission, limits, disaggregator, metrics, tracing)
         for path, chat in (("/v1/completions", False), ("/v1/chat/completions", True))
     }
-    app = ProxyApp(endpoints, title="pdspec proxy", lifespan=lifespan)
+    # FastAPI's /docs, /redoc and /openapi.json describe the proxy's routes to anyone who
+    # asks; a browser's docs page cannot send a Bearer key, so with API keys set they are
+    # switched off (404) rather than half-working behind the key.
+    docs = {} if not api_keys.enabled else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = ProxyApp(endpoints, title="pdspec proxy", lifespan=lifespan, **docs)
     app.state.metrics = metrics
     app.state.pools = (prefill_pool, decode_pool)
     app.state.admission = admission
@@ -245,8 +256,11 @@ def create_app(settings: ProxySettings) -> ProxyApp:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
+        metrics.worker_inflight.clear()  # workers may have left the pool since
         for pool in (prefill_pool, decode_pool):
             metrics.healthy_workers.labels(pool.name).set(sum(w.healthy for w in pool.workers))
+            for worker in pool.workers:
+                metrics.worker_inflight.labels(pool.name, worker.url).set(worker.outstanding)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

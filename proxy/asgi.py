@@ -73,9 +73,16 @@ async def send_reply(send: Send, reply: Reply) -> None:
         return
     headers.append((b"cache-control", b"no-cache"))
     await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-    async for chunk in reply.stream:
-        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    await send({"type": "http.response.body", "body": b""})
+    try:
+        async for chunk in reply.stream:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    finally:
+        # A client gone mid-stream leaves the generator suspended at a yield: close it
+        # now, so what it runs (the merged stream's per-choice readers) ends with it.
+        aclose = getattr(reply.stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 class DisconnectWatch:

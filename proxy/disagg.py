@@ -5,10 +5,14 @@ Failure handling, in order of the request's life:
   a 5xx, connection error or timeout follows `prefill_failure_policy`: `error` returns
   it, `retry` tries other prefill workers (bounded, with backoff), `fallback` sends the
   request to a decode worker without KV params, which then prefills it itself;
-- hand-off: the prefill worker's `kv_transfer_params` must name a host of the prefill
-  pool, so no reply can steer a decode worker to pull KV from anywhere else;
+- hand-off: the prefill worker's `kv_transfer_params` must name that worker's own host
+  (or one of `kv_source_hosts`) and a port of `kv_source_ports`, so no reply can steer a
+  decode worker to pull KV from anywhere else;
 - decode leg: retried on another decode worker only before its first byte reached the
-  client; afterwards a broken stream ends with an SSE error event, never a hang.
+  client; afterwards a broken stream ends with an SSE error event, never a hang;
+- release: whenever the decode leg fails after a good prefill and no decode worker is
+  left holding the request (refused, 5xx, unreachable, timed out, no healthy decode
+  worker, client gone), a one-token release leg frees the prefill's KV (`_release_kv`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from pdspec.settings import ProxySettings
+from pdspec.settings import ProxySettings, port_range
 from proxy.asgi import Reply
 from proxy.errors import ProxyError, sse_error_event
 from proxy.fanout import fan_out
@@ -54,6 +58,28 @@ class LegFailed(Exception):
         self.reason = reason
 
 
+class DecodeFailed(ProxyError):
+    """Every decode attempt failed; `reason` is the last one's (for the release count)."""
+
+    def __init__(self, failure: LegFailed) -> None:
+        super().__init__(failure.status, failure.message)
+        self.reason = failure.reason
+
+
+def release_reason(exc: BaseException) -> str:
+    """Why a prefill's KV is being released, as a bounded label value."""
+    if isinstance(exc, asyncio.CancelledError):
+        return "client_gone"
+    if isinstance(exc, PassThrough):
+        return "http_4xx"
+    return status_class(getattr(exc, "reason", "proxy_error"))
+
+
+def status_class(reason: str) -> str:
+    """`http_503` -> `http_5xx`: one label value per class, not per status."""
+    return reason[:6] + "xx" if reason.startswith("http_") and len(reason) == 8 else reason
+
+
 @dataclass(slots=True)
 class Prefilled:
     """What the prefill leg hands to the decode leg."""
@@ -83,6 +109,7 @@ class Disaggregator:
         self.decode_seconds = metrics.leg_seconds.labels("decode")
         self.prefill_ok = metrics.prefill_outcomes.labels("ok")
         self._releases: set[asyncio.Task] = set()
+        self.kv_source_ports = [port_range(spec) for spec in settings.kv_source_ports]
 
     async def serve(
         self, path: str, body: dict[str, Any], chat: bool, request_id: str, trace: NoTrace = NO_TRACE
@@ -96,10 +123,14 @@ class Disaggregator:
         try:
             prefilled = await self._prefill(path, body, chat, request_id, trace)
             try:
-                return await self._decode(path, body, prefilled, request_id, trace)
-            except asyncio.CancelledError:
+                return await self._decode(path, body, chat, prefilled, request_id, trace)
+            except BaseException as exc:
+                # A decode worker that received the request frees the KV itself when
+                # it aborts or refuses it in its serving layer (vLLM's
+                # `_with_kv_transfer_rejection_cleanup`); in every other case nothing
+                # would free it before the prefill worker's KV lease ends.
                 if prefilled.kv_transfer_params is not None and not prefilled.decode_in_flight:
-                    self._release_kv(path, body, chat, prefilled, request_id)
+                    self._release_kv(path, body, chat, prefilled, request_id, release_reason(exc))
                 raise
         except PassThrough as passthrough:
             passthrough.reply.headers["X-Request-Id"] = request_id
@@ -171,15 +202,23 @@ class Disaggregator:
         if not isinstance(params, dict):
             # Without it the decode worker would silently recompute the prompt.
             raise LegFailed(502, "Prefill worker returned no kv_transfer_params; is it a kv_producer?", "no_kv_params")
-        self._check_remote(params)
+        self._check_remote(params, worker)
         return Prefilled(params, cached_tokens_of(reply))
 
-    def _check_remote(self, params: dict) -> None:
+    def _check_remote(self, params: dict, worker: Worker) -> None:
+        """The decode worker will connect to (remote_host, remote_port) and pull KV from
+        it: it must be the NIXL side channel of the prefill worker that answered. The
+        host must be that worker's own (or listed in `kv_source_hosts`); a missing one
+        is refused too (vLLM's would then be whatever the decode side defaults to); the
+        port must be an integer in `kv_source_ports`."""
         host = params.get("remote_host")
-        if host is None or host in self.settings.kv_source_hosts:
-            return
-        if not any(w.host == host for w in self.prefill_pool.workers):
-            raise LegFailed(502, f"prefill worker named a KV source outside its pool: {host}", "foreign_remote_host")
+        if not isinstance(host, str) or not (host == worker.host or host in self.settings.kv_source_hosts):
+            raise LegFailed(502, f"prefill worker {worker.url} named a KV source that is not its own: "
+                                 f"remote_host={host!r}", "foreign_remote_host")  # fmt: skip
+        port = params.get("remote_port")
+        if type(port) is not int or not any(low <= port <= high for low, high in self.kv_source_ports):
+            raise LegFailed(502, f"prefill worker {worker.url} named a KV source port outside kv_source_ports: "
+                                 f"remote_port={port!r}", "foreign_remote_port")  # fmt: skip
 
     def _leg_failed(self, leg: str, worker: Worker, exc: UpstreamError) -> LegFailed:
         status = 504 if exc.reason == "timeout" else 502
@@ -193,37 +232,65 @@ class Disaggregator:
         text = data[:200].decode("utf-8", "replace")
         return LegFailed(502, f"{leg} worker {worker.url} answered HTTP {resp.status}: {text}", f"http_{resp.status}")
 
-    # --- a client gone between the legs ---------------------------------------------
+    # --- a prefill whose decode will never come ---------------------------------------
 
-    def _release_kv(self, path: str, body: dict, chat: bool, prefilled: Prefilled, request_id: str) -> None:
-        """The prefill worker holds the prompt's KV for a decode that will never come,
-        and would keep it until its KV lease ends (`kv_lease_duration`, 30 s by default
-        in vLLM 0.32), blocks other requests could use. vLLM has no call to drop it;
-        what frees it is a decode worker reading it. So a one-token decode is sent in the
-        background and its answer thrown away (counted in pdspec_proxy_kv_releases)."""
-        leg = orjson.dumps(release_body(body, chat, prefilled.kv_transfer_params))
-        task = asyncio.ensure_future(self._release_once(path, leg, request_id))
+    def _release_kv(
+        self, path: str, body: dict, chat: bool, prefilled: Prefilled, request_id: str, reason: str
+    ) -> None:
+        """The prefill worker holds the prompt's KV for a decode that will never come
+        (the client left between the legs, or the decode leg failed), and would keep it
+        until its KV lease ends (`kv_lease_duration`, 30 s by default in vLLM 0.32),
+        blocks other requests could use. vLLM has no call to drop it; what frees it is a
+        decode worker reading it. So a one-token decode is sent in the background and its
+        answer thrown away (counted in pdspec_proxy_kv_releases_total by reason and
+        outcome). Sent once per prefill: `kv_transfer_params` is cleared."""
+        params, prefilled.kv_transfer_params = prefilled.kv_transfer_params, None
+        leg = orjson.dumps(release_body(body, chat, params))
+        task = asyncio.ensure_future(self._release_once(path, leg, request_id, reason))
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
 
-    async def _release_once(self, path: str, leg: bytes, request_id: str) -> None:
-        try:
-            worker = self.decode_pool.pick()
-            resp = await self.client.request(
-                worker.url, "POST", path, leg, {"X-Request-Id": request_id + "-release", **self.worker_headers},
-                self.settings.decode_timeout_s,
-            )  # fmt: skip
-            await resp.read()
-            outcome = "ok" if resp.status == 200 else f"http_{resp.status}"
-        except (NoHealthyWorker, UpstreamError) as exc:
-            outcome = getattr(exc, "reason", "no_healthy_worker")
-        self.metrics.kv_releases.labels(outcome).inc()
-        log.info("released the prefill KV of a request whose client left: %s", outcome,
+    def _release_targets(self) -> list[Worker]:
+        """Healthy decode workers first (in the pool's routing order); when none is
+        healthy, ejected ones that were healthy once: such a worker may still read the
+        KV, and nothing else can free it. A worker never admitted is never tried."""
+        targets: list[Worker] = []
+        for _ in range(1 + self.settings.decode_retries):
+            try:
+                targets.append(self.decode_pool.pick(exclude={w.url for w in targets}))
+            except NoHealthyWorker:
+                break
+        if not targets:
+            ejected = [w for w in self.decode_pool.workers if w.seen_healthy]
+            targets = ejected[: 1 + self.settings.decode_retries]
+        return targets
+
+    async def _release_once(self, path: str, leg: bytes, request_id: str, reason: str) -> None:
+        outcome = "no_decode_worker"
+        for worker in self._release_targets():
+            worker.outstanding += 1
+            try:
+                resp = await self.client.request(
+                    worker.url, "POST", path, leg, {"X-Request-Id": request_id + "-release", **self.worker_headers},
+                    self.settings.decode_timeout_s,
+                )  # fmt: skip
+                await resp.read()
+                outcome = "ok" if resp.status == 200 else status_class(f"http_{resp.status}")
+            except UpstreamError as exc:
+                outcome = exc.reason
+            finally:
+                worker.outstanding -= 1
+            if outcome == "ok":
+                break
+        self.metrics.kv_releases.labels(reason, outcome).inc()
+        log.info("released the prefill KV of a request whose decode will not come (%s): %s", reason, outcome,
                  extra={"request_id": request_id})  # fmt: skip
 
     # --- decode ----------------------------------------------------------------------
 
-    async def _decode(self, path: str, body: dict, prefilled: Prefilled, request_id: str, trace: NoTrace) -> Reply:
+    async def _decode(
+        self, path: str, body: dict, chat: bool, prefilled: Prefilled, request_id: str, trace: NoTrace
+    ) -> Reply:
         headers = {"X-Request-Id": request_id}
         leg = orjson.dumps(decode_body(body, prefilled.kv_transfer_params))
         handoff = trace.start("handoff") if prefilled.kv_transfer_params else None
@@ -252,13 +319,17 @@ class Disaggregator:
                 raise
             relay = Relay(self, resp, worker, trace, span, handoff)
             if body.get("stream"):
+                if prefilled.kv_transfer_params is not None:
+                    # Headers came before the decode worker read the KV: if the stream
+                    # breaks before its first event, the KV may still be waiting.
+                    relay.on_lost = lambda reason: self._release_kv(path, body, chat, prefilled, request_id, reason)
                 stream = patch_stream(relay.chunks(), prefilled.cached_tokens)
                 return Reply(200, content_type="text/event-stream", stream=stream, headers=headers, closer=relay)
             data = await relay.read()
             return Reply(200, patch_body(data, prefilled.cached_tokens), headers=headers)
         trace.end(handoff, "no decode")
         assert failure is not None
-        raise ProxyError(failure.status, failure.message)
+        raise DecodeFailed(failure)
 
     async def _open_decode(self, worker: Worker, path: str, leg: bytes, request_id: str, trace_headers,
                            prefilled: Prefilled):  # fmt: skip
@@ -298,7 +369,7 @@ class Relay:
     count and the connection: `close()` is safe at any point, also before the first
     chunk, and a stream that did not finish drops its connection so vLLM aborts."""
 
-    __slots__ = ("owner", "resp", "worker", "trace", "span", "handoff", "started", "closed")
+    __slots__ = ("owner", "resp", "worker", "trace", "span", "handoff", "started", "closed", "on_lost")
 
     def __init__(self, owner: Disaggregator, resp: UpstreamResponse, worker: Worker, trace: NoTrace, span, handoff):
         self.owner = owner
@@ -309,8 +380,10 @@ class Relay:
         self.handoff = handoff
         self.started = time.perf_counter()
         self.closed = False
+        self.on_lost = None  # called with a reason if the stream breaks before its first event
 
     def _first_byte(self) -> None:
+        self.on_lost = None  # the decode worker has read the KV
         if self.handoff is not None:
             self.trace.end(self.handoff)
             self.handoff = None
@@ -335,10 +408,14 @@ class Relay:
                 self._first_byte()
                 yield chunk
         except UpstreamError as exc:
+            if self.closed:  # the proxy dropped the stream itself: its client is gone
+                return
             # Headers are gone already: end the stream with an error event, not a hang.
             self.owner.metrics.stream_errors.inc()
             self.owner.metrics.leg_failures.labels("decode", exc.reason).inc()
             log.warning("decode stream from %s broke: %s", self.worker.url, exc.reason)
+            if self.on_lost is not None:  # no event yet
+                self.on_lost(status_class(exc.reason))
             self.close(error=exc.reason)
             yield sse_error_event(502, f"decode worker failed mid-stream: {exc.reason}")
         finally:

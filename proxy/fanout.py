@@ -129,18 +129,20 @@ async def fan_out(
     serve_one: Callable[[dict, str], Awaitable[Reply]], body: dict[str, Any], n: int, request_id: str
 ) -> Reply:
     """Runs `serve_one(sub_body, sub_request_id)` for each choice and merges the replies;
-    the first reply that is not a 200 is the answer (the others are closed)."""
-    results = await asyncio.gather(
-        *(serve_one(sub, f"{request_id}-{i}") for i, sub in enumerate(split(body, n))), return_exceptions=True
-    )
-    replies = [r for r in results if isinstance(r, Reply)]
-    failure = next((r for r in results if not isinstance(r, Reply)), None)
-    failure = failure or next((r for r in replies if r.status != 200), None)
+    the first reply that is not a 200 (or the first exception) is the answer, and the
+    other choices are given up at once."""
+    choices = [asyncio.ensure_future(serve_one(sub, f"{request_id}-{i}")) for i, sub in enumerate(split(body, n))]
+    try:
+        failure = await _first_failure(choices)
+    except BaseException:  # cancelled: the client left while choices were still running
+        await abandon(choices)
+        raise
     if failure is not None:
-        FanOutCloser(replies).close()
+        await abandon(choices)
         if isinstance(failure, BaseException):
             raise failure
         return failure
+    replies = [choice.result() for choice in choices]
     headers = {"X-Request-Id": request_id}
     if not body.get("stream"):
         try:
@@ -150,3 +152,35 @@ async def fan_out(
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     return Reply(200, content_type="text/event-stream", stream=merge_streams(replies, include_usage),
                  headers=headers, closer=FanOutCloser(replies))  # fmt: skip
+
+
+async def _first_failure(choices: list[asyncio.Future]) -> Reply | BaseException | None:
+    """Waits for every choice; returns the first that failed (an exception or a reply that
+    is not a 200) as soon as it does, or None when all succeeded."""
+    pending = set(choices)
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for choice in done:
+            error = choice.exception()
+            if error is not None:
+                return error
+            if choice.result().status != 200:
+                return choice.result()
+    return None
+
+
+async def abandon(choices: list[asyncio.Future]) -> None:
+    """Gives up every choice: a running one is cancelled (its open leg's connection
+    closes, so vLLM aborts it; a prefill already done is released, see
+    Disaggregator._serve_one), and a finished one's decode stream is closed. Without
+    this a choice whose decode had begun kept streaming to nobody and kept its worker's
+    in-flight count raised for good."""
+    for choice in choices:
+        choice.cancel()
+    try:
+        await asyncio.gather(*choices, return_exceptions=True)
+    finally:
+        for choice in choices:
+            if choice.done() and not choice.cancelled() and choice.exception() is None:
+                if choice.result().closer is not None:
+                    choice.result().closer.close()

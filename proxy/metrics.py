@@ -16,6 +16,7 @@ class ProxyMetrics:
     stream_errors: Counter
     prefill_outcomes: Counter
     healthy_workers: Gauge
+    worker_inflight: Gauge
     kv_releases: Counter
     inflight: Gauge
 
@@ -50,10 +51,17 @@ class ProxyMetrics:
             healthy_workers=Gauge(
                 "pdspec_proxy_healthy_workers", "Healthy workers per pool.", ["pool"], registry=registry,
             ),
+            worker_inflight=Gauge(
+                "pdspec_proxy_worker_inflight", "Legs the proxy has open on each worker (what least_outstanding "
+                "routing reads).", ["pool", "worker"], registry=registry,
+            ),
             kv_releases=Counter(
                 "pdspec_proxy_kv_releases",
-                "One-token decodes sent to free a prefill's KV after its client left between the legs.",
-                ["outcome"], registry=registry,
+                "One-token decodes sent to free a prefill's KV whose decode will not come, by why "
+                "(client_gone: the request was given up, by its client or because another choice of its n failed; "
+                "http_4xx, http_5xx, connect_error, timeout, connection_reset, no_healthy_worker, ...: how the decode "
+                "leg failed) and how the release went (ok, http_4xx, ..., no_decode_worker).",
+                ["reason", "outcome"], registry=registry,
             ),
             inflight=Gauge("pdspec_proxy_inflight_requests", "Client requests in flight.", registry=registry),
         )  # fmt: skip

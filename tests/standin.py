@@ -24,10 +24,14 @@ class StandinBehaviour:
     decode_status: int = 200
     omit_kv_params: bool = False
     break_stream_after: int | None = None  # events sent before the stream breaks
-    remote_host: str = "127.0.0.1"
+    remote_host: str | None = "127.0.0.1"
+    remote_port: object = 5600  # vLLM's default NIXL side-channel port
     delay_s: float = 0.0  # before answering any leg
-    fail_decodes: int = 0  # the next this many decode legs get a 503
+    fail_decodes: int = 0  # the next this many decode legs get `fail_status`
+    fail_status: int = 503
     healthy: bool = True
+    stream_event_delay_s: float = 0.0  # between the events of a decode stream
+    streams_abandoned: int = 0  # decode streams whose client left before the last event
     cancelled: int = 0  # legs whose client went away while they waited
     received: list[dict] = field(default_factory=list)
     headers: list[dict] = field(default_factory=list)
@@ -45,7 +49,7 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
         status = behaviour.prefill_status if is_prefill else behaviour.decode_status
         if not is_prefill and behaviour.fail_decodes > 0:
             behaviour.fail_decodes -= 1
-            status = 503
+            status = behaviour.fail_status
         if behaviour.delay_s:
             # Like vLLM, notice a caller that went away while the work was pending.
             deadline = time.monotonic() + behaviour.delay_s
@@ -59,6 +63,7 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
         if is_prefill:
             params = None if behaviour.omit_kv_params else {
                 "remote_engine_id": "standin", "remote_block_ids": [[1]], "remote_host": behaviour.remote_host,
+                "remote_port": behaviour.remote_port,
             }  # fmt: skip
             return JSONResponse({"choices": [{"text": "x"}], "kv_transfer_params": params})
         text = f"decoded with {json.dumps(kv, sort_keys=True)}"
@@ -68,12 +73,18 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
             return JSONResponse({"id": request.headers.get("x-request-id"), "choices": [{key: value}]})
 
         async def events():
-            for index, word in enumerate(text.split(" ")):
-                if behaviour.break_stream_after is not None and index >= behaviour.break_stream_after:
-                    raise RuntimeError("stand-in stream broken on purpose")
-                yield f"data: {json.dumps({'choices': [{'text': word + ' '}]})}\n\n".encode()
-                await asyncio.sleep(0)
-            yield b"data: [DONE]\n\n"
+            finished = False
+            try:
+                for index, word in enumerate(text.split(" ")):
+                    if behaviour.break_stream_after is not None and index >= behaviour.break_stream_after:
+                        raise RuntimeError("stand-in stream broken on purpose")
+                    yield f"data: {json.dumps({'choices': [{'text': word + ' '}]})}\n\n".encode()
+                    await asyncio.sleep(behaviour.stream_event_delay_s)
+                yield b"data: [DONE]\n\n"
+                finished = True
+            finally:
+                if not finished and behaviour.break_stream_after is None:
+                    behaviour.streams_abandoned += 1
 
         return StreamingResponse(events(), media_type="text/event-stream")
 

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from tests import harness
+from tests.conftest import STACK_BASE_PORT
 from tests.prompts import COMPLETION_PROMPTS, completion_body
 
 pytestmark = pytest.mark.e2e
@@ -118,7 +119,8 @@ AUTH_CASES = [(None, 401), ("Bearer wrong-key", 401), ("Basic c2VjcmV0", 401), (
 @pytest.fixture(scope="module")
 def keyed_proxy(stack):
     proxy = harness.start_proxy(
-        18050, prefill_urls=[stack.prefill_url], decode_urls=[stack.decode_url], api_keys=["secret-key"]
+        18050, prefill_urls=[stack.prefill_url], decode_urls=[stack.decode_url], api_keys=["secret-key"],
+        kv_source_ports=[str(STACK_BASE_PORT + 300)],  # the stack's prefill side channel (tests/harness.py)
     )
     harness.wait_healthy(proxy.url, proxy.process, path="/ready")
     yield proxy

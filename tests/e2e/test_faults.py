@@ -22,6 +22,7 @@ from tests.standin import StandinBehaviour, ThreadServer, create_standin
 pytestmark = [pytest.mark.e2e, pytest.mark.after_stack]
 
 BASE = 19000
+KV_SOURCE_PORTS = [f"{BASE + 301}-{BASE + 302}"]  # the prefill workers' NIXL side channels
 CLIENT_TIMEOUT_S = 120
 
 
@@ -32,7 +33,8 @@ def cluster(tmp_path_factory):
     p2 = harness.start_worker("prefill", run / "p2", BASE + 102, BASE + 302, cpu_omp_threads_bind="0")
     d = harness.start_worker("decode", run / "d", BASE + 201, BASE + 401, cpu_omp_threads_bind="1")
     workers = [p1, p2, d]
-    common = {"decode_urls": [d.url], "health_interval_s": 0.5, "prefill_timeout_s": 30, "decode_timeout_s": 60}
+    common = {"decode_urls": [d.url], "health_interval_s": 0.5, "prefill_timeout_s": 30, "decode_timeout_s": 60,
+              "kv_source_ports": KV_SOURCE_PORTS}  # fmt: skip
     single = harness.start_proxy(BASE, prefill_urls=[p1.url], prefill_failure_policy="error", **common)
     double = harness.start_proxy(BASE + 1, prefill_urls=[p1.url, p2.url], prefill_failure_policy="retry",
                                  prefill_policy="round_robin", **common)  # fmt: skip
@@ -128,6 +130,7 @@ def test_client_gone_between_the_legs_frees_the_prefill_kv_before_its_lease_ends
         proxy = harness.start_proxy(
             BASE + 2, prefill_urls=[cluster["p1"].url], decode_urls=[standin.url, cluster["d"].url],
             decode_policy="round_robin", decode_retries=1, retry_backoff_s=5.0, health_interval_s=0.5,
+            kv_source_ports=KV_SOURCE_PORTS,
         )  # fmt: skip
         try:
             harness.wait_healthy(proxy.url, proxy.process, path="/ready")
@@ -136,7 +139,108 @@ def test_client_gone_between_the_legs_frees_the_prefill_kv_before_its_lease_ends
             assert len(refusing.received) == 1  # the refused decode attempt
             assert harness.wait_idle(cluster["p1"].url, timeout_s=10) == (0, 0)
             releases = harness.scrape_labeled(proxy.url, "pdspec_proxy_kv_releases_total")
-            assert releases == {(("outcome", "ok"),): 1.0}
+            assert releases == {(("outcome", "ok"), ("reason", "client_gone")): 1.0}
+        finally:
+            proxy.stop()
+
+
+def proxy_inflight(url: str) -> list[float]:
+    """The proxy's open legs per worker (pdspec_proxy_worker_inflight)."""
+    return list(harness.scrape_labeled(url, "pdspec_proxy_worker_inflight").values())
+
+
+def wait_until(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)  # poll interval
+    return condition()
+
+
+async def n_choices_then_vanish(proxy_url: str, decode_url: str) -> bool:
+    """A streamed n=2 request whose client leaves once the decode worker runs one of its
+    choices; returns whether the reply had begun by then."""
+    body = completion_body(unique_prompt(150), stream=True, n=2, temperature=0.8, max_tokens=1500, ignore_eos=True)
+    began = asyncio.Event()
+
+    async def read():
+        async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as client:
+            async with client.stream("POST", proxy_url + "/v1/completions", json=body) as response:
+                began.set()
+                async for _ in response.aiter_bytes():
+                    pass
+
+    task = asyncio.create_task(read())
+    deadline = time.monotonic() + 60
+    while not (await asyncio.to_thread(harness.scrape, decode_url)).get("vllm:num_requests_running"):
+        assert time.monotonic() < deadline and not task.done(), "no choice reached the decode worker"
+        await asyncio.sleep(0.05)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return began.is_set()
+
+
+def test_client_leaving_n_choices_frees_every_leg_and_all_kv(cluster):
+    """Choice 0 is prefilled by the real prefill worker and decodes on the real decode
+    worker (1,500 tokens to go); choice 1's prefill worker is a stand-in that does not
+    answer, so the merged reply has not begun when the client leaves. Every leg must end:
+    the decode worker stops generating and frees its KV, the prefill worker's KV is
+    freed, the stand-in sees its caller leave, and the proxy holds no leg on any worker
+    (before the fix, choice 0's decode kept streaming to nobody and its in-flight count
+    stayed raised for good)."""
+    slow = StandinBehaviour(delay_s=120.0)
+    with ThreadServer(create_standin(slow)) as standin:
+        proxy = harness.start_proxy(
+            BASE + 3, prefill_urls=[cluster["p1"].url, standin.url], prefill_policy="round_robin",
+            decode_urls=[cluster["d"].url], health_interval_s=0.5, kv_source_ports=KV_SOURCE_PORTS,
+        )  # fmt: skip
+        try:
+            harness.wait_healthy(proxy.url, proxy.process, path="/ready")
+            began = asyncio.run(n_choices_then_vanish(proxy.url, cluster["d"].url))
+            assert not began  # the case of the defect: choice 1 still in its prefill
+            for worker in ("d", "p1"):
+                assert harness.wait_idle(cluster[worker].url, timeout_s=10) == (0, 0), worker
+            assert wait_until(lambda: slow.cancelled == 1, 10)
+            assert wait_until(lambda: proxy_inflight(proxy.url) == [0.0] * 3, 10), proxy_inflight(proxy.url)
+        finally:
+            proxy.stop()
+
+
+def test_stream_options_without_stream_is_refused_before_the_prefill_leg(cluster, client):
+    """The issue's example: the prefill leg drops stream_options, so before the fix the
+    prefill worker computed the prompt, the decode worker refused the request in its
+    request validation (which frees nothing), and the prompt's KV stayed on the prefill
+    worker until its lease ended (30 s)."""
+    before = harness.scrape(cluster["p1"].url).get("vllm:prompt_tokens_total", 0)
+    body = completion_body(unique_prompt(400), stream=False, stream_options={"include_usage": True})
+    response = client.post(cluster["single"].url + "/v1/completions", json=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "stream_options"
+    assert harness.wait_idle(cluster["p1"].url, timeout_s=5) == (0, 0)
+    assert harness.scrape(cluster["p1"].url).get("vllm:prompt_tokens_total", 0) == before  # no prefill
+
+
+@pytest.mark.parametrize("status, reason", [(400, "http_4xx"), (503, "http_5xx")])
+def test_decode_failure_after_a_real_prefill_releases_its_kv(cluster, status, reason):
+    """The real prefill worker computes the prompt; the decode leg goes to a stand-in
+    that answers `status` (no retries). The proxy's release leg then goes to the real
+    decode worker, which reads the KV, so the prefill worker frees it within seconds
+    rather than at the end of its 30 s lease."""
+    refusing = StandinBehaviour(fail_decodes=1, fail_status=status)
+    with ThreadServer(create_standin(refusing)) as standin:
+        proxy = harness.start_proxy(
+            BASE + 4, prefill_urls=[cluster["p1"].url], decode_urls=[standin.url, cluster["d"].url],
+            decode_policy="round_robin", decode_retries=0, health_interval_s=0.5, kv_source_ports=KV_SOURCE_PORTS,
+        )  # fmt: skip
+        try:
+            harness.wait_healthy(proxy.url, proxy.process, path="/ready")
+            response = httpx.post(proxy.url + "/v1/completions", json=completion_body(unique_prompt(400)), timeout=60)
+            assert response.status_code == (400 if status == 400 else 502)
+            assert len(refusing.received) == 1 and refusing.received[0]["kv_transfer_params"]  # the refused decode
+            assert harness.wait_idle(cluster["p1"].url, timeout_s=10) == (0, 0)
+            releases = harness.scrape_labeled(proxy.url, "pdspec_proxy_kv_releases_total")
+            assert releases == {(("outcome", "ok"), ("reason", reason)): 1.0}
         finally:
             proxy.stop()
 

@@ -28,7 +28,8 @@ class Cluster:
             prefill_urls=urls[:2], decode_urls=urls[2:], **{"prefill_policy": "round_robin", "retry_backoff_s": 0.01,
                                                             **self.settings},
         )  # fmt: skip
-        self.proxy = ThreadServer(create_app(settings)).__enter__()
+        self.app = create_app(settings)
+        self.proxy = ThreadServer(self.app).__enter__()
         self.url = self.proxy.url
         return self
 
@@ -71,13 +72,49 @@ def test_fallback_policy_decodes_without_kv_params():
     assert 'pdspec_proxy_prefill_outcomes_total{outcome="fallback"} 1.0' in metrics
 
 
-def test_prefill_naming_a_foreign_kv_source_is_refused():
+@pytest.mark.parametrize(
+    "host, port, fragment",
+    [
+        ("169.254.169.254", 5600, "not its own"),
+        (None, 5600, "not its own"),  # no host: the decode side would pick one itself
+        ("", 5600, "not its own"),
+        (["127.0.0.1"], 5600, "not its own"),
+        ("127.0.0.1", None, "outside kv_source_ports"),
+        ("127.0.0.1", 22, "outside kv_source_ports"),
+        ("127.0.0.1", 5664, "outside kv_source_ports"),
+        ("127.0.0.1", "5600", "outside kv_source_ports"),
+        ("127.0.0.1", True, "outside kv_source_ports"),
+        ("127.0.0.1", 5600.0, "outside kv_source_ports"),
+    ],
+)
+def test_prefill_naming_a_foreign_kv_source_is_refused(host, port, fragment):
     with Cluster(prefill_failure_policy="error") as c:
-        c.p1.remote_host = c.p2.remote_host = "169.254.169.254"
+        c.p1.remote_host = c.p2.remote_host = host
+        c.p1.remote_port = c.p2.remote_port = port
         response = httpx.post(c.url + "/v1/completions", json=BODY)
     assert response.status_code == 502
-    assert "outside its pool" in response.json()["error"]["message"]
+    assert fragment in response.json()["error"]["message"]
     assert c.d.received == []
+
+
+def test_kv_source_must_be_the_answering_prefill_worker():
+    """Both prefill workers are in the pool, but each may only name itself: p1 naming
+    p2's address (here 127.0.0.2 stands for another pool member) is refused."""
+    with Cluster(prefill_failure_policy="error", prefill_policy="round_robin") as c:
+        c.p1.remote_host = c.p2.remote_host = "127.0.0.2"
+        c.app.state.pools[0].workers.append(type(c.app.state.pools[0].workers[0])("http://127.0.0.2:9", healthy=False))
+        response = httpx.post(c.url + "/v1/completions", json=BODY)
+    assert response.status_code == 502 and "not its own" in response.json()["error"]["message"]
+
+
+def test_kv_source_hosts_and_ports_can_be_widened():
+    with Cluster(kv_source_hosts=["10.0.0.7"], kv_source_ports=["7000-7010", "7100"]) as c:
+        c.p1.remote_host = c.p2.remote_host = "10.0.0.7"
+        statuses = []
+        for port in (7000, 7010, 7100, 5600):
+            c.p1.remote_port = c.p2.remote_port = port
+            statuses.append(httpx.post(c.url + "/v1/completions", json=BODY).status_code)
+    assert statuses == [200, 200, 200, 502]
 
 
 def test_backpressure_answers_429_with_retry_after():
@@ -112,6 +149,14 @@ def test_api_keys(header, status):
     else:
         assert response.json()["error"]["code"] == "invalid_api_key"
         assert c.d.received == []
+
+
+@pytest.mark.parametrize("keys, status", [(["k1"], 404), ([], 200)])
+def test_api_docs_are_off_when_api_keys_are_set(keys, status):
+    with Cluster(api_keys=keys) as c:
+        for path in ("/docs", "/redoc", "/openapi.json"):
+            for headers in ({}, {"Authorization": "Bearer k1"}):
+                assert httpx.get(c.url + path, headers=headers).status_code == status, (path, headers)
 
 
 def test_ready_follows_worker_health():
@@ -160,7 +205,7 @@ def test_client_gone_between_the_legs_gets_its_prefill_kv_released():
     refused, release = c.d.received
     assert release["kv_transfer_params"] == refused["kv_transfer_params"] is not None
     assert release["max_tokens"] == 1 and release["stream"] is False
-    assert 'pdspec_proxy_kv_releases_total{outcome="ok"} 1.0' in metrics
+    assert 'pdspec_proxy_kv_releases_total{outcome="ok",reason="client_gone"} 1.0' in metrics
 
 
 def test_no_release_when_the_decode_worker_holds_the_request():

@@ -33,7 +33,7 @@ def test_prefill_then_decode_with_the_returned_kv_params(proxy_url, behaviour):
     assert prefill["max_tokens"] == 1 and prefill["stream"] is False
     assert decode["max_tokens"] == 5
     assert decode["kv_transfer_params"] == {
-        "remote_engine_id": "standin", "remote_block_ids": [[1]], "remote_host": "127.0.0.1",
+        "remote_engine_id": "standin", "remote_block_ids": [[1]], "remote_host": "127.0.0.1", "remote_port": 5600,
     }  # fmt: skip
     assert "standin" in response.json()["choices"][0]["text"]
 

@@ -46,3 +46,18 @@ def test_invalid_values_are_rejected_by_the_cli_with_the_option_named():
     )
     assert result.returncode == 2
     assert "--prefill.drafts" in result.stderr
+
+
+def test_kv_source_ports_are_checked_and_up_adds_its_prefill_side_channel():
+    import pytest
+    from pydantic import ValidationError
+
+    from pdspec.settings import ProxySettings
+    from pdspec.supervisor import proxy_settings_for
+
+    assert ProxySettings(kv_source_ports=["5600", "7000-7010"]).kv_source_ports == ["5600", "7000-7010"]
+    for bad in ("x", "7010-7000", "0", "70000", "1-2-3", "-5"):
+        with pytest.raises(ValidationError):
+            ProxySettings(kv_source_ports=[bad])
+    up = CliApp.run(UpCommand, cli_args=["--prefill.side_channel_port", "18300", "--proxy.kv_source_ports", '["9000"]'])
+    assert proxy_settings_for(up).kv_source_ports == ["9000", "18300"]
