@@ -24,9 +24,10 @@ Guarantees (tested against h11 in tests/unit/test_upstream_h11.py):
   response), break it, so no reply can ever be handed to the next request;
 - a body that ends early is an error: a Content-Length or chunked body cut by EOF or a
   reset; a body without either ends at EOF, but not at a reset;
-- reading pauses only while a consumer streams (`iter_chunks`) and is more than
-  `_HIGH_WATER` behind, and resumes as it catches up or when the reply is complete; a
-  body read whole is bounded by `max_body_bytes` instead; the head by `max_header_bytes`;
+- reading pauses only while more than `_HIGH_WATER` of the body waits for a streaming
+  consumer (`iter_chunks`) or for one to start, and resumes as it catches up, when
+  `read()` starts, or when the reply is complete; a body read whole is bounded by
+  `max_body_bytes` instead, the head by `max_header_bytes`;
 - timeouts: `idle_timeout_s` between bytes (a stream may run as long as it keeps
   talking; time paused for a slow consumer does not count) and an optional total
   `timeout_s` per request.
@@ -93,11 +94,11 @@ class UpstreamResponse:
     def _on_body(self, data: bytes) -> None:
         self._chunks.append(data)
         self._buffered += len(data)
-        if self._consumer == _STREAM:
-            if self._buffered > _HIGH_WATER:
-                self._connection.pause_reading()
-        elif self._buffered > self._pool.max_body_bytes:
-            raise UpstreamError("body_too_large", f"worker reply over {self._pool.max_body_bytes} bytes")
+        if self._consumer == _READ:
+            if self._buffered > self._pool.max_body_bytes:
+                raise _body_too_large(self._pool.max_body_bytes)
+        elif self._buffered > _HIGH_WATER:  # a streaming consumer behind, or none yet
+            self._connection.pause_reading()
         self._wake()
 
     def _on_complete(self) -> None:
@@ -132,6 +133,10 @@ class UpstreamResponse:
     async def read(self) -> bytes:
         """The whole body (at most `max_body_bytes`), then releases the connection."""
         self._consumer = _READ
+        if self._buffered > self._pool.max_body_bytes:
+            self.close()
+            raise _body_too_large(self._pool.max_body_bytes)
+        self._connection.resume_reading()
         while not self.complete:
             await self._wait()
         body = b"".join(self._chunks)
@@ -373,6 +378,10 @@ def _earliest(a: float | None, b: float | None) -> float:
     if a is None:
         return b
     return a if b is None or a < b else b
+
+
+def _body_too_large(limit: int) -> UpstreamError:
+    return UpstreamError("body_too_large", f"worker reply over {limit} bytes")
 
 
 def _headers_too_large(limit: int) -> UpstreamError:
