@@ -314,7 +314,12 @@ class _Connection(asyncio.Protocol):
         if self.state != BODY:
             return  # the end of an interim reply
         self.state = DONE
-        self.keep_alive = self.parser.should_keep_alive() and self.parser.get_http_version() == "1.1"
+        keep_alive = self.parser.should_keep_alive()
+        if keep_alive and "connection" in self.response.headers:
+            # llhttp keeps an HTTP/1.0 reply with "Connection: keep-alive"; h11 does not,
+            # nor do we. (Asked only here: the version costs a string format.)
+            keep_alive = self.parser.get_http_version() == "1.1"
+        self.keep_alive = keep_alive
         self._cancel_timer()
         if self.paused:  # nothing more is expected; reading on shows bytes that should not come
             self.resume_reading()
