@@ -302,7 +302,7 @@ def tiny_high_water(monkeypatch):
     monkeypatch.setattr(upstream, "_LOW_WATER", 4)
 
 
-FAST = settings(max_examples=2500, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
+FAST = settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
 
 
 @FAST
@@ -412,7 +412,7 @@ async def socket_outcome(chunks: list[bytes], ending: str, consumer: str) -> tup
         server.close()
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=exchange())
 def test_over_real_sockets_the_next_request_gets_its_own_reply(loop, case):
     chunks, ending, consumer = case
