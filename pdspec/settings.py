@@ -135,7 +135,18 @@ class ProxySettings(BaseModel):
     prefill_timeout_s: float = Field(
         20.0, description="Kept below the workers' KV lease so no blocks outlive a request."
     )
-    decode_timeout_s: float = Field(300.0, description="Whole decode leg, first byte to last.")
+    decode_timeout_s: float | None = Field(
+        None, description="Optional cap on a whole decode leg, first byte to last; unset: none, a stream runs as "
+        "long as its worker keeps sending (see worker_idle_timeout_s).",
+    )
+    worker_idle_timeout_s: float | None = Field(
+        300.0, gt=0, description="Longest silence from a worker while its reply is due, before the first byte and "
+        "between any two; a non-streamed reply sends nothing until it is done, so this bounds it whole.",
+    )
+    worker_max_header_bytes: int = Field(64 * 1024, ge=1024, description="Largest head of a worker's reply.")
+    worker_max_body_bytes: int = Field(
+        128 * 1024 * 1024, ge=1024, description="Largest worker reply read whole (streams are relayed as they come)."
+    )
     connect_timeout_s: float = 5.0
     health_interval_s: float = 2.0
     health_timeout_s: float = 2.0

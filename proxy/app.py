@@ -177,7 +177,10 @@ def create_app(settings: ProxySettings) -> ProxyApp:
     )
     admission = Admission(settings.max_inflight, settings.max_queue, settings.queue_timeout_s, settings.retry_after_s)
     api_keys = ApiKeys(settings.api_keys)
-    client = UpstreamClient(settings.connect_timeout_s)
+    client = UpstreamClient(
+        settings.connect_timeout_s, settings.worker_idle_timeout_s,
+        settings.worker_max_header_bytes, settings.worker_max_body_bytes,
+    )  # fmt: skip
     disaggregator = Disaggregator(client, prefill_pool, decode_pool, metrics, settings)
     limits = ModelLimits(client, decode_pool, disaggregator.worker_headers)
     tracing = Tracing(settings.otlp_traces_endpoint)
