@@ -56,7 +56,7 @@ class RawWorker:
             kv = request.get("kv_transfer_params") or {}
             if kv.get("do_remote_decode"):
                 payload = {"choices": [{"text": "x"}], "kv_transfer_params": {
-                    "remote_engine_id": headers["x-request-id"], "remote_block_ids": [[1]], "remote_host": "127.0.0.1"}}
+                    "remote_engine_id": headers["x-request-id"], "remote_block_ids": [[1]], "remote_host": "127.0.0.1", "remote_port": 5600}}
             else:
                 text = "decoded with " + kv.get("remote_engine_id", "?")
                 payload = {"choices": [{"index": 0, "text": text, "logprobs": "p" * self.decode_bytes}]}
