@@ -81,7 +81,7 @@ class WorkerSettings(BaseModel):
         "auto", description="auto: propose with K=0 when no request can use drafts."
     )
     engine_plugin: bool = Field(
-        True, description="Load pdspec's scheduler (K=0 proposals + counters) into vLLM."
+        True, description="Load pdspec's scheduler into vLLM: K=0 proposals and counters, pdspec_worker_info."
     )
     enforce_eager: bool = True
     max_num_batched_tokens: int | None = None
