@@ -258,7 +258,8 @@ def create_app(settings: ProxySettings) -> ProxyApp:
     async def prometheus() -> Response:
         for pool in (prefill_pool, decode_pool):
             metrics.healthy_workers.labels(pool.name).set(len(pool.healthy()))
-            metrics.refused_workers.labels(pool.name).set(sum(w.healthy and w.refusal is not None for w in pool.workers))
+            refused = sum(w.healthy and w.refusal is not None for w in pool.workers)
+            metrics.refused_workers.labels(pool.name).set(refused)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

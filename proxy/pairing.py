@@ -160,7 +160,9 @@ class Pairing:
             "reference": reference,
             "refused": [w.refusal for _, w in live if w.refusal is not None],
             "unverified": [
-                {"pool": p.name, "worker": w.url} for p, w in live if w.admitted and w.info_read_at is not None and w.info is None
+                {"pool": p.name, "worker": w.url}
+                for p, w in live
+                if w.admitted and w.info_read_at is not None and w.info is None
             ],
             "pending": [
                 {"pool": p.name, "worker": w.url, "error": w.info_error or "not read yet"}
