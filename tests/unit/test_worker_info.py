@@ -93,3 +93,34 @@ def test_pdspec_drafts_rewrites_a_running_workers_info(tmp_path):
 
 def test_the_proxy_compares_fields_the_worker_exports():
     assert set(PAIRING_FIELDS) <= set(worker_info.LABELS)
+
+
+def test_engine_plugin_without_a_drafter_publishes_info_and_skips_nothing(tmp_path, monkeypatch):
+    pytest.importorskip("vllm")
+    from pdspec.worker import engine_plugin
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setenv("PDSPEC_ROLE", "decode")
+    monkeypatch.setattr(engine_plugin, "detect_capabilities", lambda config: pytest.fail("no drafter: no checks"))
+    config = types.SimpleNamespace(
+        model_config=types.SimpleNamespace(model="/m/target"),
+        cache_config=types.SimpleNamespace(block_size=128),
+        speculative_config=None,
+    )
+    scheduler = types.SimpleNamespace()
+    engine_plugin._K0Mixin._pdspec_init(scheduler, config)
+    assert scheduler._pdspec_active is False
+    (series,) = info_series(exposition(tmp_path))
+    assert (series["role"], series["method"], series["block_size"]) == ("decode", "none", "128")
+
+
+def test_plugin_is_loaded_without_a_drafter_too_unless_turned_off():
+    from pathlib import Path
+
+    from pdspec.settings import ModelSettings, WorkerSettings
+    from pdspec.worker import launch
+
+    model = ModelSettings(models_dir=Path("/m"), method="none")
+    assert "--speculative-config" not in launch.vllm_argv("decode", model, WorkerSettings(), cpu=True)
+    assert launch.SCHEDULER_CLS in launch.vllm_argv("decode", model, WorkerSettings(), cpu=True)
+    assert "--scheduler-cls" not in launch.vllm_argv("decode", model, WorkerSettings(engine_plugin=False), cpu=True)
