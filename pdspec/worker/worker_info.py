@@ -109,9 +109,15 @@ class WorkerInfo:
         if info.directory is None:
             log.warning("pdspec: %s is unset, so %s is not exported", MULTIPROC_ENV, METRIC)
         else:
-            publish(info.directory, labels)
+            info._publish()
             log.info("pdspec: %s %s", METRIC, labels)
         return info
+
+    def _publish(self) -> None:
+        try:
+            publish(self.directory, self.labels)
+        except OSError as exc:  # a metric is not worth stopping the engine for
+            log.error("pdspec: cannot write %s in %s: %s", METRIC, self.directory, exc)
 
     def policy_changed(self, drafts_policy: str) -> None:
         """Called by the engine once per step with the policy it applies (cheap when equal)."""
@@ -119,4 +125,4 @@ class WorkerInfo:
             return
         self.labels = {**self.labels, "drafts_policy": drafts_policy}
         if self.directory is not None:
-            publish(self.directory, self.labels)
+            self._publish()
