@@ -71,13 +71,16 @@ def _models(cmd: s.ModelsCommand) -> int:
 
 def _drafts(cmd: s.DraftsCommand) -> int:
     from pdspec.worker.engine_plugin import write_policy
-    from pdspec.worker.launch import drafts_file
+    from pdspec.worker.launch import drafts_file, prometheus_dir
+    from pdspec.worker.worker_info import follow_policy
 
     path = drafts_file(cmd.run_dir, cmd.role)
     if not path.parent.is_dir():
         print(f"pdspec drafts: no {cmd.role} worker has run in {cmd.run_dir}", file=sys.stderr)
         return 1
     write_policy(path, cmd.policy)
+    # The worker's pdspec_worker_info follows at once, even while its engine is idle.
+    follow_policy(prometheus_dir(cmd.run_dir, cmd.role), cmd.policy)
     print(f"{cmd.role} worker: drafts={cmd.policy} from its next engine step")
     return 0
 

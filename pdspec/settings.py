@@ -23,6 +23,11 @@ ENV_PREFIX = "PDSPEC_"
 CONFIG_ENV = "PDSPEC_CONFIG"
 
 
+# What a prefill and a decode worker must agree on for the decode worker to read the
+# prefill worker's KV (labels of pdspec_worker_info; see proxy/pairing.py).
+PairingField = Literal["model", "drafter", "method", "block_size"]
+
+
 def default_home() -> Path:
     return Path(os.environ.get("PDSPEC_HOME", Path.home() / ".cache" / "pdspec"))
 
@@ -95,7 +100,7 @@ class WorkerSettings(BaseModel):
         "auto", description="auto: propose with K=0 when no request can use drafts."
     )
     engine_plugin: bool = Field(
-        True, description="Load pdspec's scheduler (K=0 proposals + counters) into vLLM."
+        True, description="Load pdspec's scheduler into vLLM: K=0 proposals and counters, pdspec_worker_info."
     )
     enforce_eager: bool = True
     max_num_batched_tokens: int | None = None
@@ -152,6 +157,21 @@ class ProxySettings(BaseModel):
     health_timeout_s: float = 2.0
     eject_after_failures: int = 2
     readmit_after_successes: int = 2
+    # Pairing safety: workers' pdspec_worker_info must agree on model, drafter, method
+    # and block size (proxy/pairing.py).
+    expected_worker_config: dict[PairingField, str | int] = Field(
+        default_factory=dict,
+        description="What every worker must report, e.g. {\"block_size\": 128}; fields left out (or all, "
+        "when empty) must equal the first admitted worker's.",
+    )
+    unverified_workers: Literal["admit", "refuse"] = Field(
+        "admit", description="A worker whose /metrics has no pdspec_worker_info (plain vLLM): admit it with a "
+        "warning, or refuse it.",
+    )
+    worker_info_interval_s: float = Field(
+        30.0, gt=0, description="Re-read each worker's pdspec_worker_info this often; also at once when a "
+        "worker joins or answers again after a failed health check.",
+    )
     max_inflight: int = Field(256, ge=1)
     max_queue: int = Field(1024, ge=0)
     queue_timeout_s: float = 10.0

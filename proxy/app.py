@@ -31,6 +31,7 @@ from proxy.health import HealthChecker
 from proxy.limits import ModelLimits
 from proxy.membership import Membership
 from proxy.metrics import ProxyMetrics
+from proxy.pairing import Pairing
 from proxy.pool import NoHealthyWorker, WorkerPool
 from proxy.tracing import NO_TRACE, Tracing
 from proxy.upstream import UpstreamClient, UpstreamError
@@ -184,9 +185,13 @@ def create_app(settings: ProxySettings) -> ProxyApp:
     disaggregator = Disaggregator(client, prefill_pool, decode_pool, metrics, settings)
     limits = ModelLimits(client, decode_pool, disaggregator.worker_headers)
     tracing = Tracing(settings.otlp_traces_endpoint)
+    pairing = Pairing(
+        settings.expected_worker_config, settings.unverified_workers,
+        lambda pool, field: metrics.pairing_refusals.labels(pool, field).inc(),
+    )  # fmt: skip
     checker = HealthChecker(
         client, [prefill_pool, decode_pool], settings.health_interval_s, settings.health_timeout_s,
-        settings.eject_after_failures, settings.readmit_after_successes,
+        settings.eject_after_failures, settings.readmit_after_successes, pairing, settings.worker_info_interval_s,
     )  # fmt: skip
 
     @asynccontextmanager
@@ -252,21 +257,47 @@ def create_app(settings: ProxySettings) -> ProxyApp:
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
-        """Readiness: at least one healthy prefill and one healthy decode worker."""
-        status = {pool.name: sum(w.healthy for w in pool.workers) for pool in (prefill_pool, decode_pool)}
+        """Readiness: at least one healthy, admitted prefill and decode worker; the pairing
+        check's view (reference config, refused, unverified and pending workers)."""
+        pools = [prefill_pool, decode_pool]
+        status = {pool.name: len(pool.healthy()) for pool in pools}
         ok = all(count > 0 for count in status.values())
-        return JSONResponse({"ready": ok, "healthy_workers": status}, status_code=200 if ok else 503)
+        pairing_status = pairing.status(pools)
+        body: dict = {"ready": ok, "healthy_workers": status, "pairing": pairing_status}
+        if not ok:
+            body["reason"] = not_ready_reason(status, pairing_status)
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
         metrics.worker_inflight.clear()  # workers may have left the pool since
         for pool in (prefill_pool, decode_pool):
-            metrics.healthy_workers.labels(pool.name).set(sum(w.healthy for w in pool.workers))
+            metrics.healthy_workers.labels(pool.name).set(len(pool.healthy()))
+            refused = sum(w.healthy and w.refusal is not None for w in pool.workers)
+            metrics.refused_workers.labels(pool.name).set(refused)
             for worker in pool.workers:
                 metrics.worker_inflight.labels(pool.name, worker.url).set(worker.outstanding)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def not_ready_reason(healthy: dict[str, int], pairing_status: dict) -> str:
+    """One sentence for /ready: which pool has no worker to route to, and why."""
+    parts = []
+    for pool, count in healthy.items():
+        if count:
+            continue
+        why = [
+            f"{r['worker']} refused: "
+            + ", ".join(f"{name} {d['worker']!r} vs {d['reference']!r}" for name, d in r["fields"].items())
+            + f" of {r['against']}"
+            for r in pairing_status["refused"]
+            if r["pool"] == pool
+        ] + [f"{p['worker']} waiting for its pdspec_worker_info ({p['error']})"
+             for p in pairing_status["pending"] if p["pool"] == pool]  # fmt: skip
+        parts.append(f"no admitted {pool} worker" + (f" ({'; '.join(why)})" if why else ""))
+    return "; ".join(parts)
 
 
 async def collect_garbage(interval_s: float) -> None:

@@ -1,12 +1,21 @@
-"""Active health checks: eject a worker after failed checks, re-admit it after good ones."""
+"""Active health checks: eject a worker after failed checks, re-admit it after good ones,
+and admit only workers whose config may be paired (pairing.py).
+
+Each round probes every worker at once (I/O: /health, and /metrics when the worker's
+`pdspec_worker_info` is due), then applies all results in one synchronous step, so no
+request is routed by a decision half made.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
+from proxy.pairing import Pairing
 from proxy.pool import Worker, WorkerPool
 from proxy.upstream import UpstreamClient, UpstreamError
+from proxy.worker_info import InfoUnreadable, fetch_worker_info
 
 log = logging.getLogger("pdspec.proxy.health")
 
@@ -20,6 +29,8 @@ class HealthChecker:
         timeout_s: float,
         eject_after: int,
         readmit_after: int,
+        pairing: Pairing | None = None,
+        info_interval_s: float = 30.0,
     ) -> None:
         self.client = client
         self.pools = pools
@@ -27,15 +38,45 @@ class HealthChecker:
         self.timeout_s = timeout_s
         self.eject_after = eject_after
         self.readmit_after = readmit_after
+        self.pairing = pairing or Pairing()
+        self.info_interval_s = info_interval_s
 
-    async def check(self, pool: WorkerPool, worker: Worker) -> None:
+    async def probe(self, worker: Worker) -> bool:
         try:
             resp = await self.client.request(worker.url, "GET", "/health", timeout_s=self.timeout_s)
             await resp.read()
             ok = resp.status == 200
         except UpstreamError:
             ok = False
-        self.record(pool, worker, ok)
+        # Read its info when it joins, when it answers again after a failed check (it may
+        # be another process now, with another config), and every info_interval_s.
+        returning = worker.consecutive_failures > 0
+        if ok and (returning or self._info_due(worker)):
+            await self.read_info(worker, must_read=returning)
+        return ok
+
+    def _info_due(self, worker: Worker) -> bool:
+        return worker.info_read_at is None or time.monotonic() - worker.info_read_at >= self.info_interval_s
+
+    async def read_info(self, worker: Worker, must_read: bool = False) -> None:
+        """`must_read`: the info it had may be stale, so if it cannot be read now the
+        worker waits (not admitted) rather than keep it."""
+        first_read = worker.info_read_at is None
+        try:
+            info = await fetch_worker_info(self.client, worker.url, self.timeout_s)
+        except InfoUnreadable as exc:
+            if worker.info_error is None:
+                log.warning("cannot read pdspec_worker_info of %s (%s); not admitted until it is read", worker.url, exc)
+            worker.info_error = str(exc)
+            if must_read:
+                worker.info_read_at = None
+            return  # a periodic re-read that failed keeps the info it had
+        if info is None and (first_read or worker.info is not None):
+            log.warning(
+                "worker %s exports no pdspec_worker_info (plain vLLM?): its config cannot be checked against "
+                "the other pool's", worker.url,
+            )  # fmt: skip
+        worker.info, worker.info_read_at, worker.info_error = info, time.monotonic(), None
 
     def record(self, pool: WorkerPool, worker: Worker, ok: bool) -> None:
         if ok:
@@ -43,7 +84,7 @@ class HealthChecker:
             worker.consecutive_successes += 1
             if not worker.healthy and not worker.seen_healthy:
                 worker.healthy = worker.seen_healthy = True  # a new member: admit at once
-                log.info("admitted %s worker %s", pool.name, worker.url)
+                log.info("%s worker %s is up", pool.name, worker.url)
             elif not worker.healthy and worker.consecutive_successes >= self.readmit_after:
                 worker.healthy = True
                 log.warning("re-admitted %s worker %s", pool.name, worker.url)
@@ -54,8 +95,16 @@ class HealthChecker:
                 worker.healthy = False
                 log.warning("ejected %s worker %s", pool.name, worker.url)
 
+    async def check(self, pool: WorkerPool, worker: Worker) -> None:
+        self.record(pool, worker, await self.probe(worker))
+        self.pairing.update(self.pools)
+
     async def check_all(self) -> None:
-        await asyncio.gather(*(self.check(pool, w) for pool in self.pools for w in list(pool.workers)))
+        checked = [(pool, w) for pool in self.pools for w in list(pool.workers)]
+        results = await asyncio.gather(*(self.probe(w) for _, w in checked))
+        for (pool, worker), ok in zip(checked, results):
+            self.record(pool, worker, ok)
+        self.pairing.update(self.pools)
 
     async def run(self) -> None:
         while True:

@@ -19,6 +19,8 @@ class ProxyMetrics:
     worker_inflight: Gauge
     kv_releases: Counter
     inflight: Gauge
+    pairing_refusals: Counter
+    refused_workers: Gauge
 
     @classmethod
     def create(cls) -> ProxyMetrics:
@@ -64,4 +66,14 @@ class ProxyMetrics:
                 ["reason", "outcome"], registry=registry,
             ),
             inflight=Gauge("pdspec_proxy_inflight_requests", "Client requests in flight.", registry=registry),
+            pairing_refusals=Counter(
+                "pdspec_proxy_pairing_refusals",
+                "Workers refused because their pdspec_worker_info differs from the pairing reference, by pool "
+                "and differing field (model, drafter, method, block_size; worker_info: none exported).",
+                ["pool", "field"], registry=registry,
+            ),
+            refused_workers=Gauge(
+                "pdspec_proxy_refused_workers", "Workers that answer health checks but are refused by the pairing "
+                "check, per pool.", ["pool"], registry=registry,
+            ),
         )  # fmt: skip

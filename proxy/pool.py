@@ -7,7 +7,8 @@ Prefill and decode workers are chosen independently. Policies:
 - `prefix_affinity` (prefill only): rendezvous hashing of the prompt's first bytes, so
   requests sharing a prefix land on the worker whose prefix cache holds it; falls back
   to least outstanding when that worker is much busier than the rest.
-Only healthy workers are chosen (see `health.py`); membership can change at run time.
+Only healthy workers that the pairing check admitted are chosen (see `health.py` and
+`pairing.py`); membership can change at run time.
 """
 
 from __future__ import annotations
@@ -39,6 +40,14 @@ class Worker:
     consecutive_failures: int = 0
     consecutive_successes: int = 0
     seen_healthy: bool = True  # False for a member that has not yet passed a health check
+    # Pairing (pairing.py): its pdspec_worker_info labels (None: none exported or not read
+    # yet), when they were read (None: to be read at the next good check), and whether
+    # its config may be paired with the other pool's (False: refused, or not read yet).
+    admitted: bool = True
+    info: dict[str, str] | None = None
+    info_read_at: float | None = None
+    info_error: str | None = None
+    refusal: dict | None = None  # why it is not admitted (for /ready and the logs)
     host: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -61,17 +70,18 @@ class WorkerPool:
         return cls(name, [Worker(url.rstrip("/")) for url in urls], policy)
 
     def healthy(self, exclude: set[str] = frozenset()) -> list[Worker]:
-        return [w for w in self.workers if w.healthy and w.url not in exclude]
+        return [w for w in self.workers if w.healthy and w.admitted and w.url not in exclude]
 
     def has_healthy(self) -> bool:
-        return any(w.healthy for w in self.workers)
+        return any(w.healthy and w.admitted for w in self.workers)
 
     def set_urls(self, urls: list[str]) -> None:
         """Membership change (start-up, DNS re-resolution): known workers keep their
         state; new ones take traffic only after their first good health check."""
         known = {w.url: w for w in self.workers}
         self.workers = [
-            known.get(url.rstrip("/")) or Worker(url.rstrip("/"), healthy=False, seen_healthy=False) for url in urls
+            known.get(url.rstrip("/")) or Worker(url.rstrip("/"), healthy=False, seen_healthy=False, admitted=False)
+            for url in urls
         ]
 
     def pick(self, affinity_key: str | None = None, exclude: set[str] = frozenset()) -> Worker:

@@ -7,6 +7,7 @@ shows what it received, and can be told to fail in chosen ways.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import socket
 import threading
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 
 import uvicorn
 from fastapi import FastAPI, Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 
 @dataclass
@@ -32,6 +33,9 @@ class StandinBehaviour:
     healthy: bool = True
     stream_event_delay_s: float = 0.0  # between the events of a decode stream
     streams_abandoned: int = 0  # decode streams whose client left before the last event
+    worker_info: dict | None = None  # labels of its pdspec_worker_info; None: plain vLLM (none)
+    metrics_status: int = 200
+    metrics_reads: int = 0
     cancelled: int = 0  # legs whose client went away while they waited
     received: list[dict] = field(default_factory=list)
     headers: list[dict] = field(default_factory=list)
@@ -100,11 +104,32 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
     async def models():
         return {"object": "list", "data": [{"id": "standin", "object": "model"}]}
 
+    @app.get("/metrics")
+    async def metrics(request: Request):
+        behaviour.metrics_reads += 1
+        if behaviour.metrics_status != 200:
+            return Response(b"", status_code=behaviour.metrics_status)
+        text = metrics_text(behaviour.worker_info)
+        if "gzip" in request.headers.get("accept-encoding", ""):  # as prometheus-client's ASGI app does
+            return Response(gzip.compress(text.encode()), media_type="text/plain", headers={"Content-Encoding": "gzip"})
+        return Response(text, media_type="text/plain")
+
     @app.get("/health")
     async def health():
         return JSONResponse({}, status_code=200 if behaviour.healthy else 503)
 
     return app
+
+
+def metrics_text(worker_info: dict | None) -> str:
+    """A worker's /metrics: a vLLM-like series, then (if set) pdspec_worker_info."""
+    lines = ["# HELP vllm:num_requests_running Requests running.", "# TYPE vllm:num_requests_running gauge",
+             'vllm:num_requests_running{engine="0"} 0.0']  # fmt: skip
+    if worker_info is not None:
+        labels = ",".join(f'{name}="{value}"' for name, value in worker_info.items())
+        lines += ["# HELP pdspec_worker_info Worker config.", "# TYPE pdspec_worker_info gauge",
+                  f"pdspec_worker_info{{{labels}}} 1.0"]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def free_port() -> int:

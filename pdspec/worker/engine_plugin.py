@@ -29,6 +29,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from pdspec.worker.draft_rule import DraftsPolicy, ScheduledRequest, dp_vote, propose_with_k0
+from pdspec.worker.worker_info import WorkerInfo
 
 log = logging.getLogger("pdspec.engine_plugin")
 
@@ -137,13 +138,21 @@ class _K0Mixin:
     """Shared by the sync and async variants; sits in front of vLLM's scheduler."""
 
     def _pdspec_init(self, vllm_config: Any) -> None:
-        self._pdspec_caps = detect_capabilities(vllm_config)
         self._pdspec_policy = DraftsPolicySource.from_env()
         spec = vllm_config.speculative_config
-        self._pdspec_k = int(spec.num_speculative_tokens) if spec is not None else 0
+        # pdspec_worker_info, from the config this engine really runs with.
+        self._pdspec_info = WorkerInfo.start(
+            vllm_config, os.environ.get(ROLE_ENV, "unknown"), self._pdspec_policy.current()
+        )
+        if spec is None:  # no drafter: nothing to skip, so no internals to depend on
+            self._pdspec_active = self._pdspec_override = False
+            log.info("pdspec engine plugin: no speculative decoding; worker info only")
+            return
+        self._pdspec_caps = detect_capabilities(vllm_config)
+        self._pdspec_k = int(spec.num_speculative_tokens)
         # Only drafters with a forward pass of their own (EAGLE, EAGLE3, MTP, DFlash, draft
         # model) gain from K=0; ngram and friends have nothing to skip.
-        self._pdspec_active = spec is not None and _has_own_forward(spec)
+        self._pdspec_active = _has_own_forward(spec)
         # V1 runner + DP: ranks would run different numbers of drafter forwards and
         # could hang in collectives; vLLM's V2 runner agrees across ranks instead.
         dp = vllm_config.parallel_config.data_parallel_size
@@ -163,6 +172,7 @@ class _K0Mixin:
 
     def _pdspec_apply(self, scheduler_output: Any) -> None:
         policy = self._pdspec_policy.current()
+        self._pdspec_info.policy_changed(policy)
         k = scheduler_output.num_spec_tokens_to_schedule
         if self._pdspec_caps.native_skip:
             if policy == "always":

@@ -35,6 +35,11 @@ def drafts_file(run_dir: Path, role: Role) -> Path:
     return run_dir / role / "drafts-policy"
 
 
+def prometheus_dir(run_dir: Path, role: Role) -> Path:
+    """The worker's prometheus-client multiprocess folder (its /metrics come from here)."""
+    return run_dir / role / "prometheus"
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     argv: list[str]
@@ -110,7 +115,7 @@ def vllm_argv(role: Role, model: ModelSettings, worker: WorkerSettings, cpu: boo
         argv += ["--max-num-seqs", str(worker.max_num_seqs)]
     if worker.gpu_memory_utilization is not None and not cpu:
         argv += ["--gpu-memory-utilization", str(worker.gpu_memory_utilization)]
-    if worker.engine_plugin and spec is not None:
+    if worker.engine_plugin:  # K=0 proposals with a drafter; pdspec_worker_info always
         argv += ["--scheduler-cls", SCHEDULER_CLS]
     return argv + list(worker.extra_vllm_args)
 
@@ -130,7 +135,7 @@ def worker_env(role: Role, worker: WorkerSettings, run_dir: Path, cpu: bool) -> 
         "TORCHINDUCTOR_CACHE_DIR": str(role_dir / "inductor-cache"),
         # Counters incremented in vLLM's engine-core process reach the API server's
         # /metrics through prometheus-client's multiprocess mode.
-        "PROMETHEUS_MULTIPROC_DIR": str(role_dir / "prometheus"),
+        "PROMETHEUS_MULTIPROC_DIR": str(prometheus_dir(run_dir, role)),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1",
@@ -157,7 +162,7 @@ def prepare_run_dir(role: Role, run_dir: Path) -> None:
     """Fresh Prometheus multiprocess folder: vLLM requires it empty at start."""
     import shutil
 
-    prom = run_dir / role / "prometheus"
+    prom = prometheus_dir(run_dir, role)
     shutil.rmtree(prom, ignore_errors=True)
     prom.mkdir(parents=True)
     # A policy left by an earlier run must not override this run's `drafts` setting.

@@ -169,7 +169,8 @@ def test_ready_follows_worker_health():
         c.d.healthy = True
         while httpx.get(c.url + "/ready").status_code != 200:
             pass
-    assert body == {"ready": False, "healthy_workers": {"prefill": 2, "decode": 0}}
+    assert (body["ready"], body["healthy_workers"]) == (False, {"prefill": 2, "decode": 0})
+    assert body["reason"] == "no admitted decode worker"
 
 
 def test_client_disconnect_during_prefill_cancels_the_leg():

@@ -1,0 +1,57 @@
+"""Read a worker's `pdspec_worker_info` from its /metrics (see pdspec/worker/worker_info.py).
+
+Kept cheap, because it runs on the proxy's event loop: the health checker calls it only
+when a worker joins, answers again after a failed check, or every
+`worker_info_interval_s`; the body is asked for gzipped; and only the info's own lines
+go through prometheus-client's text parser, not the whole of vLLM's /metrics.
+"""
+
+from __future__ import annotations
+
+import gzip
+import typing
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdspec.settings import PairingField
+from proxy.upstream import UpstreamClient, UpstreamError
+
+METRIC = "pdspec_worker_info"
+PAIRING_FIELDS: tuple[str, ...] = typing.get_args(PairingField)
+
+
+class InfoUnreadable(Exception):
+    """The worker's /metrics could not be read (try again at the next check)."""
+
+
+def parse_worker_info(text: str) -> dict[str, str] | None:
+    """The labels of the worker's info series, or None when it exports none."""
+    wanted = (METRIC + "{", METRIC + " ", f"# HELP {METRIC} ", f"# TYPE {METRIC} ")
+    lines = [line for line in text.splitlines() if line.startswith(wanted)]
+    if not lines:
+        return None
+    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+        for sample in family.samples:
+            if sample.name == METRIC and sample.value == 1:
+                return dict(sample.labels)
+    return None
+
+
+async def fetch_worker_info(client: UpstreamClient, url: str, timeout_s: float) -> dict[str, str] | None:
+    """None: the worker has /metrics (or none at all: 404) without the info, as plain vLLM."""
+    try:
+        response = await client.request(url, "GET", "/metrics", headers={"Accept-Encoding": "gzip"},
+                                        timeout_s=timeout_s)  # fmt: skip
+        body = await response.read()
+    except UpstreamError as exc:
+        raise InfoUnreadable(exc.reason) from None
+    if response.status == 404:
+        return None
+    if response.status != 200:
+        raise InfoUnreadable(f"/metrics answered {response.status}")
+    try:
+        if response.headers.get("content-encoding", "").lower() == "gzip":
+            body = gzip.decompress(body)
+        return parse_worker_info(body.decode("utf-8", "replace"))
+    except (OSError, EOFError, ValueError) as exc:  # a corrupt gzip body or an unparsable series
+        raise InfoUnreadable(f"bad /metrics: {exc}") from None

@@ -1,0 +1,126 @@
+"""`pdspec_worker_info` as the API server's /metrics shows it: written in prometheus-client's
+multiprocess format, read back through its own collector (what vLLM's /metrics uses)."""
+
+import subprocess
+import sys
+import types
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdspec.worker import worker_info
+from proxy.worker_info import PAIRING_FIELDS, parse_worker_info
+
+LABELS = {
+    "role": "prefill", "model": "/m/target", "drafter": "/m/eagle3", "method": "eagle3",
+    "num_speculative_tokens": "3", "block_size": "128", "vllm_version": "0.32.0", "drafts_policy": "auto",
+}  # fmt: skip
+
+
+def exposition(directory) -> str:
+    """What vLLM's /metrics serves from a multiprocess folder."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))
+    return generate_latest(registry).decode()
+
+
+def info_series(text: str) -> list[dict]:
+    return [
+        dict(sample.labels, value=sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "pdspec_worker_info"
+    ]
+
+
+def test_published_info_is_one_gauge_series_without_pid(tmp_path):
+    worker_info.publish(tmp_path, LABELS)
+    text = exposition(tmp_path)
+    assert "# TYPE pdspec_worker_info gauge" in text
+    assert info_series(text) == [dict(LABELS, value=1.0)]
+    assert parse_worker_info(text) == LABELS  # the proxy's reader agrees
+
+
+def test_policy_change_replaces_the_series(tmp_path):
+    worker_info.publish(tmp_path, LABELS)
+    assert worker_info.follow_policy(tmp_path, "always")
+    assert info_series(exposition(tmp_path)) == [dict(LABELS, drafts_policy="always", value=1.0)]
+    assert list(tmp_path.glob("*.tmp")) == []  # no half-written file left for the collector
+
+
+def test_engine_side_follows_the_policy_it_applies(tmp_path, monkeypatch):
+    pytest.importorskip("vllm")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    config = types.SimpleNamespace(
+        model_config=types.SimpleNamespace(model="/m/target"),
+        cache_config=types.SimpleNamespace(block_size=64),
+        speculative_config=types.SimpleNamespace(model="/m/eagle3", method="eagle3", num_speculative_tokens=3),
+    )
+    info = worker_info.WorkerInfo.start(config, "decode", "auto")
+    (series,) = info_series(exposition(tmp_path))
+    assert (series["role"], series["block_size"], series["drafter"], series["drafts_policy"]) == (
+        "decode", "64", "/m/eagle3", "auto",
+    )  # fmt: skip
+    info.policy_changed("always")
+    assert [s["drafts_policy"] for s in info_series(exposition(tmp_path))] == ["always"]
+
+
+def test_no_drafter_reads_as_method_none():
+    pytest.importorskip("vllm")
+    config = types.SimpleNamespace(
+        model_config=types.SimpleNamespace(model="/m/target"),
+        cache_config=types.SimpleNamespace(block_size=128),
+        speculative_config=None,
+    )
+    labels = worker_info.labels_from_config(config, "decode", "auto")
+    assert (labels["method"], labels["drafter"], labels["num_speculative_tokens"]) == ("none", "", "0")
+
+
+def test_pdspec_drafts_rewrites_a_running_workers_info(tmp_path):
+    from pdspec.worker.launch import prepare_run_dir, prometheus_dir
+
+    prepare_run_dir("prefill", tmp_path)
+    worker_info.publish(prometheus_dir(tmp_path, "prefill"), LABELS)
+    subprocess.run(
+        [sys.executable, "-m", "pdspec.cli", "drafts", "--role", "prefill", "--policy", "always",
+         "--run_dir", str(tmp_path)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert worker_info.read(prometheus_dir(tmp_path, "prefill"))["drafts_policy"] == "always"
+
+
+def test_the_proxy_compares_fields_the_worker_exports():
+    assert set(PAIRING_FIELDS) <= set(worker_info.LABELS)
+
+
+def test_engine_plugin_without_a_drafter_publishes_info_and_skips_nothing(tmp_path, monkeypatch):
+    pytest.importorskip("vllm")
+    from pdspec.worker import engine_plugin
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setenv("PDSPEC_ROLE", "decode")
+    monkeypatch.setattr(engine_plugin, "detect_capabilities", lambda config: pytest.fail("no drafter: no checks"))
+    config = types.SimpleNamespace(
+        model_config=types.SimpleNamespace(model="/m/target"),
+        cache_config=types.SimpleNamespace(block_size=128),
+        speculative_config=None,
+    )
+    scheduler = types.SimpleNamespace()
+    engine_plugin._K0Mixin._pdspec_init(scheduler, config)
+    assert scheduler._pdspec_active is False
+    (series,) = info_series(exposition(tmp_path))
+    assert (series["role"], series["method"], series["block_size"]) == ("decode", "none", "128")
+
+
+def test_plugin_is_loaded_without_a_drafter_too_unless_turned_off():
+    from pathlib import Path
+
+    from pdspec.settings import ModelSettings, WorkerSettings
+    from pdspec.worker import launch
+
+    model = ModelSettings(models_dir=Path("/m"), method="none")
+    assert "--speculative-config" not in launch.vllm_argv("decode", model, WorkerSettings(), cpu=True)
+    assert launch.SCHEDULER_CLS in launch.vllm_argv("decode", model, WorkerSettings(), cpu=True)
+    assert "--scheduler-cls" not in launch.vllm_argv("decode", model, WorkerSettings(engine_plugin=False), cpu=True)
