@@ -253,7 +253,8 @@ class Disaggregator:
     def _release_targets(self) -> list[Worker]:
         """Healthy decode workers first (in the pool's routing order); when none is
         healthy, ejected ones that were healthy once: such a worker may still read the
-        KV, and nothing else can free it. A worker never admitted is never tried."""
+        KV, and nothing else can free it. A worker never admitted, or refused by the
+        pairing check (its drafter or block size differs), is never tried."""
         targets: list[Worker] = []
         for _ in range(1 + self.settings.decode_retries):
             try:
@@ -261,7 +262,7 @@ class Disaggregator:
             except NoHealthyWorker:
                 break
         if not targets:
-            ejected = [w for w in self.decode_pool.workers if w.seen_healthy]
+            ejected = [w for w in self.decode_pool.workers if w.seen_healthy and w.refusal is None]
             targets = ejected[: 1 + self.settings.decode_retries]
         return targets
 
