@@ -81,6 +81,7 @@ class Disaggregator:
         # Children of the metrics every request touches, bound once (labels() costs a lock).
         self.prefill_seconds = metrics.leg_seconds.labels("prefill")
         self.decode_seconds = metrics.leg_seconds.labels("decode")
+        self.handoff_seconds = metrics.leg_seconds.labels("handoff")
         self.prefill_ok = metrics.prefill_outcomes.labels("ok")
         self._releases: set[asyncio.Task] = set()
 
@@ -227,6 +228,8 @@ class Disaggregator:
         headers = {"X-Request-Id": request_id}
         leg = orjson.dumps(decode_body(body, prefilled.kv_transfer_params))
         handoff = trace.start("handoff") if prefilled.kv_transfer_params else None
+        # Timed apart from the span, which is None when tracing is off.
+        handoff_started = time.perf_counter() if prefilled.kv_transfer_params else None
         tried: set[str] = set()
         failure: LegFailed | None = None
         for attempt in range(1 + self.settings.decode_retries):
@@ -250,7 +253,7 @@ class Disaggregator:
                 trace.end(span, "worker 4xx")
                 trace.end(handoff, "decode refused")
                 raise
-            relay = Relay(self, resp, worker, trace, span, handoff)
+            relay = Relay(self, resp, worker, trace, span, handoff, handoff_started)
             if body.get("stream"):
                 stream = patch_stream(relay.chunks(), prefilled.cached_tokens)
                 return Reply(200, content_type="text/event-stream", stream=stream, headers=headers, closer=relay)
@@ -298,19 +301,25 @@ class Relay:
     count and the connection: `close()` is safe at any point, also before the first
     chunk, and a stream that did not finish drops its connection so vLLM aborts."""
 
-    __slots__ = ("owner", "resp", "worker", "trace", "span", "handoff", "started", "closed")
+    __slots__ = ("owner", "resp", "worker", "trace", "span", "handoff", "handoff_started", "started", "closed")
 
-    def __init__(self, owner: Disaggregator, resp: UpstreamResponse, worker: Worker, trace: NoTrace, span, handoff):
+    def __init__(self, owner: Disaggregator, resp: UpstreamResponse, worker: Worker, trace: NoTrace, span, handoff,
+                 handoff_started: float | None = None):  # fmt: skip
         self.owner = owner
         self.resp = resp
         self.worker = worker
         self.trace = trace
         self.span = span
         self.handoff = handoff
+        self.handoff_started = handoff_started
         self.started = time.perf_counter()
         self.closed = False
 
     def _first_byte(self) -> None:
+        if self.handoff_started is not None:
+            # Prefill reply to the decode worker's first byte: the NIXL pull and first step.
+            self.owner.handoff_seconds.observe(time.perf_counter() - self.handoff_started)
+            self.handoff_started = None
         if self.handoff is not None:
             self.trace.end(self.handoff)
             self.handoff = None

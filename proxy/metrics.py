@@ -18,6 +18,7 @@ class ProxyMetrics:
     healthy_workers: Gauge
     kv_releases: Counter
     inflight: Gauge
+    queued: Gauge
 
     @classmethod
     def create(cls) -> ProxyMetrics:
@@ -30,7 +31,9 @@ class ProxyMetrics:
                 ["endpoint", "status"], registry=registry,
             ),
             leg_seconds=Histogram(
-                "pdspec_proxy_leg_seconds", "Duration of each leg (prefill: to response; decode: to last byte).",
+                "pdspec_proxy_leg_seconds",
+                "Duration of each leg (prefill: to response; decode: to last byte; handoff: prefill reply to the "
+                "decode worker's first byte).",
                 ["leg"], registry=registry,
                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
             ),
@@ -56,4 +59,6 @@ class ProxyMetrics:
                 ["outcome"], registry=registry,
             ),
             inflight=Gauge("pdspec_proxy_inflight_requests", "Client requests in flight.", registry=registry),
+            queued=Gauge("pdspec_proxy_queued_requests", "Client requests waiting for an in-flight slot.",
+                         registry=registry),
         )  # fmt: skip
