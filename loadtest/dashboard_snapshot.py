@@ -84,7 +84,7 @@ def draw(panels: list[PanelData], out: Path, title: str) -> None:
         if panel.series:
             ax.legend(fontsize=6, loc="best")
         else:
-            ax.text(0.5, 0.5, "no data (none of this happened)", ha="center", va="center", fontsize=8,
+            ax.text(0.5, 0.5, "no data in this window", ha="center", va="center", fontsize=8,
                     color="gray", transform=ax.transAxes)  # fmt: skip
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
