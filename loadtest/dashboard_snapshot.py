@@ -58,7 +58,7 @@ def collect(prom: Prometheus, dashboard: dict, start: float, end: float, step: f
                 points = [(float(t), float(v)) for t, v in result["values"]]
                 data.series.append({
                     "label": legend(target.get("legendFormat", ""), result["metric"]),
-                    "t": [t - start for t, _ in points], "v": [v for _, v in points],
+                    "t": [t - end for t, _ in points], "v": [v for _, v in points],
                 })  # fmt: skip
         panels.append(data)
     return panels
@@ -80,7 +80,7 @@ def draw(panels: list[PanelData], out: Path, title: str) -> None:
         unit = {"percentunit": "%", "s": "s", "Bps": "bytes/s", "ops": "/s", "reqps": "req/s"}.get(panel.unit, "")
         ax.set_title(f"{panel.title}" + (f" ({unit})" if unit else ""), fontsize=9)
         ax.tick_params(labelsize=7)
-        ax.set_xlabel("minutes", fontsize=7)
+        ax.set_xlabel("minutes before the end of the window", fontsize=7)
         if panel.series:
             ax.legend(fontsize=6, loc="best")
         else:

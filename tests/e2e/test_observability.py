@@ -126,19 +126,23 @@ def test_every_dashboard_and_rule_expression_returns_data(stack, client, prometh
     assert nixl[stack.prefill_url.removeprefix("http://")] == 0  # decode pulls; prefill is read from
 
     # The picture: the dashboard's own time-series panels over the last minutes.
-    out = Path(os.environ.get("PDSPEC_SNAPSHOT_OUT", tmp_path / "snapshot"))
-    done = subprocess.run(
-        [sys.executable, "-m", "loadtest.dashboard_snapshot", "--prometheus", prometheus.url, "--out", str(out),
-         "--minutes", "3", "--scrape-interval", "1"],
-        cwd=harness.REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
+    out = snapshot(prometheus, Path(os.environ.get("PDSPEC_SNAPSHOT_OUT", tmp_path)) / "healthy")
     png = (out / "dashboard.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 50_000
     drawn = {p["title"]: p["series"] for p in json.loads((out / "dashboard.json").read_text())["panels"]}
     for title in ("Drafter steps per second: all and K=0", "Mean acceptance length", "NIXL bytes pulled per second",
                   "Proxy hand-off time p50 / p99", "Client requests by status", "KV cache usage"):
         assert drawn[title], f"snapshot panel without data: {title}"
+
+
+def snapshot(prometheus, out: Path, minutes: float = 3) -> Path:
+    done = subprocess.run(
+        [sys.executable, "-m", "loadtest.dashboard_snapshot", "--prometheus", prometheus.url, "--out", str(out),
+         "--minutes", str(minutes), "--scrape-interval", "1"],
+        cwd=harness.REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
 
 
 def wait_for_alerts(prometheus, expected: dict[str, list[dict]], timeout_s: float, keep_busy) -> dict:
@@ -159,7 +163,7 @@ def wait_for_alerts(prometheus, expected: dict[str, list[dict]], timeout_s: floa
 # Ordered with the tests that stop the shared stack, after every test reading its
 # counters: drafting on the prefill worker and expired KV are what they check is absent.
 @pytest.mark.stops_stack
-def test_faults_fire_their_alerts(stack, client, prometheus):
+def test_faults_fire_their_alerts(stack, client, prometheus, tmp_path):
     watched = {"PdspecPrefillDraftingWithAutoPolicy", "PdspecDecodeOnlyFallback", "PdspecNoHealthyWorker",
                "PdspecProxyErrors", "PdspecTargetDown", "PdspecPrefillKvExpired", "PdspecPrefillDraftsAlways"}
     assert not watched & set(prometheus.api.firing()), prometheus.api.firing()
@@ -185,9 +189,12 @@ def test_faults_fire_their_alerts(stack, client, prometheus):
         for _ in range(2):
             body = completion_body(unique_prompt(40), max_tokens=32, ignore_eos=True)
             assert client.post(stack.prefill_url + "/v1/completions", json=body).status_code == 200
-        # A prompt beyond the model's context: the prefill worker refuses it (a failed leg).
-        too_long = client.post(stack.proxy_url + "/v1/completions", json=completion_body(unique_prompt(2500)))
-        assert too_long.status_code == 400
+        # Prompts beyond the model's context: the prefill worker refuses them (failed legs).
+        # Two, one scrape apart: a counter's first sample is where its rate starts from.
+        for _ in range(2):
+            too_long = client.post(stack.proxy_url + "/v1/completions", json=completion_body(unique_prompt(2500)))
+            assert too_long.status_code == 400
+            prometheus.wait_for('pdspec_proxy_leg_failures_total{leg="prefill"}', bool, what="a failed leg scraped")
         for _ in range(3):
             reply = client.post(fallback.url + "/v1/completions", json=completion_body(unique_prompt(40)))
             assert reply.status_code == 200  # decode-only
@@ -219,6 +226,10 @@ def test_faults_fire_their_alerts(stack, client, prometheus):
         panel = next(q for q in panel_queries(load_dashboard()) if q.name == "Proxy leg failures per second [A]")
         legs = prometheus.api.query(substitute(panel.expr, "5m", TIME_RANGE))  # as zoomed out to hours
         assert "prefill" in {r["metric"]["leg"] for r in legs if float(r["value"][1]) > 0}, legs
+        # The picture with the faults in it: the fallback share and failed legs show.
+        out = snapshot(prometheus, Path(os.environ.get("PDSPEC_SNAPSHOT_OUT", tmp_path)) / "faults", minutes=5)
+        drawn = {p["title"]: p["series"] for p in json.loads((out / "dashboard.json").read_text())["panels"]}
+        assert max(max(s["v"]) for s in drawn["Decode-only fallback share (5m, recorded)"]) > 0
     finally:
         set_prefill_policy(stack, "auto")
         for proxy in (fallback, no_decode):
