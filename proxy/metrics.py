@@ -21,6 +21,7 @@ class ProxyMetrics:
     inflight: Gauge
     pairing_refusals: Counter
     refused_workers: Gauge
+    queued: Gauge
 
     @classmethod
     def create(cls) -> ProxyMetrics:
@@ -33,7 +34,9 @@ class ProxyMetrics:
                 ["endpoint", "status"], registry=registry,
             ),
             leg_seconds=Histogram(
-                "pdspec_proxy_leg_seconds", "Duration of each leg (prefill: to response; decode: to last byte).",
+                "pdspec_proxy_leg_seconds",
+                "Duration of each leg (prefill: to response; decode: to last byte; handoff: prefill reply to the "
+                "decode worker's first byte).",
                 ["leg"], registry=registry,
                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
             ),
@@ -76,4 +79,6 @@ class ProxyMetrics:
                 "pdspec_proxy_refused_workers", "Workers that answer health checks but are refused by the pairing "
                 "check, per pool.", ["pool"], registry=registry,
             ),
+            queued=Gauge("pdspec_proxy_queued_requests", "Client requests waiting for an in-flight slot.",
+                         registry=registry),
         )  # fmt: skip
