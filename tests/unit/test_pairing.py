@@ -175,7 +175,7 @@ class Cluster:
     def ready(self) -> httpx.Response:
         return httpx.get(self.url + "/ready")
 
-    def wait_ready(self, status: int, timeout_s: float = 10) -> dict:
+    def wait_ready(self, status: int, timeout_s: float = 30) -> dict:
         deadline = time.monotonic() + timeout_s
         while (response := self.ready()).status_code != status:
             assert time.monotonic() < deadline, response.json()
