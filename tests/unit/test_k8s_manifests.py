@@ -248,6 +248,14 @@ def _port_matches(rule_port: dict, dest: dict, port: int) -> bool:
     return start is not None and start <= port <= rule_port.get("endPort", start)
 
 
+def _peer_matches(peer: dict, labels: dict) -> bool:
+    """A `from` entry and a source pod in the pdspec namespace (an ipBlock may be any pod)."""
+    if "ipBlock" in peer:
+        return True
+    namespace_ok = selects(peer.get("namespaceSelector", {}), {"kubernetes.io/metadata.name": "pdspec"})
+    return namespace_ok and selects(peer.get("podSelector", {}), labels)
+
+
 def allowed(overlay: str, source: str, dest: str, port: int) -> bool:
     """Would a pod of Deployment `source` reach `port` on a pod of `dest` (same namespace)?
     Kubernetes' rule: unrestricted unless a policy selects the pod; then any rule of any
@@ -264,9 +272,7 @@ def allowed(overlay: str, source: str, dest: str, port: int) -> bool:
     for policy in policies:
         for rule in policy["spec"].get("ingress", []):
             peers = rule.get("from")
-            peer_ok = peers is None or any(
-                "namespaceSelector" not in peer and selects(peer.get("podSelector", {}), src_labels) for peer in peers
-            )
+            peer_ok = peers is None or any(_peer_matches(peer, src_labels) for peer in peers)
             ports = rule.get("ports")
             port_ok = ports is None or any(_port_matches(p, deployments[dest], port) for p in ports)
             if peer_ok and port_ok:
