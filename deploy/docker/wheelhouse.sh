@@ -16,9 +16,11 @@ OUT=build/wheels
 # treats Triton as optional (vllm/triton_utils).
 EXCLUDE='^(torchvision|torchaudio|torchcodec|nixl_cu12|nixl_ep|nixl_ep_cu12|nixl_ep_cu13|triton)-'
 
-# Wheels are resolved from pyproject.toml's `cpu` extra; a stamp keyed on pyproject's
-# hash skips the resolver when nothing changed (pip's cache makes a rerun fast anyway).
-key=$(sha256sum pyproject.toml | cut -c1-16)
+# Wheels are resolved from pyproject.toml's dependencies and `cpu` extra; a stamp keyed
+# on them (and the EXCLUDE list) skips the resolver, minutes long, when they are unchanged.
+key=$("$PY" -c 'import hashlib, json, sys, tomllib
+p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+print(hashlib.sha256(json.dumps([p["dependencies"], p["optional-dependencies"]["cpu"], sys.argv[1]]).encode()).hexdigest()[:16])' "$EXCLUDE")
 if [ "$(cat "$OUT/cpu/.key" 2>/dev/null)" != "$key" ]; then
     rm -rf "$OUT/cpu.new" && mkdir -p "$OUT/cpu.new"
     "$PY" -m pip wheel --quiet --wheel-dir "$OUT/cpu.new" '.[cpu]' 2>&1 | { grep -v '^WARNING: Location' || true; }
