@@ -32,5 +32,5 @@ if [ "$(cat "$OUT/cpu/.key" 2>/dev/null)" != "$key" ]; then
     rm -rf "$OUT/cpu" && mv "$OUT/cpu.new" "$OUT/cpu"
 fi
 rm -rf "$OUT/pdspec" && mkdir -p "$OUT/pdspec"
-"$PY" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$OUT/pdspec" . 2>&1 | { grep -v '^WARNING: Location' || true; }
+"$PY" -m pip wheel --quiet --no-deps --wheel-dir "$OUT/pdspec" . 2>&1 | { grep -v '^WARNING: Location' || true; }
 echo "wheelhouse: $(ls "$OUT/cpu" | wc -l) wheels, $(du -sh "$OUT/cpu" | cut -f1); $(ls "$OUT/pdspec")"
