@@ -86,7 +86,7 @@ def logs() -> str:
 
 
 @pytest.fixture(scope="module")
-def stack():
+def compose_stack():
     if not port_free(8000):
         pytest.fail("127.0.0.1:8000 is in use: the compose test publishes the proxy there (make compose-up); "
                     "stop whatever listens on it and run again")  # fmt: skip
@@ -114,7 +114,7 @@ def stack():
         dockerhost.stop_engine(engine)
 
 
-def test_completion_and_streamed_chat_through_the_proxy(stack):
+def test_completion_and_streamed_chat_through_the_proxy(compose_stack):
     with httpx.Client(timeout=120) as client:
         reply = client.post(PROXY + "/v1/completions", json=completion_body("def read_config(path):"))
         assert reply.status_code == 200, reply.text
@@ -129,7 +129,7 @@ def test_completion_and_streamed_chat_through_the_proxy(stack):
     assert text
 
 
-def test_prefill_container_proposes_with_k0_in_every_step(stack):
+def test_prefill_container_proposes_with_k0_in_every_step(compose_stack):
     (prefill,) = containers("prefill")
     before = harness.scrape(f"http://{address(prefill)}:{PREFILL_PORT}")
     with httpx.Client(timeout=120) as client:
@@ -141,7 +141,7 @@ def test_prefill_container_proposes_with_k0_in_every_step(stack):
     assert proposals >= 3 and k0 == proposals, (k0, proposals)
 
 
-def test_scale_prefill_to_two_and_traffic_reaches_both(stack):
+def test_scale_prefill_to_two_and_traffic_reaches_both(compose_stack):
     run([*COMPOSE, "up", "-d", "--no-recreate", "--scale", "prefill=2"], env=COMPOSE_ENV, timeout=READY_TIMEOUT_S)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while True:
@@ -162,7 +162,7 @@ def test_scale_prefill_to_two_and_traffic_reaches_both(stack):
             assert reply.status_code == 200, reply.text
 
 
-def test_decode_container_killed_mid_stream_ends_with_an_sse_error(stack):
+def test_decode_container_killed_mid_stream_ends_with_an_sse_error(compose_stack):
     (decode,) = containers("decode")
     body = completion_body(unique_prompt(40), stream=True, max_tokens=1500, ignore_eos=True)
     events = []
@@ -180,7 +180,7 @@ def test_decode_container_killed_mid_stream_ends_with_an_sse_error(stack):
     assert "error" in json.loads(events[-2])
 
 
-def test_compose_down_leaves_nothing(stack):
+def test_compose_down_leaves_nothing(compose_stack):
     assert containers(all_states=True)
     run(["make", "compose-down", *MAKE_VARS])
     assert project_leftovers() == {"containers": [], "networks": [], "volumes": []}
