@@ -129,22 +129,16 @@ def test_completion_and_streamed_chat_through_the_proxy(compose_stack):
     assert text
 
 
-def test_prefill_container_proposes_with_k0_and_kv_moves_between_containers(compose_stack):
-    (prefill,), (decode,) = containers("prefill"), containers("decode")
-    prefill_url, decode_url = f"http://{address(prefill)}:{PREFILL_PORT}", f"http://{address(decode)}:{DECODE_PORT}"
-    before, decode_before = harness.scrape(prefill_url), harness.scrape(decode_url)
+def test_prefill_container_proposes_with_k0_in_every_step(compose_stack):
+    (prefill,) = containers("prefill")
+    before = harness.scrape(f"http://{address(prefill)}:{PREFILL_PORT}")
     with httpx.Client(timeout=120) as client:
         for _ in range(3):
             assert client.post(PROXY + "/v1/completions", json=completion_body(unique_prompt(200))).status_code == 200
-    after, decode_after = harness.scrape(prefill_url), harness.scrape(decode_url)
+    after = harness.scrape(f"http://{address(prefill)}:{PREFILL_PORT}")
     proposals = after["pdspec_proposals_total"] - before.get("pdspec_proposals_total", 0)
     k0 = after["pdspec_k0_proposals_total"] - before.get("pdspec_k0_proposals_total", 0)
     assert proposals >= 3 and k0 == proposals, (k0, proposals)
-    # The decode container pulled the prompts' KV over NIXL from the prefill container's
-    # advertised address (its own container address), and no transfer failed.
-    moved = decode_after["vllm:nixl_bytes_transferred_sum"] - decode_before.get("vllm:nixl_bytes_transferred_sum", 0)
-    assert moved > 0
-    assert decode_after.get("vllm:nixl_num_failed_transfers_total", 0) == 0
 
 
 def test_scale_prefill_to_two_and_traffic_reaches_both(compose_stack):
