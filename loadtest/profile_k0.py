@@ -43,6 +43,15 @@ PROBES = (
     ("speculator", "_prefill", "pdspec:drafter_prefill"),
     ("speculator", "_run_model", "pdspec:drafter_forward"),
     ("speculator", "_pdspec_kv_only_pass", "pdspec:drafter_kv_only"),
+    # Inside the KV-only pass (built at the first K=0 proposal, so probed after warm-up).
+    ("drafter._pdspec_kv_only_cache.inner", "embed_input_ids", "pdspec:kv_only_embed"),
+    ("drafter._pdspec_kv_only_cache", "project_kv", "pdspec:kv_only_kv_proj"),
+    ("drafter._pdspec_kv_only_cache", "rotary", "pdspec:kv_only_rotary"),
+    ("drafter._pdspec_kv_only_cache.attn_layer.impl", "do_kv_cache_update", "pdspec:kv_only_cache_write"),
+    ("speculator._pdspec_kv_only_cache.inner", "embed_input_ids", "pdspec:kv_only_embed"),
+    ("speculator._pdspec_kv_only_cache", "project_kv", "pdspec:kv_only_kv_proj"),
+    ("speculator._pdspec_kv_only_cache", "rotary", "pdspec:kv_only_rotary"),
+    ("speculator._pdspec_kv_only_cache.attn_layer.impl", "do_kv_cache_update", "pdspec:kv_only_cache_write"),
 )
 
 
@@ -130,8 +139,8 @@ def main() -> None:
 
     with plugin_engine(max_num_batched_tokens=args.mbt, max_model_len=args.prompt_tokens + 16, **engine_args) as eng:
         runner = find_runner(eng.llm)
+        eng.llm.generate(prompts(), params, use_tqdm=False)  # warm-up (also builds the KV-only pass)
         wrapped = wrap_probes(runner)
-        eng.llm.generate(prompts(), params, use_tqdm=False)  # warm-up
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)

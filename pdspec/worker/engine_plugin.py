@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import types
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -388,10 +389,10 @@ class KvOnlyDrafterPass:
 
 
 def _kv_projection(qkv_proj: Any, q_size: int, kv_size: int):
-    """K and V from the fused QKV projection. Where the weight is a plain unquantized
-    tensor (GPU builds), only its K and V rows are multiplied; the CPU build repacks it
-    for oneDNN and drops the original, so there the whole projection runs and Q is
-    thrown away."""
+    """K and V from the fused QKV projection, multiplying only the weight's K and V rows:
+    sliced from the weight where it is a plain unquantized tensor (GPU builds), or read
+    back from the packed layer on the CPU build. Otherwise the whole projection runs and
+    Q is thrown away."""
     import torch
 
     weight = getattr(qkv_proj, "weight", None)
@@ -411,12 +412,53 @@ def _kv_projection(qkv_proj: Any, q_size: int, kv_size: int):
 
         return project
 
+    repacked = _repacked_kv_linear(qkv_proj, q_size, kv_size)
+    if repacked is not None:
+
+        def project_repacked(x):
+            return repacked(x).split([kv_size, kv_size], dim=-1)
+
+        return project_repacked
+
     def project_full(x):
         qkv, _ = qkv_proj(x)
         _, key, value = qkv.split([q_size, kv_size, kv_size], dim=-1)
         return key, value
 
     return project_full
+
+
+def _repacked_kv_linear(qkv_proj: Any, q_size: int, kv_size: int):
+    """CPU build: vLLM packed the QKV weight for oneDNN and dropped it. Read it back
+    through the layer itself (the identity matrix as input gives W^T exactly: each output
+    is one weight times 1 plus zeros), keep its K and V rows, and pack those as vLLM packs
+    any linear layer (`dispatch_cpu_unquantized_gemm`). Checked against the layer on a
+    random input; None (the whole projection then runs) where any of it does not hold."""
+    import torch
+
+    if getattr(qkv_proj, "cpu_linear", None) is None or getattr(qkv_proj, "bias", None) is not None:
+        return None
+    if type(getattr(qkv_proj, "quant_method", None)).__name__ != "UnquantizedLinearMethod":
+        return None
+    try:
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+        in_features, dtype = int(qkv_proj.input_size), qkv_proj.params_dtype
+        weight_t, _ = qkv_proj(torch.eye(in_features, dtype=dtype))
+        if weight_t.shape != (in_features, q_size + 2 * kv_size):
+            return None
+        holder = types.SimpleNamespace(weight=weight_t[:, q_size:].t().contiguous(), bias=None)
+        dispatch_cpu_unquantized_gemm(holder, remove_weight=False)
+        probe = torch.randn(8, in_features, dtype=dtype)
+        expected, _ = qkv_proj(probe)
+        got = holder.cpu_linear(probe, holder.weight, None)
+        if not torch.allclose(got.float(), expected[:, q_size:].float(), rtol=1e-3, atol=1e-4):
+            log.warning("pdspec: K/V rows read back from the packed QKV weight do not match; using the full QKV")
+            return None
+    except Exception as exc:  # any surprise in vLLM's CPU GEMM internals: keep the full projection
+        log.warning("pdspec: no K/V-only projection on this build (%s); using the full QKV", exc)
+        return None
+    return lambda x: holder.cpu_linear(x, holder.weight, None)
 
 
 def _kv_only_ready(proposer: Any, model: Any, connector_ok: bool) -> KvOnlyDrafterPass | None:

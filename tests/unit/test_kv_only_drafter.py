@@ -303,3 +303,32 @@ def test_v2_keeps_the_full_pass_for_drafts_dummy_runs_dp_and_cp(v2_class):
     spec.dp_size, spec.pcp_manager = 1, object()
     v2_call(spec, 0)
     assert spec.calls == [("full", 3), ("full", 0), ("full", 0), ("full", 0), ("full", 0)]
+
+
+def test_kv_rows_read_back_from_a_packed_cpu_layer():
+    """The CPU build keeps no weight; the K/V rows come back through the layer itself and
+    are packed by vLLM's own CPU GEMM dispatch, so the hot path skips the Q rows."""
+    pytest.importorskip("vllm")
+    torch.manual_seed(0)
+
+    class Packed(QKV):
+        input_size, params_dtype = 32, torch.float32
+
+        def __init__(self):
+            super().__init__(32, 16, 8, keep_weight=False)
+            self.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, self.full)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return super().forward(x)
+
+    layer = Packed()
+    project = _kv_projection(layer, 16, 8)
+    calls_to_build = layer.calls
+    x = torch.randn(6, 32)
+    k, v = project(x)
+    assert layer.calls == calls_to_build  # the Q rows are not multiplied per step
+    qkv, _ = layer(x)
+    torch.testing.assert_close(k, qkv[:, 16:24], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(v, qkv[:, 24:32], rtol=1e-5, atol=1e-5)
