@@ -478,6 +478,13 @@ def _kv_only_ready(proposer: Any, model: Any, connector_ok: bool) -> KvOnlyDraft
     return built
 
 
+def _give_up_kv_only(proposer: Any) -> None:
+    """A pass that fails (a vLLM build whose internals differ from what the feature checks
+    saw) turns itself off for this process: logged once, K=0 steps back on vLLM's path."""
+    log.exception("pdspec: KV-only drafter pass failed; K=0 steps run the full drafter pass from now on")
+    proposer._pdspec_kv_only_cache = None
+
+
 def _connector_allows_kv_only() -> bool:
     """KV connectors hook attention layer by layer (`save_kv_layer`); the KV-only pass runs
     no attention, so only connectors whose hooks do nothing are safe: NixlConnector."""
@@ -531,7 +538,11 @@ def install_kv_only_v1(proposer_cls: type, flag: LiveFlag | None = None) -> None
         )
         if not light:
             return original(self, num_speculative_tokens, *args, **kwargs)
-        return _v1_kv_only_propose(self, model, *args, **kwargs)
+        try:
+            return _v1_kv_only_propose(self, model, *args, **kwargs)
+        except Exception:
+            _give_up_kv_only(self)  # the full pass below rewrites every slot the pass touched
+            return original(self, num_speculative_tokens, *args, **kwargs)
 
     propose._pdspec_wrapped = True  # type: ignore[attr-defined]
     proposer_cls.propose = propose
@@ -612,7 +623,11 @@ def install_kv_only_v2(speculator_cls: type, flag: LiveFlag | None = None) -> No
         )
         if not light or self._pdspec_kv_only_cache.attn_layer.layer_name not in slot_mappings:
             return original(self, *call, *args, **kwargs)
-        return _v2_kv_only_propose(self, model, *call)
+        try:
+            return _v2_kv_only_propose(self, model, *call)
+        except Exception:
+            _give_up_kv_only(self)  # the full pass below rewrites every slot the pass touched
+            return original(self, *call, *args, **kwargs)
 
     propose._pdspec_wrapped = True  # type: ignore[attr-defined]
     speculator_cls.propose = propose

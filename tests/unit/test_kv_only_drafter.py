@@ -332,3 +332,16 @@ def test_kv_rows_read_back_from_a_packed_cpu_layer():
     qkv, _ = layer(x)
     torch.testing.assert_close(k, qkv[:, 16:24], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(v, qkv[:, 24:32], rtol=1e-5, atol=1e-5)
+
+
+def test_a_failing_pass_falls_back_to_the_full_pass_for_good(v1_class):
+    install_kv_only_v1(v1_class, LiveFlag(True, None))
+    proposer = v1_class(fake_drafter())
+
+    def broken(*args):
+        raise RuntimeError("internals differ")
+
+    proposer._pdspec_kv_only_pass = broken
+    v1_call(proposer, 0)
+    v1_call(proposer, 0)
+    assert proposer.calls == [("full", 0), ("full", 0)]
