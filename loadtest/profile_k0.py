@@ -102,7 +102,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=2048)
     parser.add_argument("--mbt", type=int, default=512)
-    parser.add_argument("--kv-only", choices=("on", "off"), default="on")
+    parser.add_argument("--kv-only", choices=("on", "off", "both"), default="on",
+                        help="both: profile with the KV-only pass, then without it, on the same engine")
     parser.add_argument("--no-drafter", action="store_true", help="profile a plain engine instead")
     parser.add_argument("--dummy", action="store_true")
     parser.add_argument("--eager", action="store_true")
@@ -112,7 +113,7 @@ def main() -> None:
     args = parser.parse_args()
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the runner in this process
-    os.environ["PDSPEC_KV_ONLY_DRAFTER"] = "1" if args.kv_only == "on" else "0"
+    os.environ["PDSPEC_KV_ONLY_DRAFTER"] = "0" if args.kv_only == "off" else "1"
     import torch
 
     from loadtest.engine import plugin_engine
@@ -120,8 +121,8 @@ def main() -> None:
     target = args.target or str(args.models_dir / "target")
     drafter = args.drafter or str(args.models_dir / "eagle3")
     vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
-    engine_args: dict[str, Any] = dict(target=target, drafter=None if args.no_drafter else drafter,
-                                       method=args.method, k=args.k, enforce_eager=args.eager)  # fmt: skip
+    engine_args: dict[str, Any] = dict(target=target, drafter=drafter, k=args.k, enforce_eager=args.eager,
+                                       method="none" if args.no_drafter else args.method)  # fmt: skip
     if args.target is None:
         engine_args["dtype"] = "float32"
     if args.dummy:
@@ -137,28 +138,37 @@ def main() -> None:
         return [TokensPrompt(prompt_token_ids=[rng.randrange(10, vocab) for _ in range(args.prompt_tokens)])
                 for _ in range(args.prompts)]  # fmt: skip
 
+    modes = ["on", "off"] if args.kv_only == "both" else [args.kv_only]
     with plugin_engine(max_num_batched_tokens=args.mbt, max_model_len=args.prompt_tokens + 16, **engine_args) as eng:
         runner = find_runner(eng.llm)
         eng.llm.generate(prompts(), params, use_tqdm=False)  # warm-up (also builds the KV-only pass)
         wrapped = wrap_probes(runner)
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        batch = prompts()
-        before = eng.counters()
-        start = time.perf_counter()
-        with torch.profiler.profile(activities=activities) as prof:
-            eng.llm.generate(batch, params, use_tqdm=False)
-        elapsed = time.perf_counter() - start
-        after = eng.counters()
+        for mode in modes:
+            if not args.no_drafter:
+                eng.set_kv_only(mode == "on")
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            batch = prompts()
+            before = eng.counters()
+            start = time.perf_counter()
+            with torch.profiler.profile(activities=activities) as prof:
+                eng.llm.generate(batch, params, use_tqdm=False)
+            elapsed = time.perf_counter() - start
+            after = eng.counters()
+            report(args, mode, wrapped, prof, elapsed, before, after)
+
+
+def report(args, mode, wrapped, prof, elapsed, before, after) -> None:
+    import torch
 
     steps = after["pdspec_proposals_total"] - before["pdspec_proposals_total"]
     k0 = after["pdspec_k0_proposals_total"] - before["pdspec_k0_proposals_total"]
     averages = prof.key_averages()
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    what = "no drafter" if args.no_drafter else f"{args.method} K={args.k}, kv-only {mode}"
     lines = [
-        f"# K=0 step profile: {device}, {args.prompts} x {args.prompt_tokens} tokens, mbt {args.mbt}, "
-        f"{'no drafter' if args.no_drafter else f'{args.method} K={args.k}, kv-only {args.kv_only}'}",
+        f"# K=0 step profile: {device}, {args.prompts} x {args.prompt_tokens} tokens, mbt {args.mbt}, {what}",
         "",
         f"wrapped: {', '.join(wrapped)}",
         f"engine steps with a proposal: {steps:.0f} (K=0: {k0:.0f}); profiled run {elapsed:.2f} s "
@@ -175,11 +185,11 @@ def main() -> None:
     sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     lines += ["", f"Top ops by {sort}:", "", "```",
               averages.table(sort_by=sort, row_limit=args.rows), "```"]  # fmt: skip
-    report = "\n".join(lines)
-    print(report)
+    text = "\n".join(lines)
+    print(text, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    tag = "no-drafter" if args.no_drafter else f"kv-only-{args.kv_only}"
-    (args.out / f"{device}-mbt{args.mbt}-{tag}.md").write_text(report + "\n")
+    tag = "no-drafter" if args.no_drafter else f"kv-only-{mode}"
+    (args.out / f"{device}-mbt{args.mbt}-{tag}.md").write_text(text + "\n")
 
 
 if __name__ == "__main__":
