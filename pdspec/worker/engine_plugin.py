@@ -473,7 +473,7 @@ def _kv_only_ready(proposer: Any, model: Any, connector_ok: bool) -> KvOnlyDraft
     if reason:
         log.warning("pdspec: KV-only drafter pass off (%s); K=0 steps run the full drafter pass", reason)
     else:
-        log.info("pdspec: KV-only drafter pass on for K=0 steps (%s)", type(model).__name__)
+        log.warning("pdspec: KV-only drafter pass on for K=0 steps (%s)", type(model).__name__)
     proposer._pdspec_kv_only_cache = built
     return built
 
