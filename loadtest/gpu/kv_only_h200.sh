@@ -6,6 +6,7 @@
 #   bash loadtest/gpu/kv_only_h200.sh profile    # a K=0 step, torch profiler: with and without the pass (one engine)
 #   bash loadtest/gpu/kv_only_h200.sh bench512   # prefill_bench --baseline, mbt 512: auto (KV-only), full, no drafter
 #   bash loadtest/gpu/kv_only_h200.sh bench2048  # the same at mbt 2048
+#   bash loadtest/gpu/kv_only_h200.sh dflash512  # DFlash K=16 (vLLM's own K=0 path), mbt 512: auto vs no drafter
 #
 # Qwen3-8B shape with random weights (deploy/shapes), EAGLE3 K=3, 16,384-token prompts,
 # V2 model runner, FLASH_ATTN. Each call must end inside the device's 10-minute limit,
@@ -18,7 +19,7 @@
 # Files come back from $OUT: the profile tables, prefill_bench.{md,json,png}, logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-what=${1:?usage: kv_only_h200.sh profile|bench512|bench2048}
+what=${1:?usage: kv_only_h200.sh profile|bench512|bench2048|dflash512}
 OUT=${OUT:-/tmp/kv-only-out}
 export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -47,6 +48,13 @@ case "$what" in
     mbt=${what#bench}
     python3 -m loadtest.prefill_bench "${shape[@]}" --prompts "${PROMPTS:-32}" --prompt-tokens 16384 --mbt "$mbt" \
       --reps "${REPS:-3}" --baseline --modes auto full --gpu-memory-utilization 0.4 --out "$OUT" 2>&1 \
+      | tee "$OUT/bench-log.txt" | grep -v " INFO " ;;
+  dflash512)
+    # vLLM 0.33's V2 DFlash speculator already runs only the context K/V precompute on
+    # K=0 steps (no query pass): this measures what is left against no drafter.
+    python3 -m loadtest.prefill_bench --target deploy/shapes/qwen3-8b --drafter deploy/shapes/qwen3-8b-dflash \
+      --dummy --method dflash --k 16 --prompts "${PROMPTS:-32}" --prompt-tokens 16384 --mbt 512 \
+      --reps "${REPS:-3}" --baseline --modes auto --gpu-memory-utilization 0.4 --out "$OUT" 2>&1 \
       | tee "$OUT/bench-log.txt" | grep -v " INFO " ;;
   *) echo "unknown: $what" >&2; exit 2 ;;
 esac
