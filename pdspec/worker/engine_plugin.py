@@ -14,6 +14,9 @@ What it does per vLLM build (feature-detected, never guessed from a version stri
 
 The drafts policy (`auto` | `always`) is read from a small file every step, so a running
 engine can be switched, and benchmarks can interleave the two modes on one engine.
+
+On a prefill worker the plugin also replaces the drafter's K=0 forward with a KV-only
+pass (EAGLE3 Llama drafters, V1 and V2 runners; `kv_only_drafter`, see the section below).
 """
 
 from __future__ import annotations
