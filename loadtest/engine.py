@@ -33,6 +33,12 @@ class EngineHandle:
     llm: Any
     policy_file: Path
     metrics_dir: Path
+    kv_only_file: Path
+
+    def set_kv_only(self, on: bool) -> None:
+        from pdspec.worker.engine_plugin import write_policy
+
+        write_policy(self.kv_only_file, "on" if on else "off")  # read by the drafter at its next K=0 pass
 
     def set_policy(self, policy: str) -> None:
         from pdspec.worker.engine_plugin import write_policy
@@ -64,7 +70,9 @@ def plugin_engine(
     max_model_len: int = 4096,
     **engine_kwargs: Any,
 ) -> Iterator[EngineHandle]:
-    """An offline vLLM engine (`vllm.LLM`) with the pdspec scheduler."""
+    """An offline vLLM engine (`vllm.LLM`) with the pdspec scheduler, set up as a prefill
+    worker's engine (K=0 proposals, KV-only drafter pass). `method="none"`: a plain
+    engine with no drafter and no plugin (the benchmarks' baseline)."""
     work = Path(tempfile.mkdtemp(prefix="pdspec-engine-"))
     metrics_dir = work / "prometheus"
     metrics_dir.mkdir()
@@ -73,6 +81,9 @@ def plugin_engine(
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     os.environ["PDSPEC_DRAFTS"] = "auto"
     os.environ["PDSPEC_DRAFTS_FILE"] = str(policy_file)
+    # pdspec's vLLM plugin sets up a prefill worker's engine (the KV-only drafter pass).
+    os.environ["PDSPEC_ROLE"] = "prefill"
+    os.environ["PDSPEC_KV_ONLY_DRAFTER_FILE"] = str(work / "kv-only-drafter")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     # CPU build: the engine's compute threads on core 1, this (front-end) process elsewhere,
     # so the two do not take turns on one core and add noise to timings.
@@ -84,10 +95,11 @@ def plugin_engine(
         engine_kwargs.setdefault("dtype", "float32")  # as pdspec serves the local model
     from vllm import LLM
 
+    if method != "none":
+        engine_kwargs["speculative_config"] = {"method": method, "model": drafter, "num_speculative_tokens": k}
+        engine_kwargs["scheduler_cls"] = "pdspec.worker.engine_plugin.K0Scheduler"
     llm = LLM(
         model=target,
-        speculative_config={"method": method, "model": drafter, "num_speculative_tokens": k},
-        scheduler_cls="pdspec.worker.engine_plugin.K0Scheduler",
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len,
         disable_log_stats=False,
@@ -96,7 +108,7 @@ def plugin_engine(
         **engine_kwargs,
     )
     try:
-        yield EngineHandle(llm, policy_file, metrics_dir)
+        yield EngineHandle(llm, policy_file, metrics_dir, work / "kv-only-drafter")
     finally:
         del llm
         shutil.rmtree(work, ignore_errors=True)

@@ -1,18 +1,27 @@
-"""Prefill-only benchmark: K=0 (`auto`) against drafting every step (`always`).
+"""Prefill-only benchmark: K=0 (`auto`) against drafting every step (`always`), and
+against an engine with no drafter at all (`--baseline`).
 
-One engine per max_num_batched_tokens; on each, a warm-up, then timed reps with the
-two policies interleaved (auto, always, always, auto, ...) on the same engine, so
-drift on a noisy machine hits both alike. Reported: prompt tokens/s per rep, the
-auto/always ratio of medians and of each adjacent pair (spread), and the counters.
+One drafter engine per max_num_batched_tokens (and with `--baseline` a plain engine with
+no drafter beside it, both alive at once); on them, a warm-up each, then timed reps of
+the modes interleaved (their order alternates rep by rep), so drift on a noisy machine
+hits all alike. Modes:
+- `auto`: pdspec's K=0 proposals (with the KV-only drafter pass, unless it is off);
+- `always`: drafting every step;
+- `full`: K=0 with the KV-only pass switched off (vLLM's whole drafter forward);
+- `none`: the no-drafter engine (`--baseline` adds it).
+Reported: prompt tokens/s per rep, ratios of medians (`auto/always`, and with a
+baseline one line `k0/no-drafter: R` per size), pair ranges, and the counters.
 
     python -m loadtest.prefill_bench                          # CPU: 32 x 2048 tokens, mbt 512 and 2048
-    python -m loadtest.prefill_bench --target /models/Qwen3-8B --drafter /models/eagle3 \\
-        --prompts 64 --prompt-tokens 16384 --mbt 512 --dummy  # GPU (random weights)
+    python -m loadtest.prefill_bench --baseline --modes auto full  # K=0 with/without KV-only vs no drafter
+    python -m loadtest.prefill_bench --target deploy/shapes/qwen3-8b --drafter deploy/shapes/qwen3-8b-eagle3 \\
+        --prompts 32 --prompt-tokens 16384 --mbt 512 2048 --dummy --baseline --gpu-memory-utilization 0.4  # GPU
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import statistics
@@ -29,22 +38,34 @@ class BenchResult:
     mbt: int
     prompts: int
     prompt_tokens: int
-    tokens_per_s: dict[str, list[float]] = field(default_factory=lambda: {"auto": [], "always": []})
+    tokens_per_s: dict[str, list[float]] = field(default_factory=dict)
     counters: dict[str, dict[str, float]] = field(default_factory=dict)
 
+    def median(self, mode: str) -> float:
+        return statistics.median(self.tokens_per_s[mode])
+
+    def ratio_of(self, mode: str, base: str) -> float | None:
+        if not self.tokens_per_s.get(mode) or not self.tokens_per_s.get(base):
+            return None
+        return self.median(mode) / self.median(base)
+
+    def pairs_of(self, mode: str, base: str) -> list[float]:
+        return [a / b for a, b in zip(self.tokens_per_s.get(mode, []), self.tokens_per_s.get(base, []))]
+
     @property
-    def ratio(self) -> float:
-        return statistics.median(self.tokens_per_s["auto"]) / statistics.median(self.tokens_per_s["always"])
+    def ratio(self) -> float | None:
+        return self.ratio_of("auto", "always")
 
     @property
     def pair_ratios(self) -> list[float]:
-        return [a / b for a, b in zip(self.tokens_per_s["auto"], self.tokens_per_s["always"])]
+        return self.pairs_of("auto", "always")
 
 
-def timed_rep(engine, prompts, policy: str) -> tuple[float, dict]:
+def timed_rep(engine, prompts, policy: str | None) -> tuple[float, dict]:
     from vllm import SamplingParams, TokensPrompt
 
-    engine.set_policy(policy)
+    if policy is not None:
+        engine.set_policy(policy)
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
     inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
     before = engine.counters()
@@ -54,42 +75,74 @@ def timed_rep(engine, prompts, policy: str) -> tuple[float, dict]:
     return sum(map(len, prompts)) / elapsed, delta(engine.counters(), before)
 
 
-def bench(engine_args: dict, mbt: int, num_prompts: int, prompt_tokens: int, reps: int, vocab: int) -> BenchResult:
+def rep_orders(modes: list[str], reps: int) -> list[list[str]]:
+    """Each rep runs every mode once; odd reps reverse the order, so no mode always
+    runs first (or right after the same neighbour)."""
+    return [list(modes) if i % 2 == 0 else list(reversed(modes)) for i in range(reps)]
+
+
+def bench(
+    engine_args: dict, mbt: int, num_prompts: int, prompt_tokens: int, reps: int, vocab: int, modes: list[str]
+) -> BenchResult:
     rng = random.Random(mbt)
-    result = BenchResult(mbt, num_prompts, prompt_tokens)
-    with plugin_engine(max_num_batched_tokens=mbt, max_model_len=prompt_tokens + 16, **engine_args) as engine:
+    result = BenchResult(mbt, num_prompts, prompt_tokens, tokens_per_s={m: [] for m in modes})
+    limits = dict(max_num_batched_tokens=mbt, max_model_len=prompt_tokens + 16)
+    with contextlib.ExitStack() as stack:
+        # The plain engine first: the drafter engine's plugin settings (environment) are
+        # then the ones in force while both run.
+        plain = None
+        if "none" in modes:
+            plain = stack.enter_context(plugin_engine(**limits, **{**engine_args, "method": "none"}))
+        drafter = stack.enter_context(plugin_engine(**limits, **engine_args))
+
         # Fresh random prompts for every rep: no prefix-cache hit makes a rep cheaper.
         def prompts():
             return [[rng.randrange(10, vocab) for _ in range(prompt_tokens)] for _ in range(num_prompts)]
 
-        timed_rep(engine, prompts(), "auto")  # warm-up
-        order = ["auto", "always", "always", "auto"] * ((reps + 1) // 2)
-        for i, policy in enumerate(order[: 2 * reps]):
-            rate, counters = timed_rep(engine, prompts(), policy)
-            result.tokens_per_s[policy].append(rate)
-            total = result.counters.setdefault(policy, {})
-            for name, value in counters.items():
-                total[name] = total.get(name, 0.0) + value
-            print(f"  mbt {mbt} rep {i // 2 + 1}/{reps} {policy:6s} {rate:10.0f} tok/s", flush=True)
+        def run(mode: str):
+            if mode == "none":
+                return timed_rep(plain, prompts(), None)
+            drafter.set_kv_only(mode != "full")
+            return timed_rep(drafter, prompts(), "always" if mode == "always" else "auto")
+
+        if plain is not None:
+            run("none")  # warm-up
+        run("auto")  # warm-up
+        for rep, order in enumerate(rep_orders(modes, reps), 1):
+            for mode in order:
+                rate, counters = run(mode)
+                result.tokens_per_s[mode].append(rate)
+                total = result.counters.setdefault(mode, {})
+                for name, value in counters.items():
+                    total[name] = total.get(name, 0.0) + value
+                print(f"  mbt {mbt} rep {rep}/{reps} {mode:6s} {rate:10.0f} tok/s", flush=True)
     return result
 
 
 def render(results: list[BenchResult]) -> str:
-    rows = [
-        "| mbt | always tok/s (median) | auto tok/s (median) | auto/always | pair ratios min..max "
-        "| K=0 / proposals (auto) | K=0 / proposals (always) |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    modes = [m for m in ("auto", "full", "always", "none") if any(r.tokens_per_s.get(m) for r in results)]
+    pairs = [(a, b) for a, b in (("auto", "always"), ("auto", "full"), ("auto", "none"), ("full", "none"))
+             if a in modes and b in modes]  # fmt: skip
+    head = ["mbt"] + [f"{m} tok/s" for m in modes] + [f"{a}/{b} (pairs)" for a, b in pairs]
+    head += [f"K=0 / proposals ({m})" for m in modes if m != "none"]
+    rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in results:
-        auto, always = r.counters["auto"], r.counters["always"]
-        rows.append(
-            f"| {r.mbt} | {statistics.median(r.tokens_per_s['always']):.0f} "
-            f"| {statistics.median(r.tokens_per_s['auto']):.0f} | {r.ratio:.3f} "
-            f"| {min(r.pair_ratios):.3f}..{max(r.pair_ratios):.3f} "
-            f"| {auto['pdspec_k0_proposals_total']:.0f} / {auto['pdspec_proposals_total']:.0f} "
-            f"| {always['pdspec_k0_proposals_total']:.0f} / {always['pdspec_proposals_total']:.0f} |"
-        )
+        cells = [str(r.mbt)] + [f"{r.median(m):.0f}" for m in modes]
+        for a, b in pairs:
+            ps = r.pairs_of(a, b)
+            cells.append(f"{r.ratio_of(a, b):.3f} ({min(ps):.3f}..{max(ps):.3f})")
+        for m in modes:
+            if m != "none":
+                c = r.counters[m]
+                cells.append(f"{c['pdspec_k0_proposals_total']:.0f} / {c['pdspec_proposals_total']:.0f}")
+        rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def baseline_lines(results: list[BenchResult]) -> list[str]:
+    """One line per size: K=0 (auto) throughput over the no-drafter engine's, medians."""
+    return [f"mbt {r.mbt}: k0/no-drafter: {r.ratio_of('auto', 'none'):.3f}" for r in results
+            if r.ratio_of("auto", "none") is not None]  # fmt: skip
 
 
 def plot(results: list[BenchResult], path: Path) -> None:
@@ -99,14 +152,24 @@ def plot(results: list[BenchResult], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for offset, policy in ((-0.15, "always"), (0.15, "auto")):
+    colors = {"auto": "tab:blue", "full": "tab:orange", "always": "tab:gray", "none": "tab:green"}
+    modes = [m for m in colors if any(r.tokens_per_s.get(m) for r in results)]
+    for k, mode in enumerate(modes):
+        offset = (k - (len(modes) - 1) / 2) * 0.15
         for i, r in enumerate(results):
-            ys = r.tokens_per_s[policy]
-            ax.scatter([i + offset] * len(ys), ys, label=policy if i == 0 else None,
-                       color="tab:gray" if policy == "always" else "tab:blue")  # fmt: skip
-    ax.set_xticks(range(len(results)), [f"mbt {r.mbt}\nauto/always {r.ratio:.3f}" for r in results])
+            ys = r.tokens_per_s.get(mode, [])
+            ax.scatter([i + offset] * len(ys), ys, label=mode if i == 0 else None, color=colors[mode])
+
+    def label(r: BenchResult) -> str:
+        parts = [f"mbt {r.mbt}"]
+        for a, b in (("auto", "always"), ("auto", "none")):
+            if r.ratio_of(a, b) is not None:
+                parts.append(f"{a}/{b} {r.ratio_of(a, b):.3f}")
+        return "\n".join(parts)
+
+    ax.set_xticks(range(len(results)), [label(r) for r in results])
     ax.set_ylabel("prompt tokens/s (each rep)")
-    ax.set_title("Prefill-only throughput: K=0 (auto) vs drafting (always)")
+    ax.set_title("Prefill-only throughput by mode")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -124,7 +187,11 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=2048)
     parser.add_argument("--mbt", type=int, nargs="+", default=[512, 2048])
-    parser.add_argument("--reps", type=int, default=6, help="timed reps per policy")
+    parser.add_argument("--reps", type=int, default=6, help="timed reps per mode")
+    parser.add_argument("--modes", nargs="+", default=["auto", "always"], choices=["auto", "always", "full"],
+                        help="drafter-engine modes; full = K=0 with the KV-only pass off")
+    parser.add_argument("--baseline", action="store_true", help="add a no-drafter engine (mode none)")
+    parser.add_argument("--gpu-memory-utilization", type=float, help="per engine (two run at once with --baseline)")
     parser.add_argument("--dummy", action="store_true", help="random weights, no tokenizer (GPU shapes)")
     parser.add_argument("--eager", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("loadtest/results"))
@@ -134,11 +201,18 @@ def main() -> None:
     drafter = args.drafter or str(args.models_dir / "eagle3")
     vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
     engine_args = dict(target=target, drafter=drafter, method=args.method, k=args.k, enforce_eager=args.eager)
+    if args.target is None:
+        engine_args["dtype"] = "float32"  # as pdspec serves the local model
     if args.dummy:
         engine_args.update(load_format="dummy", skip_tokenizer_init=True)
-    results = [bench(engine_args, mbt, args.prompts, args.prompt_tokens, args.reps, vocab) for mbt in args.mbt]
+    if args.gpu_memory_utilization:
+        engine_args["gpu_memory_utilization"] = args.gpu_memory_utilization
+    modes = list(dict.fromkeys(args.modes + (["none"] if args.baseline else [])))
+    results = [bench(engine_args, mbt, args.prompts, args.prompt_tokens, args.reps, vocab, modes) for mbt in args.mbt]
 
     table = render(results)
+    lines = baseline_lines(results)
+    table = "\n".join([table, "", *lines]) if lines else table
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "prefill_bench.json").write_text(json.dumps([asdict(r) for r in results], indent=2))

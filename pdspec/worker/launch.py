@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Literal
 
 from pdspec.settings import ModelSettings, WorkerSettings
-from pdspec.worker.engine_plugin import DRAFTS_ENV, DRAFTS_FILE_ENV, ROLE_ENV, TEST_SKIP_DRAFTER_FILE_ENV
+from pdspec.worker.engine_plugin import (
+    DRAFTS_ENV,
+    DRAFTS_FILE_ENV,
+    KV_ONLY_ENV,
+    ROLE_ENV,
+    TEST_SKIP_DRAFTER_FILE_ENV,
+)
 from pdspec.worker.nixl_progress import PROGRESS_DELAY_ENV
 
 # "colocated": one server doing both, no KV transfer (the reference P/D must match).
@@ -129,6 +135,7 @@ def worker_env(role: Role, worker: WorkerSettings, run_dir: Path, cpu: bool) -> 
         PROGRESS_DELAY_ENV: str(worker.nixl_progress_delay_us),
         DRAFTS_ENV: worker.drafts,
         DRAFTS_FILE_ENV: str(drafts_file(run_dir, role)),
+        KV_ONLY_ENV: "1" if worker.kv_only_drafter else "0",
         ROLE_ENV: role,
         # Keep caches inside the run's own folder, not in the user's home.
         "VLLM_CACHE_ROOT": str(role_dir / "vllm-cache"),

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The KV-only drafter pass on the lent H200 (kind nvidia-h200), one device call each,
+# after ../shared/tools/gpu-stage installed vLLM 0.33 into /tmp/site on the same warm
+# machine. Run from the repository root:
+#
+#   bash loadtest/gpu/kv_only_h200.sh profile    # a K=0 step, torch profiler: with and without the pass (one engine)
+#   bash loadtest/gpu/kv_only_h200.sh bench512   # prefill_bench --baseline, mbt 512: auto (KV-only), full, no drafter
+#   bash loadtest/gpu/kv_only_h200.sh bench2048  # the same at mbt 2048
+#   bash loadtest/gpu/kv_only_h200.sh dflash512  # DFlash K=16 (vLLM's own K=0 path), mbt 512: auto vs no drafter
+#
+# Qwen3-8B shape with random weights (deploy/shapes), EAGLE3 K=3, 16,384-token prompts,
+# V2 model runner, FLASH_ATTN. Each call must end inside the device's 10-minute limit,
+# engine start included (105-130 s with a warm compile cache, up to 300 s cold), so:
+# - the profile call runs 4 prompts (128 K=0 steps at mbt 512) and profiles one run with
+#   the pass and one without it on the same engine; it also warms the compile cache;
+# - a bench call starts two engines (no drafter, then EAGLE3; 40% of the GPU each) and
+#   runs REPS (3) interleaved reps of each mode on 32 x 16,384 tokens (about 18 s each);
+#   every rep is printed as it ends, so a call cut short still shows its reps.
+# Files come back from $OUT: the profile tables, prefill_bench.{md,json,png}, logs.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+what=${1:?usage: kv_only_h200.sh profile|bench512|bench2048|dflash512}
+OUT=${OUT:-/tmp/kv-only-out}
+export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+export VLLM_CACHE_ROOT=/tmp/pdspec-vllm-cache  # kept for the next call on this machine
+mkdir -p "$OUT"
+
+# vLLM finds pdspec's general plugin (which installs the KV-only pass) through an entry
+# point; this checkout is not pip-installed there, so give it the metadata alone.
+dist=/tmp/site/pdspec-0.1.0.dist-info
+mkdir -p "$dist"
+printf 'Metadata-Version: 2.1\nName: pdspec\nVersion: 0.1.0\n' > "$dist/METADATA"
+printf '[vllm.general_plugins]\npdspec = pdspec.worker.plugin:register\n' > "$dist/entry_points.txt"
+python3 - <<'PY' || exit 1
+import importlib.metadata as md, torch, vllm
+eps = [e.value for e in md.entry_points(group="vllm.general_plugins")]
+print("vllm", vllm.__version__, "torch", torch.__version__, "gpus", torch.cuda.device_count(), "plugins", eps)
+assert "pdspec.worker.plugin:register" in eps and torch.cuda.device_count() >= 1
+PY
+
+shape=(--target deploy/shapes/qwen3-8b --drafter deploy/shapes/qwen3-8b-eagle3 --dummy --method eagle3 --k 3)
+case "$what" in
+  profile)
+    python3 -m loadtest.profile_k0 "${shape[@]}" --prompts "${PROMPTS:-4}" --prompt-tokens 16384 --mbt 512 \
+      --kv-only both --gpu-memory-utilization 0.8 --out "$OUT" 2>&1 | tee "$OUT/profile-log.txt" | grep -v " INFO " ;;
+  bench512|bench2048)
+    mbt=${what#bench}
+    python3 -m loadtest.prefill_bench "${shape[@]}" --prompts "${PROMPTS:-32}" --prompt-tokens 16384 --mbt "$mbt" \
+      --reps "${REPS:-3}" --baseline --modes auto full --gpu-memory-utilization 0.4 --out "$OUT" 2>&1 \
+      | tee "$OUT/bench-log.txt" | grep -v " INFO " ;;
+  dflash512)
+    # vLLM 0.33's V2 DFlash speculator already runs only the context K/V precompute on
+    # K=0 steps (no query pass): this measures what is left against no drafter.
+    python3 -m loadtest.prefill_bench --target deploy/shapes/qwen3-8b --drafter deploy/shapes/qwen3-8b-dflash \
+      --dummy --method dflash --k 16 --prompts "${PROMPTS:-32}" --prompt-tokens 16384 --mbt 512 \
+      --reps "${REPS:-3}" --baseline --modes auto --gpu-memory-utilization 0.4 --out "$OUT" 2>&1 \
+      | tee "$OUT/bench-log.txt" | grep -v " INFO " ;;
+  *) echo "unknown: $what" >&2; exit 2 ;;
+esac
+grep -h "KV-only drafter pass" "$OUT"/*-log.txt | sort | uniq -c | head -5  # on, off, or why not
+ls -la "$OUT"
