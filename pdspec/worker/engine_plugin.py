@@ -291,8 +291,9 @@ def install_kv_core_within_own_cpus(platform_cls: type) -> bool:
     loop (vLLM's shared-memory queue spins for a second before it sleeps) competes with
     the decode worker for that core exactly while the decode worker pulls the KV and
     computes the first token. Here the topology vLLM sees lists only the cores this
-    process was bound to, so the "KV core" is the last of the worker's own cores. A
-    process bound to nothing (all cores allowed) sees vLLM's answer unchanged.
+    process was bound to, so the "KV core" is the last of the worker's own cores (and
+    `install_affinity_restore` gives the main thread its own cores back). A process
+    bound to nothing (all cores allowed) sees vLLM's answer unchanged.
     Idempotent; returns whether it installed the wrapper.
     """
     original = getattr(platform_cls, "discover_numa_topology", None)
@@ -304,6 +305,32 @@ def install_kv_core_within_own_cpus(platform_cls: type) -> bool:
 
     discover_numa_topology._pdspec_wrapped = True  # type: ignore[attr-defined]
     platform_cls.discover_numa_topology = staticmethod(discover_numa_topology)
+    return True
+
+
+def install_affinity_restore(worker_cls: type) -> bool:
+    """Give the thread that builds NixlConnector's worker its own cores back afterwards.
+
+    vLLM pins that thread (the worker's main thread, the OpenMP master that runs the
+    model) to the KV core; only the NIXL threads started during construction need to be
+    there. With a multi-core binding ("0-3") the KV core is one of the worker's OpenMP
+    cores, so leaving the main thread there would put two compute threads on one core.
+    Idempotent; returns whether it installed the wrapper."""
+    original = worker_cls.__init__
+    if getattr(original, "_pdspec_wrapped", False):
+        return False
+
+    @functools.wraps(original)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        cores = os.sched_getaffinity(0)
+        try:
+            original(self, *args, **kwargs)
+        finally:
+            if os.sched_getaffinity(0) != cores:
+                os.sched_setaffinity(0, cores)
+
+    __init__._pdspec_wrapped = True  # type: ignore[attr-defined]
+    worker_cls.__init__ = __init__
     return True
 
 
@@ -320,6 +347,11 @@ def install_cpu_affinity_fix() -> None:
         return
     if install_kv_core_within_own_cpus(type(current_platform)):
         log.info("pdspec: NixlConnector's KV core limited to this worker's cores %s", sorted(os.sched_getaffinity(0)))
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
+    except ImportError:
+        return  # another layout of the connector: the topology wrapper above still applies
+    install_affinity_restore(NixlBaseConnectorWorker)
 
 
 # --- Test-only: a prefill worker that does not write the drafter's KV ---------------

@@ -143,10 +143,43 @@ def test_affinity_fix_is_installed_only_for_pd_workers(monkeypatch):
     pytest.importorskip("vllm")
     from vllm.platforms.cpu import CpuPlatform
 
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
+
     monkeypatch.setattr(CpuPlatform, "discover_numa_topology", CpuPlatform.discover_numa_topology)
+    monkeypatch.setattr(NixlBaseConnectorWorker, "__init__", NixlBaseConnectorWorker.__init__)
     monkeypatch.setenv(engine_plugin.ROLE_ENV, "colocated")
     engine_plugin.install_cpu_affinity_fix()
     assert not getattr(CpuPlatform.discover_numa_topology, "_pdspec_wrapped", False)
     monkeypatch.setenv(engine_plugin.ROLE_ENV, "prefill")
     engine_plugin.install_cpu_affinity_fix()
     assert getattr(CpuPlatform.discover_numa_topology, "_pdspec_wrapped", False)
+
+
+def test_main_thread_gets_its_cores_back_after_the_connector_pins_it(monkeypatch):
+    affinity = {"now": {0, 1, 2, 3}}
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(affinity["now"]))
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: affinity.update(now=set(cores)))
+    seen_inside = []
+
+    class FakeNixlWorker:
+        def __init__(self, kv_cores):
+            os.sched_setaffinity(0, kv_cores)  # what vLLM's NixlConnector worker does
+            seen_inside.append(os.sched_getaffinity(0))  # NIXL's threads start here
+
+    assert engine_plugin.install_affinity_restore(FakeNixlWorker)
+    assert not engine_plugin.install_affinity_restore(FakeNixlWorker)
+    FakeNixlWorker([3])
+    assert seen_inside == [{3}]  # NIXL's threads still get the KV core
+    assert affinity["now"] == {0, 1, 2, 3}  # the main thread its own cores back
+
+
+def test_affinity_restore_wraps_vllms_nixl_worker(monkeypatch):
+    pytest.importorskip("vllm")
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
+    from vllm.platforms.cpu import CpuPlatform
+
+    monkeypatch.setattr(CpuPlatform, "discover_numa_topology", CpuPlatform.discover_numa_topology)
+    monkeypatch.setattr(NixlBaseConnectorWorker, "__init__", NixlBaseConnectorWorker.__init__)
+    monkeypatch.setenv(engine_plugin.ROLE_ENV, "decode")
+    engine_plugin.install_cpu_affinity_fix()
+    assert getattr(NixlBaseConnectorWorker.__init__, "_pdspec_wrapped", False)
