@@ -27,6 +27,7 @@ import sys
 import time
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest import worker_metrics
 from loadtest.serve_client import completion_body, random_prompts
@@ -89,6 +90,7 @@ def probe(
     """Run the four measurements per request, one request in flight at a time."""
     prompts = random_prompts(3 * requests, input_len, vocab_size, seed)
     before = worker_metrics.scrape_when_idle(client, decode_url)
+    proxy_before = proxy_legs(client, proxy_url)
     rows = []
     for i in range(requests):
         via_proxy, direct, local = prompts[3 * i : 3 * i + 3]
@@ -99,7 +101,28 @@ def probe(
         row["decode_local_ttft_ms"] = first_token_ms(client, decode_url, completion_body(model, local, max_tokens))
         rows.append(row)
     after = worker_metrics.scrape_when_idle(client, decode_url)
-    return {"rows": rows, "median": medians(rows), "decode_metrics": metric_means(before, after)}
+    proxy_after = proxy_legs(client, proxy_url)
+    return {
+        "rows": rows, "median": medians(rows), "decode_metrics": metric_means(before, after),
+        "proxy_leg_mean_ms": {
+            leg: round((proxy_after[leg][0] - proxy_before.get(leg, (0.0, 0.0))[0])
+                       / max(1.0, proxy_after[leg][1] - proxy_before.get(leg, (0.0, 0.0))[1]) * 1000, 1)
+            for leg in proxy_after
+        },
+    }  # fmt: skip
+
+
+def proxy_legs(client: httpx.Client, proxy_url: str) -> dict[str, tuple[float, float]]:
+    """The proxy's own leg histogram (`pdspec_proxy_leg_seconds`): {leg: (sum, count)}.
+    Prefill: to its whole response; decode: to the last byte."""
+    text = client.get(proxy_url + "/metrics", timeout=10).text
+    legs: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            leg = sample.labels.get("leg")
+            if family.name == "pdspec_proxy_leg_seconds" and leg and sample.name.endswith(("_sum", "_count")):
+                legs.setdefault(leg, [0.0, 0.0])[0 if sample.name.endswith("_sum") else 1] = sample.value
+    return {leg: (total, count) for leg, (total, count) in legs.items()}
 
 
 def medians(rows: list[dict]) -> dict[str, float]:
