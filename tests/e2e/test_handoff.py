@@ -54,12 +54,14 @@ def test_prefill_and_decode_workers_keep_to_their_own_cores(stack, client):
             assert not strays, f"{role} worker threads outside cores {sorted(own[role])}: {strays}"
 
 
-def test_handoff_costs_about_a_prefill_not_a_second(stack, client):
-    """Median TTFT through the proxy against the prefill worker's own time for the same
-    kind of prompt, measured in this test: before the fix, about 1,050 ms against a few
-    hundred; after it, the prefill leg plus a pull and one decode step."""
+def test_handoff_through_the_proxy_costs_about_the_two_legs(stack, client):
+    """Median TTFT through the proxy against the same two legs asked directly, measured
+    in this test: the prefill worker's whole reply plus the decode worker's time to its
+    first token after the pull. Measured here: before the fix 1,134 ms against 375 + 84
+    ms (2.5x); after it 129 ms against 77 + 44 ms (1.07x)."""
     wait_quiescent(stack)
     model = client.get(stack.proxy_url + "/v1/models").json()["data"][0]["id"]
     result = probe(client, stack.proxy_url, stack.prefill_url, stack.decode_url, model, REQUESTS)
     median = result["median"]
-    assert median["proxy_ttft_ms"] <= 3 * median["prefill_leg_ms"], result
+    legs = median["prefill_leg_ms"] + median["decode_pull_ttft_ms"]
+    assert median["proxy_ttft_ms"] <= 2 * legs, result
