@@ -19,6 +19,9 @@ def register() -> None:
     delay = os.environ.get(PROGRESS_DELAY_ENV)
     if delay is not None:
         apply_progress_delay(int(delay))
+    from pdspec.worker.engine_plugin import install_cpu_affinity_fix
+
+    install_cpu_affinity_fix()
     if os.environ.get("PDSPEC_ROLE") == "prefill":
         from pdspec.worker.engine_plugin import install_for_process, install_test_hooks
 

@@ -105,3 +105,81 @@ def test_skip_drafter_prefill_switch_is_live(tmp_path):
     assert runner.drafter_kv.sum() == 0 and runner.target_kv.sum() == 4  # only drafter KV zeroed
     switch.unlink()
     assert runner.propose_draft_token_ids(None) == "drafts" and runner.drafter_runs == 2
+
+
+# --- CPU: NixlConnector's KV core stays among the worker's own cores ---------------
+
+
+def test_kv_core_is_chosen_among_the_allowed_cores():
+    nodes = [[0, 1], [2, 3]]
+    assert engine_plugin.cores_within(nodes, {0}) == [[0]]
+    assert engine_plugin.cores_within(nodes, {1, 2}) == [[1], [2]]
+    assert engine_plugin.cores_within(nodes, {0, 1, 2, 3}) == nodes  # unbound: vLLM's answer
+    assert engine_plugin.cores_within(nodes, {7}) == nodes  # nothing allowed: keep vLLM's
+
+
+def test_real_cpu_platform_picks_the_workers_own_core(monkeypatch):
+    """On vLLM's own CpuPlatform: a worker bound to core 0 gets core 0 as its KV core,
+    where unpatched vLLM picks the node's last core (the decode worker's core here)."""
+    pytest.importorskip("vllm")
+    from vllm.platforms.cpu import CpuPlatform
+
+    nodes = CpuPlatform.discover_numa_topology()
+    all_cores = sorted(core for node in nodes for core in node)
+    if len(all_cores) < 2:
+        pytest.skip("needs a machine with at least two cores")  # CI and this machine have 2
+    first = all_cores[0]
+    assert [max(node) for node in nodes] != [first]  # the bug: vLLM's choice ignores the binding
+    monkeypatch.setattr(CpuPlatform, "discover_numa_topology", CpuPlatform.discover_numa_topology)
+    assert engine_plugin.install_kv_core_within_own_cpus(CpuPlatform)
+    assert not engine_plugin.install_kv_core_within_own_cpus(CpuPlatform)  # idempotent
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {first})
+    assert [max(node) for node in CpuPlatform.discover_numa_topology()] == [first]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(all_cores))
+    assert CpuPlatform.discover_numa_topology() == nodes
+
+
+def test_affinity_fix_is_installed_only_for_pd_workers(monkeypatch):
+    pytest.importorskip("vllm")
+    from vllm.platforms.cpu import CpuPlatform
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
+
+    monkeypatch.setattr(CpuPlatform, "discover_numa_topology", CpuPlatform.discover_numa_topology)
+    monkeypatch.setattr(NixlBaseConnectorWorker, "__init__", NixlBaseConnectorWorker.__init__)
+    monkeypatch.setenv(engine_plugin.ROLE_ENV, "colocated")
+    engine_plugin.install_cpu_affinity_fix()
+    assert not getattr(CpuPlatform.discover_numa_topology, "_pdspec_wrapped", False)
+    monkeypatch.setenv(engine_plugin.ROLE_ENV, "prefill")
+    engine_plugin.install_cpu_affinity_fix()
+    assert getattr(CpuPlatform.discover_numa_topology, "_pdspec_wrapped", False)
+
+
+def test_main_thread_gets_its_cores_back_after_the_connector_pins_it(monkeypatch):
+    affinity = {"now": {0, 1, 2, 3}}
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(affinity["now"]))
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: affinity.update(now=set(cores)))
+    seen_inside = []
+
+    class FakeNixlWorker:
+        def __init__(self, kv_cores):
+            os.sched_setaffinity(0, kv_cores)  # what vLLM's NixlConnector worker does
+            seen_inside.append(os.sched_getaffinity(0))  # NIXL's threads start here
+
+    assert engine_plugin.install_affinity_restore(FakeNixlWorker)
+    assert not engine_plugin.install_affinity_restore(FakeNixlWorker)
+    FakeNixlWorker([3])
+    assert seen_inside == [{3}]  # NIXL's threads still get the KV core
+    assert affinity["now"] == {0, 1, 2, 3}  # the main thread its own cores back
+
+
+def test_affinity_restore_wraps_vllms_nixl_worker(monkeypatch):
+    pytest.importorskip("vllm")
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
+    from vllm.platforms.cpu import CpuPlatform
+
+    monkeypatch.setattr(CpuPlatform, "discover_numa_topology", CpuPlatform.discover_numa_topology)
+    monkeypatch.setattr(NixlBaseConnectorWorker, "__init__", NixlBaseConnectorWorker.__init__)
+    monkeypatch.setenv(engine_plugin.ROLE_ENV, "decode")
+    engine_plugin.install_cpu_affinity_fix()
+    assert getattr(NixlBaseConnectorWorker.__init__, "_pdspec_wrapped", False)

@@ -1,0 +1,22 @@
+"""The hand-off probe's summaries (the measuring itself runs in tests/e2e/test_handoff.py)."""
+
+from loadtest.handoff_probe import medians, metric_means
+
+
+def test_medians_per_stage():
+    rows = [{"proxy_ttft_ms": 100.0, "prefill_leg_ms": 50.0}, {"proxy_ttft_ms": 300.0, "prefill_leg_ms": 70.0},
+            {"proxy_ttft_ms": 200.0, "prefill_leg_ms": 60.0}]  # fmt: skip
+    assert medians(rows) == {"proxy_ttft_ms": 200.0, "prefill_leg_ms": 60.0}
+
+
+def test_decode_metric_means_are_deltas_over_the_run():
+    before = {"vllm:nixl_xfer_time_seconds_sum": 1.0, "vllm:nixl_xfer_time_seconds_count": 4.0}
+    after = {
+        "vllm:nixl_xfer_time_seconds_sum": 1.03, "vllm:nixl_xfer_time_seconds_count": 7.0,
+        "vllm:request_queue_time_seconds_sum": 0.6, "vllm:request_queue_time_seconds_count": 3.0,
+    }  # fmt: skip
+    assert metric_means(before, after) == {"nixl_xfer_time_mean_ms": 10.0, "request_queue_time_mean_ms": 200.0}
+
+
+def test_no_transfers_gives_no_mean():
+    assert metric_means({}, {})["nixl_xfer_time_mean_ms"] is None
