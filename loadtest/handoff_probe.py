@@ -31,16 +31,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest import worker_metrics
 from loadtest.serve_client import completion_body, random_prompts
+from proxy.legs import PREFILL_KV_REQUEST  # what the proxy sends the prefill worker
 
-# What the proxy sends the prefill worker (vLLM's reference P/D proxy does the same).
-REMOTE_DECODE = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
 NIXL_METRICS = (
     "vllm:nixl_xfer_time_seconds_sum",
     "vllm:nixl_xfer_time_seconds_count",
@@ -63,7 +55,7 @@ def first_token_ms(client: httpx.Client, url: str, body: dict) -> float:
 def prefill_leg(client: httpx.Client, url: str, model: str, prompt: list[int]) -> tuple[float, dict]:
     body = {
         "model": model, "prompt": prompt, "max_tokens": 1, "stream": False,
-        "kv_transfer_params": REMOTE_DECODE,
+        "kv_transfer_params": PREFILL_KV_REQUEST,
     }  # fmt: skip
     started = time.perf_counter()
     response = client.post(url + "/v1/completions", json=body)

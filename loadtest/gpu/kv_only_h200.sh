@@ -21,23 +21,9 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:?usage: kv_only_h200.sh profile|bench512|bench2048|dflash512}
 OUT=${OUT:-/tmp/kv-only-out}
-export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+source loadtest/gpu/device_env.sh 1
 export VLLM_CACHE_ROOT=/tmp/pdspec-vllm-cache  # kept for the next call on this machine
 mkdir -p "$OUT"
-
-# vLLM finds pdspec's general plugin (which installs the KV-only pass) through an entry
-# point; this checkout is not pip-installed there, so give it the metadata alone.
-dist=/tmp/site/pdspec-0.1.0.dist-info
-mkdir -p "$dist"
-printf 'Metadata-Version: 2.1\nName: pdspec\nVersion: 0.1.0\n' > "$dist/METADATA"
-printf '[vllm.general_plugins]\npdspec = pdspec.worker.plugin:register\n' > "$dist/entry_points.txt"
-python3 - <<'PY' || exit 1
-import importlib.metadata as md, torch, vllm
-eps = [e.value for e in md.entry_points(group="vllm.general_plugins")]
-print("vllm", vllm.__version__, "torch", torch.__version__, "gpus", torch.cuda.device_count(), "plugins", eps)
-assert "pdspec.worker.plugin:register" in eps and torch.cuda.device_count() >= 1
-PY
 
 shape=(--target deploy/shapes/qwen3-8b --drafter deploy/shapes/qwen3-8b-eagle3 --dummy --method eagle3 --k 3)
 case "$what" in

@@ -12,7 +12,7 @@
 #   mbt512 has its prefill worker on GPU 0 and its decode worker on GPU 1, stack mbt2048
 #   the other way round, every worker at 40% of its GPU (the one-GPU 1P1D share that
 #   was validated); they are benchmarked one after the other, the idle one waiting;
-# - the seed runs 40 prompts per phase (not 128) and 2 phases per policy (not 3),
+# - the seed runs 48 prompts per phase (not 128; the recorded run, 2026-11-30, took 432 s) and 2 phases per policy (not 3),
 #   interleaved auto, always, always, auto; NUM_PROMPTS and PHASES change that;
 # - the seed's decode workers run eager (only the prefill worker's figures are the table);
 # - `pdspec bench --budget-s` gives each stack an equal share of the time left after the
@@ -25,23 +25,8 @@ OUT=${OUT:-/tmp/serve-bench-out}
 BUDGET=${BUDGET:-530}            # seconds for `pdspec bench`, start to results written
 RUN_ROOT=/tmp/pdspec-bench       # logs and compile caches (kept for a later call on this machine)
 RESULTS=/tmp/pdspec-bench-results/$what
-export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source loadtest/gpu/device_env.sh 2
 mkdir -p "$OUT" "$RESULTS"
-
-# vLLM finds pdspec's general plugin (NIXL progress delay, the DP vote) through an entry
-# point; this checkout is not pip-installed here, so give it the metadata alone.
-dist=/tmp/site/pdspec-0.1.0.dist-info
-mkdir -p "$dist"
-printf 'Metadata-Version: 2.1\nName: pdspec\nVersion: 0.1.0\n' > "$dist/METADATA"
-printf '[vllm.general_plugins]\npdspec = pdspec.worker.plugin:register\n' > "$dist/entry_points.txt"
-python3 - <<'PY' || exit 1
-import importlib.metadata as md, torch, vllm
-eps = [e.value for e in md.entry_points(group="vllm.general_plugins")]
-print("vllm", vllm.__version__, "torch", torch.__version__, "gpus", torch.cuda.device_count(), "plugins", eps)
-assert "pdspec.worker.plugin:register" in eps and torch.cuda.device_count() >= 2
-PY
 
 share="prefill.gpu_memory_utilization=0.4 decode.gpu_memory_utilization=0.4"
 case "$what" in
@@ -50,7 +35,7 @@ case "$what" in
     # The decode workers run eager: the table is the prefill worker's, and two engines
     # compiling instead of four shortens the cold start.
     bench_args=(--workload seed --together --alternate-gpus --set $share decode.enforce_eager=true)
-    serve_args=(-- --num-prompts "${NUM_PROMPTS:-40}" --phases "${PHASES:-2}" --warmup 8) ;;
+    serve_args=(-- --num-prompts "${NUM_PROMPTS:-48}" --phases "${PHASES:-2}" --warmup 8) ;;
   latency)
     profiles="deploy/profiles/dummy/qwen3-8b-eagle3-1p1d.toml deploy/profiles/dummy/qwen3-8b-eagle3-colocated.toml"
     # The colocated server shares GPU 1 with the (then idle) 1P1D decode worker.

@@ -1,0 +1,22 @@
+# Sourced by the device scripts in this folder, from the repository root, after
+# ../shared/tools/gpu-stage installed vLLM 0.33 into /tmp/site on the same warm machine.
+# Usage: source loadtest/gpu/device_env.sh MIN_GPUS
+export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+# NVLink multicast stays off on the lent machines (a program using it can take the
+# host's shared GPUs out of service).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+# vLLM finds pdspec's general plugin (NIXL progress delay, the DP vote, the KV-only pass)
+# through an entry point; this checkout is not pip-installed there, so give it the
+# metadata alone.
+dist=/tmp/site/pdspec-0.1.0.dist-info
+mkdir -p "$dist"
+printf 'Metadata-Version: 2.1\nName: pdspec\nVersion: 0.1.0\n' > "$dist/METADATA"
+printf '[vllm.general_plugins]\npdspec = pdspec.worker.plugin:register\n' > "$dist/entry_points.txt"
+MIN_GPUS=${1:-1} python3 - <<'PY' || exit 1
+import importlib.metadata as md, os, torch, vllm
+eps = [e.value for e in md.entry_points(group="vllm.general_plugins")]
+print("vllm", vllm.__version__, "torch", torch.__version__, "gpus", torch.cuda.device_count(), "plugins", eps)
+assert "pdspec.worker.plugin:register" in eps and torch.cuda.device_count() >= int(os.environ["MIN_GPUS"])
+PY
