@@ -46,6 +46,13 @@ SUPPORTED_VLLM = ("0.32.", "0.33.")
 # launcher sets it) they appear on the API server's /metrics beside vLLM's own.
 PROPOSALS = Counter("pdspec_proposals", "Engine steps in which the speculative drafter ran.")
 K0_PROPOSALS = Counter("pdspec_k0_proposals", "Drafter steps that proposed with K=0 (drafts unusable).")
+# K>0 steps taken while the policy was `auto`: what the "prefill worker drafting under
+# auto" alert reads. Counted here, at the step, because a rate of proposals minus K=0
+# proposals joined with the *current* policy also counts steps made under `always`
+# before a switch back to `auto` (a false alarm after every A/B benchmark).
+K_POSITIVE_AUTO_PROPOSALS = Counter(
+    "pdspec_k_positive_auto_proposals", "Drafter steps that proposed with K>0 while the drafts policy was auto."
+)
 DRAFT_TOKENS_SKIPPED = Counter(
     "pdspec_draft_tokens_skipped", "Draft tokens not proposed because no request could use them."
 )
@@ -190,6 +197,8 @@ class _K0Mixin:
         if k0:
             K0_PROPOSALS.inc()
             DRAFT_TOKENS_SKIPPED.inc(k * len(scheduler_output.num_scheduled_tokens))
+        elif policy == "auto":
+            K_POSITIVE_AUTO_PROPOSALS.inc()
 
 
 def _has_own_forward(spec: Any) -> bool:
