@@ -43,8 +43,11 @@ FAULT_ONLY_METRICS = {"pdspec_proxy_leg_failures_total", "pdspec_proxy_kv_releas
 # hour of history), a P/D config mismatch (NIXL refuses such a pair at its handshake).
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def prometheus(stack, tmp_path_factory):
+    # One fresh Prometheus per test: the fault test runs last (stops_stack), after other
+    # modules' tests sent requests straight to the prefill worker (K>0 under auto, a
+    # real alert); a server scraping since the first test would still hold those rates.
     server = PrometheusServer(tmp_path_factory.mktemp("prometheus"), free_port(18950, 18970))
     host = lambda url: url.removeprefix("http://")  # noqa: E731
     server.start({"pdspec-proxy": [host(stack.proxy_url)], "pdspec-prefill": [host(stack.prefill_url)],
