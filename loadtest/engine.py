@@ -8,6 +8,8 @@ in vLLM's engine-core process, vLLM's spec-decode counters in this one.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import shutil
 import tempfile
@@ -116,3 +118,34 @@ def plugin_engine(
 
 def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
     return {name: after[name] - before.get(name, 0.0) for name in after}
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine options the benchmark scripts share (`engine_args_from` reads them)."""
+    from pdspec.settings import ModelSettings
+
+    parser.add_argument("--models-dir", type=Path, default=ModelSettings().models_dir)
+    parser.add_argument("--target", help="target model folder (default: the shipped local model)")
+    parser.add_argument("--drafter", help="drafter model folder (default: the shipped local drafter)")
+    parser.add_argument("--method", default="eagle3")
+    parser.add_argument("--k", type=int, default=3)
+    parser.add_argument("--gpu-memory-utilization", type=float, help="per engine")
+    parser.add_argument("--dummy", action="store_true", help="random weights, no tokenizer (GPU shapes)")
+    parser.add_argument("--eager", action="store_true")
+
+
+def engine_args_from(args: argparse.Namespace, method: str | None = None) -> tuple[dict[str, Any], int]:
+    """`plugin_engine` keyword arguments from `add_engine_arguments`'s options, and the
+    target's vocabulary size (for random token-id prompts)."""
+    target = args.target or str(args.models_dir / "target")
+    drafter = args.drafter or str(args.models_dir / "eagle3")
+    vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
+    engine_args: dict[str, Any] = dict(target=target, drafter=drafter, method=method or args.method, k=args.k,
+                                       enforce_eager=args.eager)  # fmt: skip
+    if args.target is None:
+        engine_args["dtype"] = "float32"  # as pdspec serves the local model
+    if args.dummy:
+        engine_args.update(load_format="dummy", skip_tokenizer_init=True)
+    if args.gpu_memory_utilization:
+        engine_args["gpu_memory_utilization"] = args.gpu_memory_utilization
+    return engine_args, vocab

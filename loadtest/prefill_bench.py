@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from loadtest.engine import delta, plugin_engine
+from loadtest.engine import add_engine_arguments, delta, engine_args_from, plugin_engine
 
 
 @dataclass
@@ -176,14 +176,8 @@ def plot(results: list[BenchResult], path: Path) -> None:
 
 
 def main() -> None:
-    from pdspec.settings import ModelSettings
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models-dir", type=Path, default=ModelSettings().models_dir)
-    parser.add_argument("--target")
-    parser.add_argument("--drafter")
-    parser.add_argument("--method", default="eagle3")
-    parser.add_argument("--k", type=int, default=3)
+    add_engine_arguments(parser)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=2048)
     parser.add_argument("--mbt", type=int, nargs="+", default=[512, 2048])
@@ -191,22 +185,10 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["auto", "always"], choices=["auto", "always", "full"],
                         help="drafter-engine modes; full = K=0 with the KV-only pass off")
     parser.add_argument("--baseline", action="store_true", help="add a no-drafter engine (mode none)")
-    parser.add_argument("--gpu-memory-utilization", type=float, help="per engine (two run at once with --baseline)")
-    parser.add_argument("--dummy", action="store_true", help="random weights, no tokenizer (GPU shapes)")
-    parser.add_argument("--eager", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("loadtest/results"))
     args = parser.parse_args()
 
-    target = args.target or str(args.models_dir / "target")
-    drafter = args.drafter or str(args.models_dir / "eagle3")
-    vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
-    engine_args = dict(target=target, drafter=drafter, method=args.method, k=args.k, enforce_eager=args.eager)
-    if args.target is None:
-        engine_args["dtype"] = "float32"  # as pdspec serves the local model
-    if args.dummy:
-        engine_args.update(load_format="dummy", skip_tokenizer_init=True)
-    if args.gpu_memory_utilization:
-        engine_args["gpu_memory_utilization"] = args.gpu_memory_utilization
+    engine_args, vocab = engine_args_from(args)
     modes = list(dict.fromkeys(args.modes + (["none"] if args.baseline else [])))
     results = [bench(engine_args, mbt, args.prompts, args.prompt_tokens, args.reps, vocab, modes) for mbt in args.mbt]
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import random
 import time
@@ -91,23 +90,16 @@ def wrap_probes(runner: Any) -> list[str]:
 
 
 def main() -> None:
-    from pdspec.settings import ModelSettings
+    from loadtest.engine import add_engine_arguments, engine_args_from
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models-dir", type=Path, default=ModelSettings().models_dir)
-    parser.add_argument("--target")
-    parser.add_argument("--drafter")
-    parser.add_argument("--method", default="eagle3")
-    parser.add_argument("--k", type=int, default=3)
+    add_engine_arguments(parser)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=2048)
     parser.add_argument("--mbt", type=int, default=512)
     parser.add_argument("--kv-only", choices=("on", "off", "both"), default="on",
                         help="both: profile with the KV-only pass, then without it, on the same engine")
     parser.add_argument("--no-drafter", action="store_true", help="profile a plain engine instead")
-    parser.add_argument("--dummy", action="store_true")
-    parser.add_argument("--eager", action="store_true")
-    parser.add_argument("--gpu-memory-utilization", type=float)
     parser.add_argument("--rows", type=int, default=25)
     parser.add_argument("--out", type=Path, default=Path("loadtest/results/profile_k0"))
     args = parser.parse_args()
@@ -118,17 +110,7 @@ def main() -> None:
 
     from loadtest.engine import plugin_engine
 
-    target = args.target or str(args.models_dir / "target")
-    drafter = args.drafter or str(args.models_dir / "eagle3")
-    vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
-    engine_args: dict[str, Any] = dict(target=target, drafter=drafter, k=args.k, enforce_eager=args.eager,
-                                       method="none" if args.no_drafter else args.method)  # fmt: skip
-    if args.target is None:
-        engine_args["dtype"] = "float32"
-    if args.dummy:
-        engine_args.update(load_format="dummy", skip_tokenizer_init=True)
-    if args.gpu_memory_utilization:
-        engine_args["gpu_memory_utilization"] = args.gpu_memory_utilization
+    engine_args, vocab = engine_args_from(args, method="none" if args.no_drafter else None)
     rng = random.Random(0)
     from vllm import SamplingParams, TokensPrompt
 
