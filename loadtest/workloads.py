@@ -14,6 +14,8 @@ class Workload:
     variants: dict[str, dict[str, object]] = field(default_factory=lambda: {"default": {}})
 
 
+# 1P1D and colocated alike prefill in chunks of 2,048, so the two differ in disaggregation only.
+LATENCY_MBT = {"mbt2048": {"prefill.max_num_batched_tokens": 2048, "colocated.max_num_batched_tokens": 2048}}
 SEED_MBT = {"mbt512": {"prefill.max_num_batched_tokens": 512}, "mbt2048": {"prefill.max_num_batched_tokens": 2048}}
 
 WORKLOADS: dict[str, Workload] = {
@@ -32,7 +34,7 @@ WORKLOADS: dict[str, Workload] = {
         "differ in disaggregation only). Run on a 1P1D and a colocated profile to compare.",
         ("--input-len", "4096", "--output-len", "64", "--num-prompts", "32", "--concurrency", "1", "4", "16", "32",
          "--warmup", "8"),  # fmt: skip
-        {"mbt2048": {"prefill.max_num_batched_tokens": 2048, "colocated.max_num_batched_tokens": 2048}},
+        LATENCY_MBT,
     ),
     "cpu-seed": Workload(
         "The seed preset scaled to the 2-core CPU and the local model (max_model_len 2048): 3 "
@@ -47,7 +49,7 @@ WORKLOADS: dict[str, Workload] = {
         "concurrency 1, 2 and 4, 32 output tokens each; prefill chunks of 2,048 tokens.",
         ("--input-len", "512", "--output-len", "32", "--num-prompts", "8", "--concurrency", "1", "2", "4",
          "--warmup", "2"),  # fmt: skip
-        {"mbt2048": {"prefill.max_num_batched_tokens": 2048, "colocated.max_num_batched_tokens": 2048}},
+        LATENCY_MBT,
     ),
     "cpu-tiny": Workload(
         "A few seconds of work for tests: 1 phase per policy of 4 random 600-token prompts at "
