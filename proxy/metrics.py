@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
+PREFILL_OUTCOMES = ("ok", "retried_ok", "fallback", "error")
+
+
 @dataclass
 class ProxyMetrics:
     registry: CollectorRegistry
@@ -27,7 +30,7 @@ class ProxyMetrics:
     def create(cls) -> ProxyMetrics:
         # One registry per app, so tests can build many apps in one process.
         registry = CollectorRegistry()
-        return cls(
+        metrics = cls(
             registry=registry,
             requests=Counter(
                 "pdspec_proxy_requests", "Client requests by endpoint and status.",
@@ -82,3 +85,9 @@ class ProxyMetrics:
             queued=Gauge("pdspec_proxy_queued_requests", "Client requests waiting for an in-flight slot.",
                          registry=registry),
         )  # fmt: skip
+        # Every outcome exported at 0 from the start: a counter's first scraped sample is
+        # where its rate starts, so a series born at 3 (three fallbacks within one scrape
+        # interval) would show no rate and the fallback alert would never fire.
+        for outcome in PREFILL_OUTCOMES:
+            metrics.prefill_outcomes.labels(outcome)
+        return metrics

@@ -51,7 +51,9 @@ def test_retry_moves_the_prefill_to_another_worker():
         metrics = httpx.get(c.url + "/metrics").text
     assert statuses == [200] * 4
     assert prefill_legs(c.p2) == 4
-    assert 'pdspec_proxy_prefill_outcomes_total{outcome="retried_ok"}' in metrics
+    ok, retried_ok = (sample(metrics, f'pdspec_proxy_prefill_outcomes_total{{outcome="{o}"}}')
+                      for o in ("ok", "retried_ok"))  # fmt: skip
+    assert retried_ok >= 1 and ok + retried_ok == 4, (ok, retried_ok)
 
 
 def test_error_policy_returns_the_failure():
@@ -70,6 +72,22 @@ def test_fallback_policy_decodes_without_kv_params():
     assert response.status_code == 200
     assert c.d.received[-1]["kv_transfer_params"] is None
     assert 'pdspec_proxy_prefill_outcomes_total{outcome="fallback"} 1.0' in metrics
+
+
+def test_every_prefill_outcome_is_exported_at_zero_before_any_request():
+    # A rate needs a first sample: a fallback series born at its first increment would
+    # hide a burst of fallbacks within one scrape from the fallback alert.
+    with Cluster() as c:
+        metrics = httpx.get(c.url + "/metrics").text
+    for outcome in ("ok", "retried_ok", "fallback", "error"):
+        assert sample(metrics, f'pdspec_proxy_prefill_outcomes_total{{outcome="{outcome}"}}') == 0, outcome
+
+
+def sample(metrics: str, name: str) -> float | None:
+    for line in metrics.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
 
 
 @pytest.mark.parametrize(

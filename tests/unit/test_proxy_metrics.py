@@ -8,14 +8,7 @@ import time
 import httpx
 
 from tests.standin import StandinBehaviour
-from tests.unit.test_proxy_failures import BODY, Cluster
-
-
-def sample(metrics: str, name: str) -> float | None:
-    for line in metrics.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return None
+from tests.unit.test_proxy_failures import BODY, Cluster, sample
 
 
 def test_handoff_is_timed_from_the_prefill_reply_to_the_first_decode_byte():
