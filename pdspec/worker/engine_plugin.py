@@ -346,14 +346,21 @@ class LiveFlag:
 class KvOnlyDrafterPass:
     """Writes exactly the drafter KV its full forward would write, without the rest."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, compiled: bool = False) -> None:
+        """`compiled`: vLLM compiles the drafter (torch.compile), so its full pass runs
+        Inductor's fused norms and rotary; the pass then takes vLLM's own fused kernels
+        for them (same rounding class, not bitwise). Eager engines get the very modules
+        the full forward calls, so their KV is bitwise the full pass's."""
         self.inner = model.model  # the drafter's LlamaModel
         self.last = self.inner.layers[-1]
         attn = self.last.self_attn
         self.attn_layer = attn.attn  # vLLM's Attention: kv_cache, impl, layer_name
         self.q_size, self.kv_size = attn.q_size, attn.kv_size
-        self.rotary = attn.rotary_emb
+        self.rotary = _platform_rotary(attn.rotary_emb)
         self.project_kv = _kv_projection(attn.qkv_proj, self.q_size, self.kv_size)
+        if self.last.layer_idx == 0:
+            self.embeds_norm = _fused_rms_norm(self.last.input_layernorm) if compiled else self.last.input_layernorm
+            self.hidden_norm = _fused_rms_norm(self.last.hidden_norm) if compiled else self.last.hidden_norm
 
     @staticmethod
     def unsupported_reason(model: Any) -> str | None:
@@ -378,6 +385,8 @@ class KvOnlyDrafterPass:
             return "the drafter layer shares another layer's KV cache"
         if getattr(inner, "norm_output", False) and len(layers) > 1:
             return "norm_output drafters of several layers"
+        if getattr(layers[-1], "layer_idx", None) == 0 and not hasattr(layers[-1], "hidden_norm"):
+            return "first drafter layer has no hidden_norm"
         return None
 
     def run(self, input_ids: Any, positions: Any, hidden_states: Any, slot_mapping: Any) -> None:
@@ -393,9 +402,9 @@ class KvOnlyDrafterPass:
             )
         last = self.last
         if last.layer_idx == 0:  # as the EAGLE3 decoder layer's forward builds its input
-            embeds = last.input_layernorm(embeds)
-            hidden_states, _ = last._residual_norm(hidden_states=hidden_states)
-            x = torch.cat([embeds, hidden_states], dim=-1)
+            # (`_residual_norm` is hidden_norm, before or after keeping the residual,
+            # which only the layers after attention read)
+            x = torch.cat([self.embeds_norm(embeds), self.hidden_norm(hidden_states)], dim=-1)
         else:
             x, _ = last.input_layernorm(hidden_states, residual)
         key, value = self.project_kv(x)
@@ -408,6 +417,54 @@ class KvOnlyDrafterPass:
             layer.kv_cache,
             slot_mapping,
         )
+
+
+def _platform_rotary(rotary: Any) -> Any:
+    """vLLM's rotary kernel for this platform (C++ on the CPU, CUDA on GPUs), called
+    directly. An eager engine's module dispatches to it anyway; a compiling engine's
+    dispatches to the PyTorch-native code meant to be fused inside its compiled graph,
+    about a dozen separate ops when called alone, as here. A rotary class that changes
+    `forward` itself keeps its own."""
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+    from vllm.platforms import current_platform
+
+    method = "forward_cpu" if current_platform.is_cpu() else "forward_cuda" if current_platform.is_cuda() else None
+    cls = type(rotary)
+    own = (method is not None and isinstance(rotary, RotaryEmbedding)
+           and cls.forward_native is RotaryEmbedding.forward_native
+           and getattr(cls, method) is getattr(RotaryEmbedding, method))  # fmt: skip
+    return getattr(rotary, method) if own else rotary
+
+
+def _fused_rms_norm(norm: Any) -> Any:
+    """vLLM's RMSNorm kernel (`torch.ops._C.rms_norm`, one pass over the row) in place of
+    the module, whose forward on the CPU build is always the PyTorch-native one (five
+    ops). Only for a plain RMSNorm with a weight of the input's dtype; anything else keeps
+    the module."""
+    import torch
+    from vllm.model_executor.layers.layernorm import RMSNorm
+
+    try:
+        kernel = torch.ops._C.rms_norm
+    except (AttributeError, RuntimeError):
+        return norm
+    if type(norm) is not RMSNorm or not norm.has_weight or norm.variance_size_override is not None:
+        return norm
+    weight, eps = norm.weight.data, norm.variance_epsilon
+
+    def rms_norm(x):
+        if x.dtype != weight.dtype or not x.is_contiguous():
+            return norm(x)
+        out = torch.empty_like(x)
+        kernel(out, x, weight, eps)
+        return out
+
+    return rms_norm
+
+
+def _engine_compiles(proposer: Any) -> bool:
+    config = getattr(getattr(proposer, "vllm_config", None), "compilation_config", None)
+    return int(getattr(config, "mode", 0) or 0) != 0  # CompilationMode.NONE is 0
 
 
 def _kv_projection(qkv_proj: Any, q_size: int, kv_size: int):
@@ -491,7 +548,7 @@ def _kv_only_ready(proposer: Any, model: Any, connector_ok: bool) -> KvOnlyDraft
     reason = KvOnlyDrafterPass.unsupported_reason(model)
     if reason is None and not connector_ok:
         reason = "a KV connector that saves layer by layer (only NixlConnector or none is known safe)"
-    built = None if reason else KvOnlyDrafterPass(model)
+    built = None if reason else KvOnlyDrafterPass(model, compiled=_engine_compiles(proposer))
     if reason:
         log.warning("pdspec: KV-only drafter pass off (%s); K=0 steps run the full drafter pass", reason)
     else:

@@ -88,7 +88,7 @@ def fake_drafter(class_name="Eagle3LlamaForCausalLM", layers=1, backend=Backend)
         return (x + 1, residual) if residual is not None else x + 1
 
     layer = types.SimpleNamespace(
-        layer_idx=0, self_attn=self_attn, input_layernorm=norm, _residual_norm=lambda hidden_states: (hidden_states, hidden_states)
+        layer_idx=0, self_attn=self_attn, input_layernorm=norm, hidden_norm=lambda hidden_states: hidden_states
     )  # fmt: skip
     inner = types.SimpleNamespace(
         layers=[layer] * layers, embed_input_ids=lambda ids: torch.ones(len(ids), hidden), norm_output=False
@@ -117,7 +117,7 @@ def test_pass_writes_rotated_k_and_v_to_the_given_slots():
     slots = torch.tensor([32, 33, 34])
     kv_pass.run(ids, positions, hidden, slots)
     (key, value, written_slots), = model.model.layers[0].self_attn.attn.impl.writes
-    x = torch.cat([torch.ones(3, 8) + 1, hidden], dim=-1)  # norm(embeds), residual-norm(hidden)
+    x = torch.cat([torch.ones(3, 8) + 1, hidden], dim=-1)  # input_layernorm(embeds), hidden_norm(hidden)
     qkv = torch.nn.functional.linear(x, model.model.layers[0].self_attn.qkv_proj.full)
     assert torch.equal(key.reshape(3, -1), qkv[:, 8:12] * 2)
     assert torch.equal(value.reshape(3, -1), qkv[:, 12:16])
