@@ -188,6 +188,11 @@ def test_faults_fire_their_alerts(stack, client, prometheus, tmp_path):
             harness.wait_healthy(proxy.url, proxy.process)
         prometheus.set_targets("pdspec-proxy", [host(stack.proxy_url), host(fallback.url), host(no_decode.url)])
         prometheus.set_targets("pdspec-decode", [host(stack.decode_url), host(gone_decode)])
+        # Traffic only once both new proxies were scraped: a counter's first sample is where
+        # its rate starts, so fallbacks made before it would never show as a rate.
+        new_proxies = f'up{{job="pdspec-proxy", instance=~"{host(fallback.url)}|{host(no_decode.url)}"}}'
+        prometheus.wait_for(new_proxies, lambda r: len(r) == 2 and all(x["value"][1] == "1" for x in r),
+                            what="the new proxies' first scrape")  # fmt: skip
         # The prefill worker asked to generate (a client bypassing the proxy): it drafts with K>0.
         for _ in range(2):
             body = completion_body(unique_prompt(40), max_tokens=32, ignore_eos=True)
@@ -198,11 +203,16 @@ def test_faults_fire_their_alerts(stack, client, prometheus, tmp_path):
             too_long = client.post(stack.proxy_url + "/v1/completions", json=completion_body(unique_prompt(2500)))
             assert too_long.status_code == 400
             prometheus.wait_for('pdspec_proxy_leg_failures_total{leg="prefill"}', bool, what="a failed leg scraped")
-        for _ in range(3):
+        # Three of each, every one scraped before the next: each adds to a rate.
+        fallbacks = f'pdspec_proxy_prefill_outcomes_total{{instance="{host(fallback.url)}", outcome="fallback"}}'
+        errors = f'sum(pdspec_proxy_requests_total{{instance="{host(no_decode.url)}", status=~"5.."}})'
+        for sent in range(1, 4):
             reply = client.post(fallback.url + "/v1/completions", json=completion_body(unique_prompt(40)))
             assert reply.status_code == 200  # decode-only
             reply = client.post(no_decode.url + "/v1/completions", json=completion_body(unique_prompt(40)))
             assert reply.status_code >= 500
+            for expr in (fallbacks, errors):
+                prometheus.wait_for(expr, lambda r, n=sent: bool(r) and float(r[0]["value"][1]) == n, what=expr)
 
         def keep_busy():
             client.post(stack.proxy_url + "/v1/completions", json=completion_body(unique_prompt(20), max_tokens=2))
