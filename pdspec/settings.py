@@ -107,6 +107,11 @@ class WorkerSettings(BaseModel):
         description="Prefill worker, K=0 steps: run only what the drafter's KV needs (fc, embedding, norms, "
         "K/V projections, rotary, cache write), not its attention, MLP or head. EAGLE3 Llama drafters.",
     )
+    dp_idle_rank_vote: bool = Field(
+        True,
+        description="Prefill worker with data parallelism (vLLM 0.33, V2 runner): an idle rank votes 'skip drafts', "
+        "so it does not make the busy ranks draft; false keeps vLLM's own vote (A/B runs).",
+    )
     enforce_eager: bool = True
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None

@@ -40,6 +40,7 @@ log = logging.getLogger("pdspec.engine_plugin")
 DRAFTS_ENV = "PDSPEC_DRAFTS"  # initial policy
 DRAFTS_FILE_ENV = "PDSPEC_DRAFTS_FILE"  # file holding the live policy, re-read per step
 ROLE_ENV = "PDSPEC_ROLE"
+DP_IDLE_RANK_VOTE_ENV = "PDSPEC_DP_IDLE_RANK_VOTE"  # "1" (default) or "0": vLLM's own vote
 SUPPORTED_VLLM = ("0.32.", "0.33.")
 
 # Created in the engine-core process; with PROMETHEUS_MULTIPROC_DIR set (pdspec's
@@ -55,6 +56,15 @@ K_POSITIVE_AUTO_PROPOSALS = Counter(
 )
 DRAFT_TOKENS_SKIPPED = Counter(
     "pdspec_draft_tokens_skipped", "Draft tokens not proposed because no request could use them."
+)
+# The counters above are the scheduler's decision. On vLLM 0.33's V2 runner with data
+# parallelism the ranks then AND their "skip drafts" votes, so what a rank really ran can
+# differ: these count the runner's own steps (dummy batches of idle ranks left out).
+RUNNER_PROPOSALS = Counter(
+    "pdspec_runner_proposals", "V2 runner steps with a drafter, as run after the data-parallel ranks agreed on K."
+)
+RUNNER_K0_PROPOSALS = Counter(
+    "pdspec_runner_k0_proposals", "V2 runner steps whose drafter ran with K=0, after the data-parallel agreement."
 )
 
 
@@ -243,13 +253,15 @@ class K0Scheduler:
 _IDLE_RANK_DUMMY = ContextVar("pdspec_idle_rank_dummy", default=False)
 
 
-def install_idle_rank_vote(worker_cls: type, runner_cls: type) -> None:
-    """Make an idle DP rank's dummy batch vote "skip drafts" on a prefill worker.
+def install_idle_rank_vote(worker_cls: type, runner_cls: type, vote: bool = True) -> None:
+    """Make an idle DP rank's dummy batch vote "skip drafts" on a prefill worker, and
+    count the K each real step of the runner ran with (`pdspec_runner_*`).
 
     vLLM 0.33 ANDs `skip_drafts` across DP ranks; an idle rank runs a dummy batch whose
     empty SchedulerOutput votes False, so one idle rank makes every rank draft. Here the
     dummy batch of an idle rank (`Worker.execute_dummy_batch`, and only that one, not
-    warm-up or profiling runs) votes with `dp_vote(False, ...)`. Idempotent.
+    warm-up or profiling runs) votes with `dp_vote(False, ...)`; `vote=False` keeps
+    vLLM's own vote (`dp_idle_rank_vote = false`, for A/B runs). Idempotent.
     """
     if getattr(runner_cls.execute_model, "_pdspec_wrapped", False):
         return
@@ -266,13 +278,32 @@ def install_idle_rank_vote(worker_cls: type, runner_cls: type) -> None:
 
     @functools.wraps(original_execute)
     def execute_model(self, scheduler_output, *args, **kwargs):
-        if kwargs.get("dummy_run") and _IDLE_RANK_DUMMY.get() and hasattr(scheduler_output, "skip_drafts"):
+        dummy = kwargs.get("dummy_run", False)
+        if vote and dummy and _IDLE_RANK_DUMMY.get() and hasattr(scheduler_output, "skip_drafts"):
             scheduler_output.skip_drafts = dp_vote(rank_has_requests=False, rank_skips=False, prefill_role=True)
-        return original_execute(self, scheduler_output, *args, **kwargs)
+        before = getattr(self, "execute_model_state", None)
+        result = original_execute(self, scheduler_output, *args, **kwargs)
+        if not dummy:
+            _count_runner_step(self, before)
+        return result
 
     execute_model._pdspec_wrapped = True  # type: ignore[attr-defined]
     worker_cls.execute_dummy_batch = execute_dummy_batch
     runner_cls.execute_model = execute_model
+
+
+def _count_runner_step(runner: Any, state_before: Any) -> None:
+    """The V2 runner keeps the step's K (after the DP agreement) in a new
+    `execute_model_state`; a step without a forward (nothing scheduled) makes none."""
+    state = getattr(runner, "execute_model_state", None)
+    if state is None or state is state_before or getattr(runner, "speculator", None) is None:
+        return
+    k = getattr(state, "num_spec_tokens_to_schedule", None)
+    if k is None:
+        return
+    RUNNER_PROPOSALS.inc()
+    if k == 0:
+        RUNNER_K0_PROPOSALS.inc()
 
 
 def install_for_process() -> None:
@@ -289,7 +320,7 @@ def install_for_process() -> None:
         from vllm.v1.worker.gpu_worker import Worker
     except ImportError:
         return
-    install_idle_rank_vote(Worker, V2Runner)
+    install_idle_rank_vote(Worker, V2Runner, vote=os.environ.get(DP_IDLE_RANK_VOTE_ENV, "1") != "0")
 
 
 # --- KV-only drafter pass on K=0 steps ------------------------------------------------

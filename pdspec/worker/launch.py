@@ -15,6 +15,7 @@ from typing import Literal
 
 from pdspec.settings import ModelSettings, WorkerSettings
 from pdspec.worker.engine_plugin import (
+    DP_IDLE_RANK_VOTE_ENV,
     DRAFTS_ENV,
     DRAFTS_FILE_ENV,
     KV_ONLY_ENV,
@@ -136,6 +137,7 @@ def worker_env(role: Role, worker: WorkerSettings, run_dir: Path, cpu: bool) -> 
         DRAFTS_ENV: worker.drafts,
         DRAFTS_FILE_ENV: str(drafts_file(run_dir, role)),
         KV_ONLY_ENV: "1" if worker.kv_only_drafter else "0",
+        DP_IDLE_RANK_VOTE_ENV: "1" if worker.dp_idle_rank_vote else "0",
         ROLE_ENV: role,
         # Keep caches inside the run's own folder, not in the user's home.
         "VLLM_CACHE_ROOT": str(role_dir / "vllm-cache"),

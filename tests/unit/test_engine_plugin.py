@@ -41,11 +41,20 @@ def test_cpu_build_uses_the_k_override():
 
 
 class FakeRunner:
+    """As vLLM 0.33's V2 runner: a step with a forward leaves a new execute_model_state
+    holding its K, zero when the ranks agreed to skip drafts."""
+
+    speculator = object()
+
     def __init__(self):
         self.votes = []
+        self.execute_model_state = None
 
     def execute_model(self, scheduler_output, intermediate_tensors=None, dummy_run=False, **kwargs):
         self.votes.append(scheduler_output.skip_drafts)
+        if getattr(scheduler_output, "tokens", 1):
+            k = 0 if getattr(scheduler_output, "agreed_skip", scheduler_output.skip_drafts) else 3
+            self.execute_model_state = types.SimpleNamespace(num_spec_tokens_to_schedule=k)
 
     def _dummy_run(self, num_tokens, **kwargs):
         self.execute_model(types.SimpleNamespace(skip_drafts=False), dummy_run=True)
@@ -62,14 +71,52 @@ class FakeWorker:
         self.model_runner._dummy_run(16)
 
 
+def fresh_classes():
+    """Subclasses to patch, so each test installs on classes of its own."""
+    runner = type("Runner", (FakeRunner,), {})
+    worker = type("Worker", (FakeWorker,), {"__init__": lambda self: setattr(self, "model_runner", runner())})
+    return worker, runner
+
+
 def test_idle_rank_dummy_batch_votes_skip_but_warmup_does_not():
-    install_idle_rank_vote(FakeWorker, FakeRunner)
-    install_idle_rank_vote(FakeWorker, FakeRunner)  # idempotent
-    worker = FakeWorker()
+    worker_cls, runner_cls = fresh_classes()
+    install_idle_rank_vote(worker_cls, runner_cls)
+    install_idle_rank_vote(worker_cls, runner_cls)  # idempotent
+    worker = worker_cls()
     worker.execute_dummy_batch()  # the DP-idle path
     worker.warm_up()  # other dummy runs keep vLLM's vote
     worker.model_runner.execute_model(types.SimpleNamespace(skip_drafts=False))  # a real step
     assert worker.model_runner.votes == [True, False, False]
+
+
+def test_without_the_vote_an_idle_rank_keeps_vllms_draft_vote():
+    worker_cls, runner_cls = fresh_classes()
+    install_idle_rank_vote(worker_cls, runner_cls, vote=False)
+    worker = worker_cls()
+    worker.execute_dummy_batch()
+    assert worker.model_runner.votes == [False]
+
+
+def counted():
+    return engine_plugin.RUNNER_PROPOSALS._value.get(), engine_plugin.RUNNER_K0_PROPOSALS._value.get()
+
+
+def test_runner_counts_the_k_its_real_steps_ran_with_after_the_dp_agreement():
+    worker_cls, runner_cls = fresh_classes()
+    install_idle_rank_vote(worker_cls, runner_cls)
+    worker = worker_cls()
+    runner = worker.model_runner
+    start = counted()
+    runner.execute_model(types.SimpleNamespace(skip_drafts=True))  # every rank skips: K=0
+    runner.execute_model(types.SimpleNamespace(skip_drafts=True, agreed_skip=False))  # another rank drafts
+    runner.execute_model(types.SimpleNamespace(skip_drafts=True, tokens=0))  # nothing scheduled: no step
+    worker.execute_dummy_batch()  # an idle rank's dummy batch is not a step
+    proposals, k0 = (now - then for now, then in zip(counted(), start))
+    assert (proposals, k0) == (2, 1)
+    no_drafter = runner_cls()
+    no_drafter.speculator = None
+    no_drafter.execute_model(types.SimpleNamespace(skip_drafts=True))
+    assert counted() == (start[0] + 2, start[1] + 1)
 
 
 class FakeV1Runner:
