@@ -98,3 +98,17 @@ def test_shapes_fit_the_shipped_tokenizer():
     dflash = _config("deploy/shapes/qwen3-8b-dflash-v4096")
     assert dflash["vocab_size"] == 4096 and dflash["dflash_config"]["mask_token_id"] < 4096
     assert max(dflash["dflash_config"]["target_layer_ids"]) < target["num_hidden_layers"] == dflash["num_target_layers"]
+
+
+@pytest.mark.parametrize("vote, env_value", [([], "1"), (["--no-worker.dp_idle_rank_vote"], "0")])
+def test_dp2_prefill_profile_spans_both_gpus_with_the_vote_switch(monkeypatch, tmp_path, vote, env_value):
+    from pdspec.settings import WorkerCommand
+    from pdspec.worker.engine_plugin import DP_IDLE_RANK_VOTE_ENV
+
+    monkeypatch.setenv("PDSPEC_CONFIG", str(PROFILES / "dummy" / "qwen3-8b-eagle3-prefill-dp2.toml"))
+    command = CliApp.run(WorkerCommand, cli_args=vote)
+    argv = vllm_argv("prefill", command.model, command.worker, cpu=False)
+    assert argv[argv.index("--data-parallel-size") + 1] == "2"
+    assert json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_role"] == KV_ROLES["prefill"]
+    env = worker_env("prefill", command.worker, tmp_path, cpu=False)
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env[DP_IDLE_RANK_VOTE_ENV] == env_value

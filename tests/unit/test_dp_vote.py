@@ -1,0 +1,50 @@
+"""loadtest/dp_vote.py against a stand-in prefill worker: one prefill request in flight at
+a time, counter deltas read from /metrics around them, and the report."""
+
+import json
+
+from fastapi import FastAPI, Request
+from starlette.responses import PlainTextResponse
+
+from loadtest import dp_vote
+from tests.standin import ThreadServer
+
+
+def standin_worker():
+    app = FastAPI()
+    state = {"steps": 0, "inflight": 0, "max_inflight": 0, "bodies": []}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"data": [{"id": "m"}]}
+
+    @app.post("/v1/completions")
+    async def complete(request: Request):
+        state["inflight"] += 1
+        state["max_inflight"] = max(state["max_inflight"], state["inflight"])
+        state["bodies"].append(await request.json())
+        state["steps"] += 2  # two chunks a prompt; the runner drafted in one of them
+        state["inflight"] -= 1
+        return {"choices": [{"text": "x"}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        s = state["steps"]
+        return PlainTextResponse(
+            f"pdspec_proposals_total {s}\npdspec_k0_proposals_total {s}\n"
+            f"pdspec_runner_proposals_total {s}\npdspec_runner_k0_proposals_total {s // 2}\n"
+            "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+        )
+
+    return app, state
+
+
+def test_prefill_requests_one_at_a_time_and_counter_deltas(tmp_path):
+    app, state = standin_worker()
+    with ThreadServer(app) as server:
+        dp_vote.main(["--worker", f"a={server.url}", "--requests", "3", "--prompt-tokens", "8", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "dp_vote.json").read_text())["a"]
+    assert state["max_inflight"] == 1 and len(state["bodies"]) == 3
+    assert all(b["max_tokens"] == 1 and len(b["prompt"]) == 8 for b in state["bodies"])
+    assert result["pdspec_k0_proposals_total"] == 6 and result["pdspec_runner_k0_proposals_total"] == 3
+    assert "| a | 3 | 6 | 6 | 6 | 3 |" in (tmp_path / "dp_vote.md").read_text()
