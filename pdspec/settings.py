@@ -109,8 +109,9 @@ class WorkerSettings(BaseModel):
     )
     dp_idle_rank_vote: bool = Field(
         True,
-        description="Prefill worker with data parallelism (vLLM 0.33, V2 runner): an idle rank votes 'skip drafts', "
-        "so it does not make the busy ranks draft; false keeps vLLM's own vote (A/B runs).",
+        description="Prefill worker with data parallelism on an MoE model (vLLM 0.33, V2 runner; a dense model's "
+        "ranks run independently and never vote): an idle rank votes 'skip drafts', so it does not make the busy "
+        "ranks draft; false keeps vLLM's own vote (A/B runs).",
     )
     enforce_eager: bool = True
     max_num_batched_tokens: int | None = None

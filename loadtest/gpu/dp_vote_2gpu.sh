@@ -4,53 +4,49 @@
 #
 #   bash loadtest/gpu/dp_vote_2gpu.sh
 #
-# Two prefill workers start together, each with data parallelism 2 over both GPUs (40%
-# of each), Qwen3-8B shape with random weights, EAGLE3 K=3, eager (a short start): one
-# with pdspec's idle-rank vote, one with vLLM's own (`--no-worker.dp_idle_rank_vote`). Each
-# then gets 16 prefill requests (4,096 tokens, max_tokens 1) one at a time, so one of
-# its ranks is always idle. loadtest/dp_vote.py reads both workers' counters around them.
+# A prefill worker with data parallelism 2 over both GPUs: Qwen3-30B-A3B shape (MoE: only
+# an MoE model's ranks step together and vote; a dense model's are independent engines)
+# with random weights, EAGLE3 K=3, eager (a short start). It runs twice, one after the
+# other: with pdspec's idle-rank vote, then with vLLM's own (`--no-worker.dp_idle_rank_vote`).
+# Each run gets 16 prefill requests (4,096 tokens, max_tokens 1) one at a time, so one of
+# its ranks is always idle; loadtest/dp_vote.py reads the counters around them.
 # Expected: with the vote, runner K=0 steps == runner steps; without it, fewer.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/dp-vote-out}
 RUN_ROOT=/tmp/pdspec-dp-vote
+DEADLINE=$((SECONDS + ${BUDGET_S:-560}))  # the device call's limit is 600 s
 source loadtest/gpu/device_env.sh 2
 mkdir -p "$OUT" "$RUN_ROOT"
-profile=deploy/profiles/dummy/qwen3-8b-eagle3-prefill-dp2.toml
+profile=deploy/profiles/dummy/qwen3-30b-a3b-eagle3-prefill-dp2.toml
+url=http://127.0.0.1:8100
 
-pids=()
-start() {  # NAME PORT SIDE_CHANNEL_PORT VOTE_FLAG
-  setsid python3 -m pdspec.cli --config $profile prefill --worker.port "$2" --worker.side_channel_port "$3" \
-    "$4" --run_dir "$RUN_ROOT/$1" > "$RUN_ROOT/$1.log" 2>&1 &
-  pids+=($!)
-}
-start vote 8100 5600 --worker.dp_idle_rank_vote
-start no-vote 8300 5700 --no-worker.dp_idle_rank_vote
-
-ready=0
-for _ in $(seq 1 400); do  # up to 400 s for both engines
-  ready=1
-  for port in 8100 8300; do
-    curl -sf "http://127.0.0.1:$port/health" > /dev/null || ready=0
+run_one() {  # NAME VOTE_FLAG
+  # Its own session, so the whole process tree (API server, engine cores) ends with it.
+  setsid python3 -m pdspec.cli --config $profile prefill "$2" --run_dir "$RUN_ROOT/$1" \
+    > "$RUN_ROOT/$1.log" 2>&1 &
+  local pid=$! code=1
+  until curl -sf -m 2 "$url/health" > /dev/null; do
+    if ! kill -0 "$pid" 2>/dev/null; then echo "$1: worker exited during start" >&2; break; fi
+    if [ $SECONDS -ge $DEADLINE ]; then echo "$1: not ready before the deadline" >&2; break; fi
+    sleep 1
   done
-  [ $ready = 1 ] && break
-  sleep 1
-done
-code=1
-if [ $ready = 1 ]; then
-  python3 -m loadtest.dp_vote --worker vote=http://127.0.0.1:8100 --worker no-vote=http://127.0.0.1:8300 \
-    --requests 16 --prompt-tokens 4096 --out "$OUT"
-  code=$?
-else
-  echo "workers not ready in 400 s" >&2
-fi
+  if curl -sf -m 2 "$url/health" > /dev/null; then
+    echo "$1: ready after ${SECONDS}s"
+    timeout -k 5 $((DEADLINE - SECONDS > 10 ? DEADLINE - SECONDS : 10)) \
+      python3 -m loadtest.dp_vote --worker "$1=$url" --requests 16 --prompt-tokens 4096 --out "$OUT/$1"
+    code=$?
+  fi
+  kill -- "-$pid" 2>/dev/null
+  for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  kill -9 -- "-$pid" 2>/dev/null
+  { echo "=== $1"; grep -E 'ERROR|Error|Traceback|pdspec|[Dd]ata.parallel' "$RUN_ROOT/$1.log" | tail -30
+    tail -10 "$RUN_ROOT/$1.log"; } >> "$OUT/logs.txt" 2>&1
+  return $code
+}
 
-for pid in "${pids[@]}"; do kill -- "-$pid" 2>/dev/null; done  # each started in its own session
-sleep 5
-for pid in "${pids[@]}"; do kill -9 -- "-$pid" 2>/dev/null; done
-for name in vote no-vote; do
-  echo "=== $name"; grep -E 'ERROR|Error|Traceback|pdspec|data.parallel|DP' "$RUN_ROOT/$name.log" | tail -30
-  tail -10 "$RUN_ROOT/$name.log"
-done > "$OUT/logs.txt" 2>&1
-ls -la "$OUT"
-exit $code
+run_one vote --worker.dp_idle_rank_vote; vote=$?
+run_one no-vote --no-worker.dp_idle_rank_vote; no_vote=$?
+cat "$OUT"/*/dp_vote.md 2>/dev/null
+ls -laR "$OUT"
+[ $vote = 0 ] && [ $no_vote = 0 ]

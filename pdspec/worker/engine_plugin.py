@@ -251,14 +251,16 @@ class K0Scheduler:
 # --- Data parallel (V2 runner): an idle rank's vote on a prefill worker ---------------
 
 _IDLE_RANK_DUMMY = ContextVar("pdspec_idle_rank_dummy", default=False)
+_WARMING_UP = ContextVar("pdspec_warming_up", default=False)
 
 
 def install_idle_rank_vote(worker_cls: type, runner_cls: type, vote: bool = True) -> None:
     """Make an idle DP rank's dummy batch vote "skip drafts" on a prefill worker, and
     count the K each real step of the runner ran with (`pdspec_runner_*`).
 
-    vLLM 0.33 ANDs `skip_drafts` across DP ranks; an idle rank runs a dummy batch whose
-    empty SchedulerOutput votes False, so one idle rank makes every rank draft. Here the
+    vLLM 0.33 ANDs `skip_drafts` across DP ranks that step together (MoE models; a dense
+    model's ranks are independent engines); an idle rank runs a dummy batch whose empty
+    SchedulerOutput votes False, so one idle rank makes every rank draft. Here the
     dummy batch of an idle rank (`Worker.execute_dummy_batch`, and only that one, not
     warm-up or profiling runs) votes with `dp_vote(False, ...)`; `vote=False` keeps
     vLLM's own vote (`dp_idle_rank_vote = false`, for A/B runs). Idempotent.
@@ -267,6 +269,19 @@ def install_idle_rank_vote(worker_cls: type, runner_cls: type, vote: bool = True
         return
     original_dummy = worker_cls.execute_dummy_batch
     original_execute = runner_cls.execute_model
+    original_warm_up = getattr(worker_cls, "compile_or_warm_up_model", None)
+
+    if original_warm_up is not None:
+        # vLLM's kernel warm-up runs real-looking steps (not dummy runs) with K>0: not counted.
+        @functools.wraps(original_warm_up)
+        def compile_or_warm_up_model(self, *args, **kwargs):
+            token = _WARMING_UP.set(True)
+            try:
+                return original_warm_up(self, *args, **kwargs)
+            finally:
+                _WARMING_UP.reset(token)
+
+        worker_cls.compile_or_warm_up_model = compile_or_warm_up_model
 
     @functools.wraps(original_dummy)
     def execute_dummy_batch(self, *args, **kwargs):
@@ -283,7 +298,7 @@ def install_idle_rank_vote(worker_cls: type, runner_cls: type, vote: bool = True
             scheduler_output.skip_drafts = dp_vote(rank_has_requests=False, rank_skips=False, prefill_role=True)
         before = getattr(self, "execute_model_state", None)
         result = original_execute(self, scheduler_output, *args, **kwargs)
-        if not dummy:
+        if not dummy and not _WARMING_UP.get():
             _count_runner_step(self, before)
         return result
 
@@ -298,12 +313,23 @@ def _count_runner_step(runner: Any, state_before: Any) -> None:
     state = getattr(runner, "execute_model_state", None)
     if state is None or state is state_before or getattr(runner, "speculator", None) is None:
         return
+    if _tensor_parallel_rank() != 0:  # every TP rank runs the step; count it once
+        return
     k = getattr(state, "num_spec_tokens_to_schedule", None)
     if k is None:
         return
     RUNNER_PROPOSALS.inc()
     if k == 0:
         RUNNER_K0_PROPOSALS.inc()
+
+
+def _tensor_parallel_rank() -> int:
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except Exception:  # no TP group (stand-ins, or before vLLM set it up): a single rank
+        return 0
 
 
 def install_for_process() -> None:
@@ -481,13 +507,13 @@ def _fused_rms_norm(norm: Any) -> Any:
         return norm
     if type(norm) is not RMSNorm or not norm.has_weight or norm.variance_size_override is not None:
         return norm
-    weight, eps = norm.weight.data, norm.variance_epsilon
 
     def rms_norm(x):
+        weight = norm.weight.data  # read per call: a weight reload replaces the Parameter
         if x.dtype != weight.dtype or not x.is_contiguous():
             return norm(x)
         out = torch.empty_like(x)
-        kernel(out, x, weight, eps)
+        kernel(out, x, weight, norm.variance_epsilon)
         return out
 
     return rms_norm
@@ -579,7 +605,12 @@ def _kv_only_ready(proposer: Any, model: Any, connector_ok: bool) -> KvOnlyDraft
     reason = KvOnlyDrafterPass.unsupported_reason(model)
     if reason is None and not connector_ok:
         reason = "a KV connector that saves layer by layer (only NixlConnector or none is known safe)"
-    built = None if reason else KvOnlyDrafterPass(model, compiled=_engine_compiles(proposer))
+    built = None
+    if not reason:
+        try:
+            built = KvOnlyDrafterPass(model, compiled=_engine_compiles(proposer))
+        except Exception as exc:  # internals other than the feature checks saw
+            reason = f"cannot be built on this drafter ({type(exc).__name__}: {exc})"
     if reason:
         log.warning("pdspec: KV-only drafter pass off (%s); K=0 steps run the full drafter pass", reason)
     else:

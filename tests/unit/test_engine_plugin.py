@@ -70,6 +70,10 @@ class FakeWorker:
     def warm_up(self):
         self.model_runner._dummy_run(16)
 
+    def compile_or_warm_up_model(self):
+        # as vLLM 0.33's kernel warm-up: real-looking steps (not dummy runs) with K>0
+        self.model_runner.execute_model(types.SimpleNamespace(skip_drafts=False))
+
 
 def fresh_classes():
     """Subclasses to patch, so each test installs on classes of its own."""
@@ -111,12 +115,23 @@ def test_runner_counts_the_k_its_real_steps_ran_with_after_the_dp_agreement():
     runner.execute_model(types.SimpleNamespace(skip_drafts=True, agreed_skip=False))  # another rank drafts
     runner.execute_model(types.SimpleNamespace(skip_drafts=True, tokens=0))  # nothing scheduled: no step
     worker.execute_dummy_batch()  # an idle rank's dummy batch is not a step
+    worker.compile_or_warm_up_model()  # nor is the kernel warm-up
     proposals, k0 = (now - then for now, then in zip(counted(), start))
     assert (proposals, k0) == (2, 1)
     no_drafter = runner_cls()
     no_drafter.speculator = None
     no_drafter.execute_model(types.SimpleNamespace(skip_drafts=True))
     assert counted() == (start[0] + 2, start[1] + 1)
+
+
+def test_runner_counts_a_step_once_whatever_the_tensor_parallel_size(monkeypatch):
+    worker_cls, runner_cls = fresh_classes()
+    install_idle_rank_vote(worker_cls, runner_cls)
+    start = counted()
+    for rank in (0, 1):  # each TP rank's runner executes the same step
+        monkeypatch.setattr(engine_plugin, "_tensor_parallel_rank", lambda rank=rank: rank)
+        runner_cls().execute_model(types.SimpleNamespace(skip_drafts=True))
+    assert counted() == (start[0] + 1, start[1] + 1)
 
 
 class FakeV1Runner:

@@ -18,9 +18,11 @@ from pdspec.worker.engine_plugin import _fused_rms_norm, _platform_rotary
 
 @pytest.fixture(scope="module")
 def vllm_config():
-    from vllm.config import VllmConfig, set_current_vllm_config
+    """An eager engine's config: custom ops on, so a module dispatches to its kernel."""
+    from vllm.config import CompilationConfig, CompilationMode, VllmConfig, set_current_vllm_config
 
-    with set_current_vllm_config(VllmConfig()):
+    eager = CompilationConfig(mode=CompilationMode.NONE, custom_ops=["all"])
+    with set_current_vllm_config(VllmConfig(compilation_config=eager)):
         yield
 
 
@@ -46,7 +48,7 @@ def test_platform_rotary_is_the_eager_modules_kernel_and_matches_native(vllm_con
     kv = torch.randn(tokens, 2 * kv_heads * head_size, generator=gen) * 8
     key = kv[:, : kv_heads * head_size]
     by_kernel, _ = kernel(positions, key.clone())
-    by_module, _ = rotary.forward_cpu(positions, key.clone())  # an eager engine's dispatch
+    by_module, _ = rotary(positions, key.clone())  # the module as an eager engine dispatches it
     native, _ = rotary.forward_native(positions, key.clone())
     assert torch.equal(by_kernel, by_module)
     torch.testing.assert_close(by_kernel, native, rtol=0, atol=1e-6 * float(key.abs().max()) * 4)

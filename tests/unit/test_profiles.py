@@ -105,10 +105,16 @@ def test_dp2_prefill_profile_spans_both_gpus_with_the_vote_switch(monkeypatch, t
     from pdspec.settings import WorkerCommand
     from pdspec.worker.engine_plugin import DP_IDLE_RANK_VOTE_ENV
 
-    monkeypatch.setenv("PDSPEC_CONFIG", str(PROFILES / "dummy" / "qwen3-8b-eagle3-prefill-dp2.toml"))
+    monkeypatch.setenv("PDSPEC_CONFIG", str(PROFILES / "dummy" / "qwen3-30b-a3b-eagle3-prefill-dp2.toml"))
     command = CliApp.run(WorkerCommand, cli_args=vote)
     argv = vllm_argv("prefill", command.model, command.worker, cpu=False)
     assert argv[argv.index("--data-parallel-size") + 1] == "2"
     assert json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_role"] == KV_ROLES["prefill"]
     env = worker_env("prefill", command.worker, tmp_path, cpu=False)
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env[DP_IDLE_RANK_VOTE_ENV] == env_value
+    # vLLM steps the data-parallel ranks together (and so votes) only for MoE models
+    target, drafter = _config(command.model.target), _config(command.model.drafter)
+    assert target["num_experts"] > 1 and target["architectures"] == ["Qwen3MoeForCausalLM"]
+    assert drafter["hidden_size"] == drafter["target_hidden_size"] == target["hidden_size"]
+    assert max(drafter["eagle_aux_hidden_state_layer_ids"]) < target["num_hidden_layers"]
+    assert target["vocab_size"] == drafter["vocab_size"] == 4096
