@@ -267,29 +267,11 @@ def install_idle_rank_vote(worker_cls: type, runner_cls: type, vote: bool = True
     """
     if getattr(runner_cls.execute_model, "_pdspec_wrapped", False):
         return
-    original_dummy = worker_cls.execute_dummy_batch
     original_execute = runner_cls.execute_model
-    original_warm_up = getattr(worker_cls, "compile_or_warm_up_model", None)
-
-    if original_warm_up is not None:
+    worker_cls.execute_dummy_batch = _flagged(worker_cls.execute_dummy_batch, _IDLE_RANK_DUMMY)
+    if hasattr(worker_cls, "compile_or_warm_up_model"):
         # vLLM's kernel warm-up runs real-looking steps (not dummy runs) with K>0: not counted.
-        @functools.wraps(original_warm_up)
-        def compile_or_warm_up_model(self, *args, **kwargs):
-            token = _WARMING_UP.set(True)
-            try:
-                return original_warm_up(self, *args, **kwargs)
-            finally:
-                _WARMING_UP.reset(token)
-
-        worker_cls.compile_or_warm_up_model = compile_or_warm_up_model
-
-    @functools.wraps(original_dummy)
-    def execute_dummy_batch(self, *args, **kwargs):
-        token = _IDLE_RANK_DUMMY.set(True)
-        try:
-            return original_dummy(self, *args, **kwargs)
-        finally:
-            _IDLE_RANK_DUMMY.reset(token)
+        worker_cls.compile_or_warm_up_model = _flagged(worker_cls.compile_or_warm_up_model, _WARMING_UP)
 
     @functools.wraps(original_execute)
     def execute_model(self, scheduler_output, *args, **kwargs):
@@ -303,8 +285,21 @@ def install_idle_rank_vote(worker_cls: type, runner_cls: type, vote: bool = True
         return result
 
     execute_model._pdspec_wrapped = True  # type: ignore[attr-defined]
-    worker_cls.execute_dummy_batch = execute_dummy_batch
     runner_cls.execute_model = execute_model
+
+
+def _flagged(method: Any, flag: ContextVar) -> Any:
+    """`method`, with `flag` set to True while it runs (and what it calls)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        token = flag.set(True)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            flag.reset(token)
+
+    return wrapper
 
 
 def _count_runner_step(runner: Any, state_before: Any) -> None:
