@@ -95,14 +95,35 @@ def detect_capabilities(vllm_config: Any) -> Capabilities:
     return Capabilities(version=version, native_skip=has_skip_field and v2_runner)
 
 
+class WatchedFile:
+    """A small settings file, read again only when it changes (one stat per call)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._mtime_ns: int | None = None
+
+    def changed_text(self) -> str | None:
+        """The file's text if it changed since the last call, else None (also when there
+        is no file)."""
+        if self.path is None:
+            return None
+        try:
+            mtime = self.path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return None
+        if mtime == self._mtime_ns:
+            return None
+        self._mtime_ns = mtime
+        return self.path.read_text().strip()
+
+
 class DraftsPolicySource:
     """The live drafts policy: the file named by PDSPEC_DRAFTS_FILE when it exists,
-    else PDSPEC_DRAFTS. Re-read only when the file changes (one stat per step)."""
+    else PDSPEC_DRAFTS."""
 
     def __init__(self, initial: DraftsPolicy, path: Path | None) -> None:
         self.policy: DraftsPolicy = initial
-        self.path = path
-        self._mtime_ns: int | None = None
+        self.file = WatchedFile(path)
 
     @classmethod
     def from_env(cls) -> DraftsPolicySource:
@@ -111,15 +132,9 @@ class DraftsPolicySource:
         return cls(_parse_policy(initial, "auto"), Path(path) if path else None)
 
     def current(self) -> DraftsPolicy:
-        if self.path is None:
-            return self.policy
-        try:
-            mtime = self.path.stat().st_mtime_ns
-        except FileNotFoundError:
-            return self.policy
-        if mtime != self._mtime_ns:
-            self._mtime_ns = mtime
-            self.policy = _parse_policy(self.path.read_text().strip(), self.policy)
+        text = self.file.changed_text()
+        if text is not None:
+            self.policy = _parse_policy(text, self.policy)
         return self.policy
 
 
@@ -366,12 +381,11 @@ KV_ONLY_DRAFTERS = ("Eagle3LlamaForCausalLM",)  # drafter classes whose layer co
 
 class LiveFlag:
     """An on/off setting: the file named by `path` when it exists ("on"/"off"), else the
-    start-up value. Re-read only when the file changes (one stat per use)."""
+    start-up value."""
 
     def __init__(self, initial: bool, path: Path | None) -> None:
         self.value = initial
-        self.path = path
-        self._mtime_ns: int | None = None
+        self.file = WatchedFile(path)
 
     @classmethod
     def kv_only_from_env(cls) -> LiveFlag:
@@ -379,19 +393,11 @@ class LiveFlag:
         return cls(os.environ.get(KV_ONLY_ENV, "1") != "0", Path(path) if path else None)
 
     def current(self) -> bool:
-        if self.path is None:
-            return self.value
-        try:
-            mtime = self.path.stat().st_mtime_ns
-        except FileNotFoundError:
-            return self.value
-        if mtime != self._mtime_ns:
-            self._mtime_ns = mtime
-            text = self.path.read_text().strip()
-            if text in ("on", "off"):
-                self.value = text == "on"
-            else:
-                log.warning("pdspec: ignoring %r in %s (want on/off)", text, self.path)
+        text = self.file.changed_text()
+        if text in ("on", "off"):
+            self.value = text == "on"
+        elif text is not None:
+            log.warning("pdspec: ignoring %r in %s (want on/off)", text, self.file.path)
         return self.value
 
 
@@ -646,7 +652,7 @@ def _kv_only_flag() -> LiveFlag:
     when a benchmark starts a second in-process engine)."""
     global _KV_ONLY_FLAG
     path = os.environ.get(KV_ONLY_FILE_ENV)
-    if _KV_ONLY_FLAG is None or str(_KV_ONLY_FLAG.path or "") != (path or ""):
+    if _KV_ONLY_FLAG is None or str(_KV_ONLY_FLAG.file.path or "") != (path or ""):
         _KV_ONLY_FLAG = LiveFlag.kv_only_from_env()
     return _KV_ONLY_FLAG
 
@@ -837,7 +843,7 @@ def install_kv_only_drafter() -> None:
         return
     if not vllm.__version__.startswith(SUPPORTED_VLLM):
         return
-    if not _kv_only_flag().current() and _kv_only_flag().path is None:
+    if not _kv_only_flag().current() and _kv_only_flag().file.path is None:
         return  # off for good: leave vLLM's classes untouched
     try:
         from vllm.v1.spec_decode.eagle import EagleProposer
