@@ -12,13 +12,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
+
+from loadtest import worker_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT_S = float(os.environ.get("PDSPEC_TEST_STARTUP_TIMEOUT_S", "600"))
@@ -179,14 +180,22 @@ def scrape(url: str) -> dict[str, float]:
     Sample names keep their suffixes (`_total`, `_sum`, `_count`), so counters and
     histogram sums can be read directly.
     """
-    text = httpx.get(url + "/metrics", timeout=10).text
-    values: dict[str, float] = defaultdict(float)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.endswith("_created") or sample.name.endswith("_bucket"):
+    return worker_metrics.parse(httpx.get(url + "/metrics", timeout=10).text)
+
+
+def stream_and_kill(url: str, body: dict, kill, after_events: int = 3, timeout_s: float = 60) -> list[str]:
+    """Streams `body` to `url`'s /v1/completions, calls `kill()` once `after_events` SSE
+    data events have arrived, and returns the data of every event received to the end."""
+    events: list[str] = []
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=timeout_s) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
                 continue
-            values[sample.name] += sample.value
-    return dict(values)
+            events.append(line[len("data: "):])
+            if len(events) == after_events:
+                kill()
+    return events
 
 
 def scrape_labeled(url: str, name: str) -> dict[tuple, float]:

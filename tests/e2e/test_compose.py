@@ -165,16 +165,8 @@ def test_scale_prefill_to_two_and_traffic_reaches_both(compose_stack):
 def test_decode_container_killed_mid_stream_ends_with_an_sse_error(compose_stack):
     (decode,) = containers("decode")
     body = completion_body(unique_prompt(40), stream=True, max_tokens=1500, ignore_eos=True)
-    events = []
     start = time.monotonic()
-    with httpx.stream("POST", PROXY + "/v1/completions", json=body, timeout=60) as response:
-        assert response.status_code == 200
-        for line in response.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            events.append(line[len("data: "):])
-            if len(events) == 3:
-                run(["docker", "kill", decode])
+    events = harness.stream_and_kill(PROXY, body, kill=lambda: run(["docker", "kill", decode]))
     assert time.monotonic() - start < 60
     assert events[-1] == "[DONE]"
     assert "error" in json.loads(events[-2])

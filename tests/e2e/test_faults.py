@@ -292,14 +292,6 @@ def test_prefill_worker_killed_under_load(cluster):
 
 def test_decode_worker_killed_mid_stream_ends_with_an_sse_error(cluster):
     body = completion_body(unique_prompt(40), stream=True, max_tokens=1500)
-    events = []
-    with httpx.stream("POST", cluster["double"].url + "/v1/completions", json=body, timeout=60) as response:
-        assert response.status_code == 200
-        for line in response.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            events.append(line[len("data: "):])
-            if len(events) == 3:
-                cluster["d"].kill()
+    events = harness.stream_and_kill(cluster["double"].url, body, kill=cluster["d"].kill)
     assert events[-1] == "[DONE]"
     assert "error" in json.loads(events[-2])

@@ -201,14 +201,20 @@ def test_real_cpu_platform_picks_the_workers_own_core(monkeypatch):
     assert CpuPlatform.discover_numa_topology() == nodes
 
 
-def test_affinity_fix_is_installed_only_for_pd_workers(monkeypatch):
+@pytest.fixture
+def affinity_classes(monkeypatch):
+    """vLLM's CPU platform and NIXL worker classes, restored after the test patches them."""
     pytest.importorskip("vllm")
-    from vllm.platforms.cpu import CpuPlatform
-
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
+    from vllm.platforms.cpu import CpuPlatform
 
     monkeypatch.setattr(CpuPlatform, "discover_numa_topology", CpuPlatform.discover_numa_topology)
     monkeypatch.setattr(NixlBaseConnectorWorker, "__init__", NixlBaseConnectorWorker.__init__)
+    return CpuPlatform, NixlBaseConnectorWorker
+
+
+def test_affinity_fix_is_installed_only_for_pd_workers(monkeypatch, affinity_classes):
+    CpuPlatform, _ = affinity_classes  # noqa: N806
     monkeypatch.setenv(engine_plugin.ROLE_ENV, "colocated")
     engine_plugin.install_cpu_affinity_fix()
     assert not getattr(CpuPlatform.discover_numa_topology, "_pdspec_wrapped", False)
@@ -235,13 +241,8 @@ def test_main_thread_gets_its_cores_back_after_the_connector_pins_it(monkeypatch
     assert affinity["now"] == {0, 1, 2, 3}  # the main thread its own cores back
 
 
-def test_affinity_restore_wraps_vllms_nixl_worker(monkeypatch):
-    pytest.importorskip("vllm")
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
-    from vllm.platforms.cpu import CpuPlatform
-
-    monkeypatch.setattr(CpuPlatform, "discover_numa_topology", CpuPlatform.discover_numa_topology)
-    monkeypatch.setattr(NixlBaseConnectorWorker, "__init__", NixlBaseConnectorWorker.__init__)
+def test_affinity_restore_wraps_vllms_nixl_worker(monkeypatch, affinity_classes):
+    _, NixlBaseConnectorWorker = affinity_classes  # noqa: N806
     monkeypatch.setenv(engine_plugin.ROLE_ENV, "decode")
     engine_plugin.install_cpu_affinity_fix()
     assert getattr(NixlBaseConnectorWorker.__init__, "_pdspec_wrapped", False)
