@@ -293,6 +293,7 @@ def install_idle_rank_vote(worker_cls: type, runner_cls: type, vote: bool = True
         dummy = kwargs.get("dummy_run", False)
         if vote and dummy and _IDLE_RANK_DUMMY.get() and hasattr(scheduler_output, "skip_drafts"):
             scheduler_output.skip_drafts = dp_vote(rank_has_requests=False, rank_skips=False, prefill_role=True)
+            _dummy_propose_follows_agreement(getattr(self, "speculator", None))
         before = getattr(self, "execute_model_state", None)
         result = original_execute(self, scheduler_output, *args, **kwargs)
         if not dummy and not _WARMING_UP.get():
@@ -301,6 +302,28 @@ def install_idle_rank_vote(worker_cls: type, runner_cls: type, vote: bool = True
 
     execute_model._pdspec_wrapped = True  # type: ignore[attr-defined]
     runner_cls.execute_model = execute_model
+
+
+def _dummy_propose_follows_agreement(speculator: Any) -> None:
+    """After its dummy batch, an idle rank runs the speculator's `propose` without a K,
+    so with vLLM's full K: vLLM's own idle rank never lets the ranks agree to skip. With
+    pdspec's vote they can; the busy ranks then run only the drafter's prefill pass, and
+    the idle rank must run the same passes, since an MoE drafter's forward (MTP of an MoE
+    target) has collectives that span the data-parallel group. Wraps this instance once."""
+    if speculator is None or getattr(speculator.propose, "_pdspec_wrapped", False):
+        return
+    original = speculator.propose
+
+    @functools.wraps(original)
+    def propose(*args, **kwargs):
+        agreed_skip = getattr(kwargs.get("dp_sync_state"), "skip_drafts", False)
+        if kwargs.get("dummy_run") and _IDLE_RANK_DUMMY.get() and agreed_skip:
+            if kwargs.get("num_speculative_tokens") is None:
+                kwargs["num_speculative_tokens"] = 0
+        return original(*args, **kwargs)
+
+    propose._pdspec_wrapped = True  # type: ignore[attr-defined]
+    speculator.propose = propose
 
 
 def _flagged(method: Any, flag: ContextVar) -> Any:

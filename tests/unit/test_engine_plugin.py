@@ -40,15 +40,23 @@ def test_cpu_build_uses_the_k_override():
     assert caps.native_skip is False
 
 
+class FakeSpeculator:
+    def __init__(self):
+        self.ks = []  # the K of each propose call, None: vLLM's full K
+
+    def propose(self, *args, dp_sync_state=None, dummy_run=False, num_speculative_tokens=None, **kwargs):
+        self.ks.append(num_speculative_tokens)
+
+
 class FakeRunner:
     """As vLLM 0.33's V2 runner: a step with a forward leaves a new execute_model_state
-    holding its K, zero when the ranks agreed to skip drafts."""
-
-    speculator = object()
+    holding its K, zero when the ranks agreed to skip drafts. A dummy run proposes after
+    its forward, with the agreement and no K."""
 
     def __init__(self):
         self.votes = []
         self.execute_model_state = None
+        self.speculator = FakeSpeculator()
 
     def execute_model(self, scheduler_output, intermediate_tensors=None, dummy_run=False, **kwargs):
         self.votes.append(scheduler_output.skip_drafts)
@@ -56,16 +64,19 @@ class FakeRunner:
             k = 0 if getattr(scheduler_output, "agreed_skip", scheduler_output.skip_drafts) else 3
             self.execute_model_state = types.SimpleNamespace(num_spec_tokens_to_schedule=k)
 
-    def _dummy_run(self, num_tokens, **kwargs):
-        self.execute_model(types.SimpleNamespace(skip_drafts=False), dummy_run=True)
+    def _dummy_run(self, num_tokens, busy_rank_skips=True, **kwargs):
+        output = types.SimpleNamespace(skip_drafts=False)
+        self.execute_model(output, dummy_run=True)
+        sync = types.SimpleNamespace(skip_drafts=output.skip_drafts and busy_rank_skips)  # ranks AND their votes
+        self.speculator.propose(dp_sync_state=sync, dummy_run=True)
 
 
 class FakeWorker:
     def __init__(self):
         self.model_runner = FakeRunner()
 
-    def execute_dummy_batch(self):
-        self.model_runner._dummy_run(1, uniform_decode=True)
+    def execute_dummy_batch(self, busy_rank_skips=True):
+        self.model_runner._dummy_run(1, busy_rank_skips=busy_rank_skips, uniform_decode=True)
 
     def warm_up(self):
         self.model_runner._dummy_run(16)
@@ -91,6 +102,16 @@ def test_idle_rank_dummy_batch_votes_skip_but_warmup_does_not():
     worker.warm_up()  # other dummy runs keep vLLM's vote
     worker.model_runner.execute_model(types.SimpleNamespace(skip_drafts=False))  # a real step
     assert worker.model_runner.votes == [True, False, False]
+
+
+def test_idle_rank_dummy_proposes_with_the_k_the_ranks_agreed_on():
+    worker_cls, runner_cls = fresh_classes()
+    install_idle_rank_vote(worker_cls, runner_cls)
+    worker = worker_cls()
+    worker.execute_dummy_batch()  # the busy rank skips too: the dummy drafter runs K=0, as it does
+    worker.execute_dummy_batch(busy_rank_skips=False)  # a busy rank drafts: vLLM's K
+    worker.warm_up()  # not an idle rank's dummy: untouched
+    assert worker.model_runner.speculator.ks == [0, None, None]
 
 
 def test_without_the_vote_an_idle_rank_keeps_vllms_draft_vote():
