@@ -15,7 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/dp-vote-out}
 RUN_ROOT=/tmp/pdspec-dp-vote
-DEADLINE=$((SECONDS + ${BUDGET_S:-560}))  # the device call's limit is 600 s
+DEADLINE=$((SECONDS + ${BUDGET_S:-540}))  # the device call's limit is 600 s
 source loadtest/gpu/device_env.sh 2
 mkdir -p "$OUT" "$RUN_ROOT"
 profile=deploy/profiles/dummy/qwen3-30b-a3b-eagle3-prefill-dp2.toml
@@ -48,5 +48,6 @@ run_one() {  # NAME VOTE_FLAG
 run_one vote --worker.dp_idle_rank_vote; vote=$?
 run_one no-vote --no-worker.dp_idle_rank_vote; no_vote=$?
 cat "$OUT"/*/dp_vote.md 2>/dev/null
+(cd "$RUN_ROOT" && tar czf "$OUT/logs.tar.gz" ./*.log)
 ls -laR "$OUT"
 [ $vote = 0 ] && [ $no_vote = 0 ]

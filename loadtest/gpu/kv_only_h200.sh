@@ -22,7 +22,7 @@ cd "$(dirname "$0")/../.."
 what=${1:?usage: kv_only_h200.sh profile|bench512|bench2048|dflash512}
 OUT=${OUT:-/tmp/kv-only-out}
 source loadtest/gpu/device_env.sh 1
-export VLLM_CACHE_ROOT=/tmp/pdspec-vllm-cache  # kept for the next call on this machine
+export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/pdspec-vllm-cache}  # kept for the next call on this machine
 mkdir -p "$OUT"
 
 shape=(--target deploy/shapes/qwen3-8b --drafter deploy/shapes/qwen3-8b-eagle3 --dummy --method eagle3 --k 3)
@@ -38,8 +38,9 @@ case "$what" in
   dflash512)
     # vLLM 0.33's V2 DFlash speculator already runs only the context K/V precompute on
     # K=0 steps (no query pass): this measures what is left against no drafter.
+    # 16 prompts: its two engines start cold when it runs first on a GPU.
     python3 -m loadtest.prefill_bench --target deploy/shapes/qwen3-8b --drafter deploy/shapes/qwen3-8b-dflash \
-      --dummy --method dflash --k 16 --prompts "${PROMPTS:-32}" --prompt-tokens 16384 --mbt 512 \
+      --dummy --method dflash --k 16 --prompts "${PROMPTS:-16}" --prompt-tokens 16384 --mbt 512 \
       --reps "${REPS:-3}" --baseline --modes auto --gpu-memory-utilization 0.4 --out "$OUT" 2>&1 \
       | tee "$OUT/bench-log.txt" | grep -v " INFO " ;;
   *) echo "unknown: $what" >&2; exit 2 ;;
