@@ -20,3 +20,10 @@ eps = [e.value for e in md.entry_points(group="vllm.general_plugins")]
 print("vllm", vllm.__version__, "torch", torch.__version__, "gpus", torch.cuda.device_count(), "plugins", eps)
 assert "pdspec.worker.plugin:register" in eps and torch.cuda.device_count() >= int(os.environ["MIN_GPUS"])
 PY
+# vLLM's own NCCL wrapper (pynccl: the all-gather of an MoE model's data-parallel
+# dispatch) needs NCCL >= 2.29.7, newer than torch 2.11's there: loadtest/gpu/stage_nccl.sh
+# stages one into /tmp/nccl. Without it pynccl turns itself off (dense models do not mind).
+if [ -z "${VLLM_NCCL_SO_PATH:-}" ] && [ -f /tmp/nccl/libnccl.so.2 ]; then
+  export VLLM_NCCL_SO_PATH=/tmp/nccl/libnccl.so.2
+fi
+echo "VLLM_NCCL_SO_PATH=${VLLM_NCCL_SO_PATH:-unset, the NCCL torch loads}"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The data-parallel vote on the lent 2 x H200 (kind nvidia-h200-x2), one device call
-# after gpu-stage installed vLLM 0.33 into /tmp/site. Run from the repository root:
+# after gpu-stage installed vLLM 0.33 into /tmp/site and loadtest/gpu/stage_nccl.sh put a
+# newer NCCL in /tmp/nccl (an MoE model's data parallelism needs NCCL >= 2.29.7 in vLLM
+# 0.33; torch's there is older). Run from the repository root:
 #
 #   bash loadtest/gpu/dp_vote_2gpu.sh
 #
