@@ -21,10 +21,11 @@ from pathlib import Path
 
 import httpx
 
-from loadtest.worker_metrics import scrape_when_idle
+from loadtest.worker_metrics import K0_PROPOSALS, PROPOSALS, scrape_when_idle
 
-COUNTERS = ("pdspec_proposals_total", "pdspec_k0_proposals_total", "pdspec_runner_proposals_total",
-            "pdspec_runner_k0_proposals_total")  # fmt: skip
+RUNNER_PROPOSALS = "pdspec_runner_proposals_total"
+RUNNER_K0_PROPOSALS = "pdspec_runner_k0_proposals_total"
+COUNTERS = (PROPOSALS, K0_PROPOSALS, RUNNER_PROPOSALS, RUNNER_K0_PROPOSALS)
 
 
 def prefill_body(model: str, prompt_ids: list[int]) -> dict:
@@ -45,9 +46,8 @@ def report(results: dict[str, dict]) -> str:
     lines = ["| worker | requests | proposals (scheduler) | K=0 (scheduler) | steps run (runner) | K=0 run (runner) |",
              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for name, r in results.items():
-        lines.append(f"| {name} | {r['requests']} | {r['pdspec_proposals_total']:.0f} | "
-                     f"{r['pdspec_k0_proposals_total']:.0f} | {r['pdspec_runner_proposals_total']:.0f} | "
-                     f"{r['pdspec_runner_k0_proposals_total']:.0f} |")  # fmt: skip
+        counts = " | ".join(f"{r[counter]:.0f}" for counter in COUNTERS)
+        lines.append(f"| {name} | {r['requests']} | {counts} |")
     return "\n".join(lines) + "\n"
 
 
