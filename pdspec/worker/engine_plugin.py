@@ -309,8 +309,9 @@ def _dummy_propose_follows_agreement(speculator: Any) -> None:
     so with vLLM's full K: vLLM's own idle rank never lets the ranks agree to skip. With
     pdspec's vote they can; the busy ranks then run only the drafter's prefill pass, and
     the idle rank must run the same passes, since an MoE drafter's forward (MTP of an MoE
-    target) has collectives that span the data-parallel group. Wraps this instance once."""
-    if speculator is None or getattr(speculator.propose, "_pdspec_wrapped", False):
+    target) has collectives that span the data-parallel group. Wraps this instance once
+    (its own marker: the class's `propose` may carry the KV-only pass's)."""
+    if speculator is None or getattr(speculator.propose, "_pdspec_follows_agreement", False):
         return
     original = speculator.propose
 
@@ -322,7 +323,7 @@ def _dummy_propose_follows_agreement(speculator: Any) -> None:
                 kwargs["num_speculative_tokens"] = 0
         return original(*args, **kwargs)
 
-    propose._pdspec_wrapped = True  # type: ignore[attr-defined]
+    propose._pdspec_follows_agreement = True  # type: ignore[attr-defined]
     speculator.propose = propose
 
 

@@ -40,6 +40,10 @@ def test_cpu_build_uses_the_k_override():
     assert caps.native_skip is False
 
 
+V2_PROPOSE_INPUTS = ("input_batch", "attn_metadata", "slot_mappings", "last_hidden_states", "aux_hidden_states",
+                     "num_sampled", "num_rejected", "last_sampled", "next_prefill_tokens", "temperature", "seeds")
+
+
 class FakeSpeculator:
     def __init__(self):
         self.ks = []  # the K of each propose call, None: vLLM's full K
@@ -68,7 +72,8 @@ class FakeRunner:
         output = types.SimpleNamespace(skip_drafts=False)
         self.execute_model(output, dummy_run=True)
         sync = types.SimpleNamespace(skip_drafts=output.skip_drafts and busy_rank_skips)  # ranks AND their votes
-        self.speculator.propose(dp_sync_state=sync, dummy_run=True)
+        inputs = dict.fromkeys(V2_PROPOSE_INPUTS)  # vLLM passes every input by name
+        self.speculator.propose(**inputs, dp_sync_state=sync, dummy_run=True)
 
 
 class FakeWorker:
@@ -112,6 +117,24 @@ def test_idle_rank_dummy_proposes_with_the_k_the_ranks_agreed_on():
     worker.execute_dummy_batch(busy_rank_skips=False)  # a busy rank drafts: vLLM's K
     worker.warm_up()  # not an idle rank's dummy: untouched
     assert worker.model_runner.speculator.ks == [0, None, None]
+    worker.execute_dummy_batch()  # wrapped once: still one K per call
+    assert worker.model_runner.speculator.ks == [0, None, None, 0]
+
+
+def test_idle_rank_dummy_follows_the_agreement_under_the_kv_only_wrapper():
+    # On a GPU prefill worker the speculator class's propose is already pdspec's
+    # (the KV-only pass), with that wrapper's own marker.
+    class KvOnlyWrapped(FakeSpeculator):
+        pass
+
+    engine_plugin.install_kv_only_v2(KvOnlyWrapped)
+    assert KvOnlyWrapped.propose._pdspec_wrapped
+    worker_cls, runner_cls = fresh_classes()
+    install_idle_rank_vote(worker_cls, runner_cls)
+    worker = worker_cls()
+    worker.model_runner.speculator = KvOnlyWrapped()
+    worker.execute_dummy_batch()
+    assert worker.model_runner.speculator.ks == [0]
 
 
 def test_without_the_vote_an_idle_rank_keeps_vllms_draft_vote():

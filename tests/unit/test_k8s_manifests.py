@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 from functools import cache
-from pathlib import Path
 
 import kubernetes_validate
 import pytest

@@ -7,7 +7,6 @@ import time
 
 import httpx
 
-from tests.standin import StandinBehaviour
 from tests.unit.test_proxy_failures import BODY, Cluster, sample
 
 
