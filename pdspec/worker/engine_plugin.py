@@ -318,9 +318,9 @@ def _dummy_propose_follows_agreement(speculator: Any) -> None:
     @functools.wraps(original)
     def propose(*args, **kwargs):
         agreed_skip = getattr(kwargs.get("dp_sync_state"), "skip_drafts", False)
-        if kwargs.get("dummy_run") and _IDLE_RANK_DUMMY.get() and agreed_skip:
-            if kwargs.get("num_speculative_tokens") is None:
-                kwargs["num_speculative_tokens"] = 0
+        no_k = kwargs.get("num_speculative_tokens") is None
+        if kwargs.get("dummy_run") and _IDLE_RANK_DUMMY.get() and agreed_skip and no_k:
+            kwargs["num_speculative_tokens"] = 0
         return original(*args, **kwargs)
 
     propose._pdspec_follows_agreement = True  # type: ignore[attr-defined]

@@ -17,7 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from loadtest.promql import load_dashboard, metric_names, panel_queries, rule_queries, substitute
