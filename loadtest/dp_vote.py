@@ -7,6 +7,9 @@ scheduler's counters (`pdspec_proposals`, `pdspec_k0_proposals`) are the decisio
 the ranks agree; the runner's (`pdspec_runner_*`) are what ran.
 
     python -m loadtest.dp_vote --worker vote=http://127.0.0.1:8100 --worker no-vote=http://127.0.0.1:8300
+    python -m loadtest.dp_vote --combine OUT/vote OUT/no-vote --out OUT   # arms run apart
+
+Writes dp_vote.json, dp_vote.md and dp_vote.png (steps run and K=0 steps run per worker).
 
 GPU only (loadtest/gpu/dp_vote_2gpu.sh starts the workers); the requests and the report
 are tested against a stand-in worker in tests/unit/test_dp_vote.py.
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 from pathlib import Path
 
 import httpx
@@ -51,14 +55,64 @@ def report(results: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(results: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    bars = (("steps run", RUNNER_PROPOSALS, "tab:gray"), ("K=0 steps run", RUNNER_K0_PROPOSALS, "tab:blue"))
+    for k, (label, counter, color) in enumerate(bars):
+        xs = [i + (k - 0.5) * 0.35 for i in range(len(names))]
+        heights = [results[n].get(counter, 0.0) for n in names]
+        ax.bar(xs, heights, width=0.35, label=label, color=color)
+        for x, h in zip(xs, heights):
+            ax.annotate(f"{h:.0f}", (x, h), ha="center", va="bottom")
+    ax.set_xticks(range(len(names)), [f"{n}\n{results[n]['requests']} requests" for n in names])
+    top = max([results[n].get(RUNNER_PROPOSALS, 0.0) for n in names] + [1.0])
+    ax.set_ylim(0, top * 1.35)  # room for the numbers and the legend above the bars
+    ax.set_ylabel("prefill worker steps (runner)")
+    ax.set_title("Data-parallel prefill worker, one rank idle")
+    ax.legend(loc="upper center", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write_results(results: dict[str, dict], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "dp_vote.json").write_text(json.dumps(results, indent=2))
+    (out / "dp_vote.md").write_text(report(results))
+    try:
+        plot(results, out / "dp_vote.png")
+    except ImportError:
+        print("(matplotlib not installed: no plot)", file=sys.stderr)
+    print(report(results))
+
+
+def combine(dirs: list[Path]) -> dict[str, dict]:
+    """One result from arms measured in separate runs (each folder's dp_vote.json)."""
+    results: dict[str, dict] = {}
+    for d in dirs:
+        results.update(json.loads((d / "dp_vote.json").read_text()))
+    return results
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--worker", action="append", required=True, help="NAME=URL of a prefill worker")
+    parser.add_argument("--worker", action="append", default=[], help="NAME=URL of a prefill worker")
+    parser.add_argument("--combine", type=Path, nargs="+", help="merge these result folders instead of measuring")
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=4096)
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--out", type=Path, default=Path("loadtest/results/dp_vote"))
     args = parser.parse_args(argv)
+    if args.combine:
+        write_results(combine(args.combine), args.out)
+        return
+    if not args.worker:
+        parser.error("give --worker NAME=URL (or --combine)")
     rng = random.Random(0)
     workers = dict(w.split("=", 1) for w in args.worker)
     results = {}
@@ -68,10 +122,7 @@ def main(argv: list[str] | None = None) -> None:
             prompts = [[rng.randrange(1, args.vocab) for _ in range(args.prompt_tokens)] for _ in range(args.requests)]
             results[name] = {"url": url, "requests": args.requests, **run_worker(client, url, prompts)}
             print(name, results[name], flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "dp_vote.json").write_text(json.dumps(results, indent=2))
-    (args.out / "dp_vote.md").write_text(report(results))
-    print(report(results))
+    write_results(results, args.out)
 
 
 if __name__ == "__main__":

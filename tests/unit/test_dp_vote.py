@@ -48,3 +48,17 @@ def test_prefill_requests_one_at_a_time_and_counter_deltas(tmp_path):
     assert all(b["max_tokens"] == 1 and len(b["prompt"]) == 8 for b in state["bodies"])
     assert result["pdspec_k0_proposals_total"] == 6 and result["pdspec_runner_k0_proposals_total"] == 3
     assert "| a | 3 | 6 | 6 | 6 | 3 |" in (tmp_path / "dp_vote.md").read_text()
+
+
+def test_combine_merges_arms_measured_apart(tmp_path):
+    for name, k0 in (("vote", 32), ("no-vote", 0)):
+        (tmp_path / name).mkdir()
+        counts = {c: 32.0 for c in dp_vote.COUNTERS} | {dp_vote.RUNNER_K0_PROPOSALS: float(k0)}
+        (tmp_path / name / "dp_vote.json").write_text(json.dumps({name: {"url": "u", "requests": 16, **counts}}))
+    out = tmp_path / "both"
+    dp_vote.main(["--combine", str(tmp_path / "vote"), str(tmp_path / "no-vote"), "--out", str(out)])
+    merged = json.loads((out / "dp_vote.json").read_text())
+    assert list(merged) == ["vote", "no-vote"]
+    table = (out / "dp_vote.md").read_text()
+    assert "| vote | 16 | 32 | 32 | 32 | 32 |" in table and "| no-vote | 16 | 32 | 32 | 32 | 0 |" in table
+    assert (out / "dp_vote.png").read_bytes().startswith(b"\x89PNG")
