@@ -50,8 +50,13 @@ def plan_stacks(args: argparse.Namespace, run_root: Path) -> list[Stack]:
     workload = WORKLOADS[args.workload]
     profiles = [Path(p) for p in args.profiles] or [None]
     stacks = []
+    chosen = args.variants or list(workload.variants)
+    unknown = sorted(set(chosen) - set(workload.variants))
+    if unknown:
+        raise SystemExit(f"--variants {' '.join(unknown)}: {args.workload} has {', '.join(workload.variants)}")
     for profile in profiles:
-        for variant, variant_overrides in workload.variants.items():
+        for variant in chosen:
+            variant_overrides = workload.variants[variant]
             index = len(stacks)
             base = profile.stem if profile is not None else "local"
             name = base if variant == "default" else f"{base}.{variant}"
@@ -139,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workload", choices=sorted(WORKLOADS), help="named workload")
     parser.add_argument("--out", type=Path, help="results folder")
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
+    parser.add_argument("--variants", nargs="+", metavar="NAME",
+                        help="only these of the workload's stacks (the seed: mbt512, mbt2048; see --list)")  # fmt: skip
     parser.add_argument("--together", action="store_true", help="start every stack at once, then bench each")
     parser.add_argument("--alternate-gpus", action="store_true",
                         help="every other stack: prefill and decode workers swap GPUs")  # fmt: skip

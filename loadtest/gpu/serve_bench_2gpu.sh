@@ -13,7 +13,9 @@
 #   the other way round, every worker at 40% of its GPU (the one-GPU 1P1D share that
 #   was validated); they are benchmarked one after the other, the idle one waiting;
 # - the seed runs 48 prompts per phase (not 128; the recorded run, 2026-11-30, took 432 s) and 2 phases per policy (not 3),
-#   interleaved auto, always, always, auto; NUM_PROMPTS and PHASES change that;
+#   interleaved auto, always, always, auto; NUM_PROMPTS and PHASES change that, and
+#   VARIANTS=mbt512 (or mbt2048) runs one stack alone: the seed's full size for one row,
+#   NUM_PROMPTS=128 PHASES=3 VARIANTS=mbt512, fits one call (about 530 s, cold);
 # - the seed's decode workers run eager (only the prefill worker's figures are the table);
 # - `pdspec bench --budget-s` gives each stack an equal share of the time left after the
 #   start and skips any phase that would not end in it, and says so in bench.md.
@@ -35,6 +37,7 @@ case "$what" in
     # The decode workers run eager: the table is the prefill worker's, and two engines
     # compiling instead of four shortens the cold start.
     bench_args=(--workload seed --together --alternate-gpus --set $share decode.enforce_eager=true)
+    [ -n "${VARIANTS:-}" ] && bench_args+=(--variants $VARIANTS)
     serve_args=(-- --num-prompts "${NUM_PROMPTS:-48}" --phases "${PHASES:-2}" --warmup 8) ;;
   latency)
     profiles="deploy/profiles/dummy/qwen3-8b-eagle3-1p1d.toml deploy/profiles/dummy/qwen3-8b-eagle3-colocated.toml"

@@ -75,6 +75,15 @@ def test_seed_plan_two_stacks_on_alternating_gpus(tmp_path):
                                 "decode_url": "http://127.0.0.1:19420"}  # fmt: skip
 
 
+def test_variants_pick_some_of_a_workloads_stacks(tmp_path):
+    profile = str(PROFILES / "dummy/qwen3-8b-eagle3-1p1d.toml")
+    args = _args(profile, "--workload", "seed", "--out", str(tmp_path), "--variants", "mbt512")
+    [stack] = bench.plan_stacks(args, tmp_path)
+    assert stack.name == "qwen3-8b-eagle3-1p1d.mbt512" and stack.settings.prefill.max_num_batched_tokens == 512
+    with pytest.raises(SystemExit, match="mbt1024.*mbt512, mbt2048"):
+        bench.plan_stacks(_args(profile, "--workload", "seed", "--out", str(tmp_path), "--variants", "mbt1024"), tmp_path)
+
+
 def test_colocated_stack_is_one_server(tmp_path):
     args = _args(str(PROFILES / "dummy/qwen3-8b-eagle3-1p1d.toml"), str(PROFILES / "dummy/qwen3-8b-eagle3-colocated.toml"),
                  "--workload", "latency", "--out", str(tmp_path), "--base-port", "19400")  # fmt: skip
