@@ -151,12 +151,15 @@ def plot_ab(report: dict, path: Path) -> None:
 
     handles = [Patch(color=color, label=policy or "single policy")
                for policy, color in colors.items() if any(p["policy"] == policy for p in phases)]  # fmt: skip
+    ax.set_xticks([p["index"] + 1 for p in phases])
+    top = max([p["prefill_tokens_per_s"] or 0 for p in phases] + [1.0])
+    ax.set_ylim(0, top * 1.2)  # the legend above the bars, not over one
     ax.set_xlabel("phase (run order)")
     ax.set_ylabel("prefill worker prompt tokens/s")
     title = " / ".join(f"{r['load']}: auto {r['auto_vs_always_pct']:+.1f}%" for r in report.get("ab_summary", []))
     ax.set_title((report.get("label") + ": " if report.get("label") else "") + (title or "prefill throughput"),
                  fontsize=9)  # fmt: skip
-    ax.legend(handles=handles)
+    ax.legend(handles=handles, loc="upper center", ncol=len(handles))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
