@@ -50,7 +50,7 @@ def plan_stacks(args: argparse.Namespace, run_root: Path) -> list[Stack]:
     workload = WORKLOADS[args.workload]
     profiles = [Path(p) for p in args.profiles] or [None]
     stacks = []
-    chosen = args.variants or list(workload.variants)
+    chosen = list(dict.fromkeys(args.variants or workload.variants))  # a name given twice is one stack
     unknown = sorted(set(chosen) - set(workload.variants))
     if unknown:
         raise SystemExit(f"--variants {' '.join(unknown)}: {args.workload} has {', '.join(workload.variants)}")

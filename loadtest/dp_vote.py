@@ -66,18 +66,19 @@ def plot(results: dict[str, dict], path: Path) -> None:
     bars = (("steps run", RUNNER_PROPOSALS, "tab:gray"), ("K=0 steps run", RUNNER_K0_PROPOSALS, "tab:blue"))
     for k, (label, counter, color) in enumerate(bars):
         xs = [i + (k - 0.5) * 0.35 for i in range(len(names))]
-        heights = [results[n].get(counter, 0.0) for n in names]
+        heights = [results[n][counter] for n in names]
         ax.bar(xs, heights, width=0.35, label=label, color=color)
         for x, h in zip(xs, heights):
             ax.annotate(f"{h:.0f}", (x, h), ha="center", va="bottom")
     ax.set_xticks(range(len(names)), [f"{n}\n{results[n]['requests']} requests" for n in names])
-    top = max([results[n].get(RUNNER_PROPOSALS, 0.0) for n in names] + [1.0])
+    top = max([results[n][RUNNER_PROPOSALS] for n in names] + [1.0])
     ax.set_ylim(0, top * 1.35)  # room for the numbers and the legend above the bars
     ax.set_ylabel("prefill worker steps (runner)")
     ax.set_title("Data-parallel prefill worker, one rank idle")
     ax.legend(loc="upper center", ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def write_results(results: dict[str, dict], out: Path) -> None:
@@ -92,10 +93,18 @@ def write_results(results: dict[str, dict], out: Path) -> None:
 
 
 def combine(dirs: list[Path]) -> dict[str, dict]:
-    """One result from arms measured in separate runs (each folder's dp_vote.json)."""
+    """One result from arms measured in separate runs (each folder's dp_vote.json). A
+    folder without one (its arm failed) is named and left out, so the others still show."""
     results: dict[str, dict] = {}
     for d in dirs:
-        results.update(json.loads((d / "dp_vote.json").read_text()))
+        path = d / "dp_vote.json"
+        if not path.is_file():
+            print(f"{path}: missing (that arm wrote no result); left out", file=sys.stderr)
+            continue
+        for name, result in json.loads(path.read_text()).items():
+            if name in results:
+                raise SystemExit(f"{path}: worker {name!r} is already in another folder")
+            results[name] = result
     return results
 
 
@@ -109,6 +118,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("loadtest/results/dp_vote"))
     args = parser.parse_args(argv)
     if args.combine:
+        if args.worker:
+            parser.error("--combine merges results; it takes no --worker")
         write_results(combine(args.combine), args.out)
         return
     if not args.worker:

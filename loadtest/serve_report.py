@@ -159,7 +159,8 @@ def plot_ab(report: dict, path: Path) -> None:
     title = " / ".join(f"{r['load']}: auto {r['auto_vs_always_pct']:+.1f}%" for r in report.get("ab_summary", []))
     ax.set_title((report.get("label") + ": " if report.get("label") else "") + (title or "prefill throughput"),
                  fontsize=9)  # fmt: skip
-    ax.legend(handles=handles, loc="upper center", ncol=len(handles))
+    if handles:  # none when the deadline left no phase to run
+        ax.legend(handles=handles, loc="upper center", ncol=len(handles))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -50,7 +50,7 @@ run_one() {  # NAME VOTE_FLAG
 run_one vote --worker.dp_idle_rank_vote; vote=$?
 run_one no-vote --no-worker.dp_idle_rank_vote; no_vote=$?
 # One table and plot of both arms (each measured in its own run).
-python3 -m loadtest.dp_vote --combine "$OUT/vote" "$OUT/no-vote" --out "$OUT" 2>&1 | tail -5
+python3 -m loadtest.dp_vote --combine "$OUT/vote" "$OUT/no-vote" --out "$OUT"
 (cd "$RUN_ROOT" && tar czf "$OUT/logs.tar.gz" ./*.log)
 ls -laR "$OUT"
 [ $vote = 0 ] && [ $no_vote = 0 ]

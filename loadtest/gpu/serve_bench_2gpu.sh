@@ -14,8 +14,10 @@
 #   was validated); they are benchmarked one after the other, the idle one waiting;
 # - the seed runs 48 prompts per phase (not 128; the recorded run, 2026-11-30, took 432 s) and 2 phases per policy (not 3),
 #   interleaved auto, always, always, auto; NUM_PROMPTS and PHASES change that, and
-#   VARIANTS=mbt512 (or mbt2048) runs one stack alone: the seed's full size for one row,
-#   NUM_PROMPTS=128 PHASES=3 VARIANTS=mbt512, fits one call (about 530 s, cold);
+#   VARIANTS=mbt512 (or mbt2048) runs one stack alone (its prefill worker on GPU 0).
+#   The seed's phase size for one row, NUM_PROMPTS=128 PHASES=3 VARIANTS=mbt512
+#   BUDGET=565, fit 4 of its 6 phases in one call (2026-11-30: ready after 311 s cold,
+#   34-40 s a phase; `--budget-s` skipped the last pair);
 # - the seed's decode workers run eager (only the prefill worker's figures are the table);
 # - `pdspec bench --budget-s` gives each stack an equal share of the time left after the
 #   start and skips any phase that would not end in it, and says so in bench.md.
@@ -49,7 +51,10 @@ esac
 
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv > "$RESULTS/nvidia-smi.txt" 2>&1
 set -x
-timeout -k 20 $((BUDGET + 30)) python3 -m pdspec.cli bench $profiles "${bench_args[@]}" \
+# The bench stops itself at --budget-s; this timeout is the backstop, capped so the
+# copying below still ends inside the device call's 600 s.
+stop_after=$((BUDGET + 30 < 560 ? BUDGET + 30 : 560))
+timeout -k 10 $stop_after python3 -m pdspec.cli bench $profiles "${bench_args[@]}" \
   --out "$RESULTS" --run-root "$RUN_ROOT" --budget-s $((BUDGET - 70)) --ready-timeout 420 --no-progress \
   "${serve_args[@]}"
 code=$?

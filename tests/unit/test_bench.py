@@ -80,6 +80,8 @@ def test_variants_pick_some_of_a_workloads_stacks(tmp_path):
     args = _args(profile, "--workload", "seed", "--out", str(tmp_path), "--variants", "mbt512")
     [stack] = bench.plan_stacks(args, tmp_path)
     assert stack.name == "qwen3-8b-eagle3-1p1d.mbt512" and stack.settings.prefill.max_num_batched_tokens == 512
+    twice = _args(profile, "--workload", "seed", "--out", str(tmp_path), "--variants", "mbt2048", "mbt512", "mbt2048")
+    assert [s.name.split(".")[-1] for s in bench.plan_stacks(twice, tmp_path)] == ["mbt2048", "mbt512"]
     with pytest.raises(SystemExit, match="mbt1024.*mbt512, mbt2048"):
         bench.plan_stacks(_args(profile, "--workload", "seed", "--out", str(tmp_path), "--variants", "mbt1024"), tmp_path)
 

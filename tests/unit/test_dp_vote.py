@@ -3,6 +3,7 @@ a time, counter deltas read from /metrics around them, and the report."""
 
 import json
 
+import pytest
 from fastapi import FastAPI, Request
 from starlette.responses import PlainTextResponse
 
@@ -62,3 +63,19 @@ def test_combine_merges_arms_measured_apart(tmp_path):
     table = (out / "dp_vote.md").read_text()
     assert "| vote | 16 | 32 | 32 | 32 | 32 |" in table and "| no-vote | 16 | 32 | 32 | 32 | 0 |" in table
     assert (out / "dp_vote.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_combine_leaves_out_an_arm_that_wrote_nothing_and_refuses_a_name_twice(tmp_path, capsys):
+    (tmp_path / "vote").mkdir()
+    counts = {c: 4.0 for c in dp_vote.COUNTERS}
+    (tmp_path / "vote" / "dp_vote.json").write_text(json.dumps({"vote": {"url": "u", "requests": 2, **counts}}))
+    assert list(dp_vote.combine([tmp_path / "vote", tmp_path / "no-vote"])) == ["vote"]
+    assert "no-vote/dp_vote.json: missing" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="'vote' is already in another folder"):
+        dp_vote.combine([tmp_path / "vote", tmp_path / "vote"])
+
+
+def test_combine_takes_no_worker(tmp_path):
+    with pytest.raises(SystemExit):
+        dp_vote.main(["--combine", str(tmp_path), "--worker", "a=http://127.0.0.1:9", "--out", str(tmp_path)])
+    assert not (tmp_path / "dp_vote.json").exists()

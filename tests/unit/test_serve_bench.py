@@ -155,6 +155,11 @@ def test_ab_summary_table_and_files(tmp_path):
     assert set(data["phases"][0]["ttft_ms"]) == {"mean", "median", "p99"}
 
 
+def test_ab_plot_of_a_run_whose_deadline_left_no_phase(tmp_path):
+    serve_report.plot_ab({"label": "late", "phases": [], "ab_summary": []}, tmp_path / "ab.png")
+    assert (tmp_path / "ab.png").read_bytes().startswith(b"\x89PNG")
+
+
 def _sse_app(gap_s: float, tokens: int, fail_every: int = 0) -> FastAPI:
     app = FastAPI()
     seen = []
