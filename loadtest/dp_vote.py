@@ -82,14 +82,15 @@ def plot(results: dict[str, dict], path: Path) -> None:
 
 
 def write_results(results: dict[str, dict], out: Path) -> None:
+    table = report(results)
     out.mkdir(parents=True, exist_ok=True)
     (out / "dp_vote.json").write_text(json.dumps(results, indent=2))
-    (out / "dp_vote.md").write_text(report(results))
+    (out / "dp_vote.md").write_text(table)
     try:
         plot(results, out / "dp_vote.png")
     except ImportError:
         print("(matplotlib not installed: no plot)", file=sys.stderr)
-    print(report(results))
+    print(table)
 
 
 def combine(dirs: list[Path]) -> dict[str, dict]:
