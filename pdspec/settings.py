@@ -188,7 +188,29 @@ class ProxySettings(BaseModel):
     queue_timeout_s: float = 10.0
     retry_after_s: int = 1
     max_body_bytes: int = 4 * 1024 * 1024
-    max_choices: int = Field(16, ge=1, description="Largest `n`: each choice is its own prefill and decode.")
+    # Client connections (proxy/connections.py): a head or a connection that would hold
+    # the event loop or memory is refused before any of it reaches the app.
+    client_max_header_bytes: int = Field(
+        64 * 1024, ge=1024, description="Largest request head (request line and headers); beyond it, 431."
+    )
+    client_head_timeout_s: float = Field(
+        10.0, gt=0, description="From a request's first byte to its last header; then 408."
+    )
+    client_body_timeout_s: float = Field(
+        60.0, gt=0, description="From a request's last header to its last body byte; then 408."
+    )
+    client_idle_timeout_s: float = Field(
+        30.0, gt=0, description="A client connection with no request under way (new, or kept alive) is closed "
+        "after this.",
+    )
+    max_connections: int = Field(
+        4096, ge=1, description="Open client connections; one more is answered 503 and closed. Keep it above "
+        "max_inflight + max_queue (each waiting or streaming request holds one).",
+    )
+    max_choices: int = Field(
+        64, ge=1, description="Most choices in one request (`n`, times the prompts of a completions prompt list): "
+        "each choice is its own prefill and decode.",
+    )
     gc_interval_s: float = Field(
         10.0, ge=0, description="Collect reference cycles every this many seconds instead of Python's automatic "
         "collector (0: keep the automatic one).",

@@ -27,8 +27,10 @@ from proxy.asgi import DisconnectWatch, Reply, header, read_body, send_reply
 from proxy.auth import ApiKeys
 from proxy.disagg import Disaggregator
 from proxy.errors import ProxyError, error_response
+from proxy.fanout import prompts_of
 from proxy.health import HealthChecker
 from proxy.limits import ModelLimits
+from proxy.loop_lag import LoopLag
 from proxy.membership import Membership
 from proxy.metrics import ProxyMetrics
 from proxy.pairing import Pairing
@@ -77,6 +79,7 @@ class OpenAIEndpoint:
             if scope["method"] != "POST":
                 raise ProxyError(405, f"Method {scope['method']} is not allowed; use POST.")
             self.api_keys.check(header(scope, b"authorization"))
+            check_content_type(header(scope, b"content-type"))
             body = parse_json_object(await read_body(scope, receive, self.settings.max_body_bytes))
             validate(body, self.schema)
             check_choices(body, self.settings.max_choices)
@@ -190,9 +193,11 @@ def create_app(settings: ProxySettings) -> ProxyApp:
         settings.expected_worker_config, settings.unverified_workers,
         lambda pool, field: metrics.pairing_refusals.labels(pool, field).inc(),
     )  # fmt: skip
+    loop_lag = LoopLag(metrics.loop_lag)
     checker = HealthChecker(
         client, [prefill_pool, decode_pool], settings.health_interval_s, settings.health_timeout_s,
         settings.eject_after_failures, settings.readmit_after_successes, pairing, settings.worker_info_interval_s,
+        loop_lag, metrics.health_checks_discarded.inc,
     )  # fmt: skip
 
     @asynccontextmanager
@@ -200,7 +205,7 @@ def create_app(settings: ProxySettings) -> ProxyApp:
         await membership.refresh()
         await checker.check_all()  # admit the workers that are up before serving
         await limits.fetch()
-        tasks = [asyncio.create_task(checker.run()), asyncio.create_task(membership.run())]
+        tasks = [asyncio.create_task(t) for t in (checker.run(), membership.run(), loop_lag.run())]
         # Everything built so far lives as long as the proxy: keep it out of the garbage
         # collector's view. The request path makes no reference cycles, so the automatic
         # collector's passes (which scale with the objects of every request in flight, and
@@ -311,13 +316,23 @@ async def collect_garbage(interval_s: float) -> None:
 
 
 def check_choices(body: dict, max_choices: int) -> None:
-    """`n` as vLLM takes it (no greedy n > 1), and bounded: each choice is a prefill and
-    a decode of its own (proxy/fanout.py)."""
+    """`n` as vLLM takes it (no greedy n > 1), and bounded: each choice (each prompt of a
+    list times `n`) is a prefill and a decode of its own (proxy/fanout.py)."""
     n = body.get("n") or 1
+    prompts = prompts_of(body)
+    if prompts is not None and len(prompts) * n > max_choices:
+        raise ProxyError(400, f"{len(prompts)} prompts with 'n' {n} are {len(prompts) * n} choices; this proxy "
+                              f"serves at most {max_choices} in one request.", param="prompt")  # fmt: skip
     if n > max_choices:
         raise ProxyError(400, f"'n' is {n}; this proxy serves at most {max_choices} choices.", param="n")
-    if n > 1 and body.get("temperature") == 0:
-        raise ProxyError(400, f"n must be 1 when using greedy sampling, got {n}.", param="n")
+
+
+def check_content_type(content_type: str | None) -> None:
+    """JSON bodies only, as vLLM takes them: with no API keys set, a web page could make
+    a browser POST a form or text/plain body to the proxy without a CORS preflight."""
+    media_type = (content_type or "").lower().split(";", maxsplit=1)[0]
+    if media_type != "application/json":
+        raise ProxyError(400, "Unsupported Media Type: Only 'application/json' is allowed", param="content-type")
 
 
 def request_id_of(scope) -> str:

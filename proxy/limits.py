@@ -37,7 +37,7 @@ class ModelLimits:
         max_len = self.max_model_len.get(body.get("model"))
         if max_len is None:
             return
-        for field in ("max_tokens", "max_completion_tokens"):
+        for field in ("max_tokens", "max_completion_tokens", "min_tokens"):
             value = body.get(field)
             if isinstance(value, int) and value >= max_len:
                 raise ProxyError(

@@ -8,6 +8,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 PREFILL_OUTCOMES = ("ok", "retried_ok", "fallback", "error")
+# Why a request was served decode-only (proxy/legs.py, decode_only_reason).
+DECODE_ONLY_REASONS = ("beam_search", "structured_output")
+# Why a client connection was refused (proxy/connections.py).
+REFUSAL_REASONS = ("header_too_large", "head_timeout", "body_timeout", "too_many_connections")
 
 
 @dataclass
@@ -25,6 +29,10 @@ class ProxyMetrics:
     pairing_refusals: Counter
     refused_workers: Gauge
     queued: Gauge
+    client_refusals: Counter
+    decode_only: Counter
+    loop_lag: Histogram
+    health_checks_discarded: Counter
 
     @classmethod
     def create(cls) -> ProxyMetrics:
@@ -84,10 +92,32 @@ class ProxyMetrics:
             ),
             queued=Gauge("pdspec_proxy_queued_requests", "Client requests waiting for an in-flight slot.",
                          registry=registry),
+            client_refusals=Counter(
+                "pdspec_proxy_client_refusals", "Client connections refused by a limit of proxy/connections.py, by "
+                "reason (header_too_large, head_timeout, body_timeout, too_many_connections).",
+                ["reason"], registry=registry,
+            ),
+            decode_only=Counter(
+                "pdspec_proxy_decode_only", "Requests sent whole to a decode worker because vLLM cannot serve them "
+                "through P/D, by reason (beam_search, structured_output: see proxy/legs.py).", ["reason"], registry=registry,
+            ),
+            loop_lag=Histogram(
+                "pdspec_proxy_event_loop_lag_seconds", "How late the proxy's event loop ran a timer (sampled every "
+                "0.1 s): time its loop was blocked.", registry=registry,
+                buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            ),
+            health_checks_discarded=Counter(
+                "pdspec_proxy_health_checks_discarded", "Failed health checks not counted against a worker because "
+                "the proxy's own event loop was blocked while they ran.", registry=registry,
+            ),
         )  # fmt: skip
         # Every outcome exported at 0 from the start: a counter's first scraped sample is
         # where its rate starts, so a series born at 3 (three fallbacks within one scrape
         # interval) would show no rate and the fallback alert would never fire.
         for outcome in PREFILL_OUTCOMES:
             metrics.prefill_outcomes.labels(outcome)
+        for reason in REFUSAL_REASONS:
+            metrics.client_refusals.labels(reason)
+        for reason in DECODE_ONLY_REASONS:
+            metrics.decode_only.labels(reason)
         return metrics

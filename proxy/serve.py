@@ -1,4 +1,5 @@
-"""Run the proxy under uvicorn (uvloop and httptools, which uvicorn[standard] brings)."""
+"""Run the proxy under uvicorn (uvloop and httptools, which uvicorn[standard] brings), with the
+client connection limits of proxy/connections.py."""
 
 from __future__ import annotations
 
@@ -6,13 +7,26 @@ import uvicorn
 
 from pdspec.settings import ProxySettings
 from proxy.app import create_app
+from proxy.connections import ClientLimits, limited_protocol
 from proxy.logs import configure_logging
+
+
+def client_limits(settings: ProxySettings) -> ClientLimits:
+    return ClientLimits(
+        max_header_bytes=settings.client_max_header_bytes,
+        head_timeout_s=settings.client_head_timeout_s,
+        body_timeout_s=settings.client_body_timeout_s,
+        idle_timeout_s=settings.client_idle_timeout_s,
+        max_connections=settings.max_connections,
+    )
 
 
 def serve(settings: ProxySettings) -> None:
     configure_logging(settings.log_level, settings.log_format)
+    app = create_app(settings)
+    refusals = app.state.metrics.client_refusals
     uvicorn.run(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
@@ -20,6 +34,7 @@ def serve(settings: ProxySettings) -> None:
         access_log=False,  # the proxy logs requests itself, with their ids
         proxy_headers=False,  # client addresses are never used; skip X-Forwarded-* per request
         loop="auto",
-        http="auto",
+        http=limited_protocol(client_limits(settings), lambda reason: refusals.labels(reason).inc()),
+        timeout_keep_alive=settings.client_idle_timeout_s,
         timeout_graceful_shutdown=5,
     )

@@ -152,7 +152,7 @@ def test_n_choices_stream_interleaved_with_one_done(proxy_url, behaviour):
 
 
 def test_n_beyond_the_limit_or_greedy_is_refused(proxy_url, behaviour):
-    too_many = httpx.post(proxy_url + "/v1/completions", json={**BODY, "n": 17, "temperature": 1})
+    too_many = httpx.post(proxy_url + "/v1/completions", json={**BODY, "n": 65, "temperature": 1})
     greedy = httpx.post(proxy_url + "/v1/completions", json={**BODY, "n": 2, "temperature": 0})
     assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "n"
     assert greedy.status_code == 400 and "greedy" in greedy.json()["error"]["message"]

@@ -28,15 +28,14 @@ def test_rejects_bodies_that_are_not_json_objects(raw, fragment):
 @pytest.mark.parametrize(
     "body, param",
     [
-        ({"prompt": "x"}, "model"),
         ({"model": "m"}, "prompt"),
         ({"model": 3, "prompt": "x"}, "model"),
-        ({"model": "m", "prompt": "x", "max_tokens": "5"}, "max_tokens"),
+        ({"model": "m", "prompt": "x", "max_tokens": "five"}, "max_tokens"),
+        ({"model": "m", "prompt": "x", "max_tokens": 2.5}, "max_tokens"),
         ({"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens"),
         ({"model": "m", "prompt": "x", "max_tokens": -1}, "max_tokens"),
-        ({"model": "m", "prompt": "x", "stream": "yes"}, "stream"),
+        ({"model": "m", "prompt": "x", "stream": "maybe"}, "stream"),
         ({"model": "m", "prompt": "x", "n": 0}, "n"),
-        ({"model": "m", "prompt": "x", "temperature": -1}, "temperature"),
         ({"model": "m", "prompt": [1, -2]}, "prompt"),
         ({"model": "m", "prompt": "x", "kv_transfer_params": {"remote_host": "10.0.0.1"}}, "kv_transfer_params"),
     ],
@@ -52,9 +51,9 @@ def test_completion_field_errors_name_the_field(body, param):
     "body, param",
     [
         ({"model": "m"}, "messages"),
-        ({"model": "m", "messages": []}, "messages"),
         ({"model": "m", "messages": "hi"}, "messages"),
-        ({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+        ({"model": "m", "messages": [{"content": "x"}]}, "messages"),
+        ({"model": "m", "messages": [{"role": 7, "content": "x"}]}, "messages"),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
          "max_completion_tokens"),
     ],
@@ -63,6 +62,31 @@ def test_chat_field_errors_name_the_field(body, param):
     with pytest.raises(ProxyError) as info:
         validate(body, ChatCompletionRequest)
     assert info.value.param is not None and info.value.param.startswith(param)
+
+
+@pytest.mark.parametrize(
+    "body, schema, coerced",
+    [
+        # vLLM's request models are lax: these are what vLLM reads, so what the proxy
+        # forwards and routes by (issue 24, item 10).
+        ({"model": "m", "prompt": "x", "max_tokens": 4.0}, CompletionRequest, {"max_tokens": 4}),
+        ({"model": "m", "prompt": "x", "max_tokens": "5"}, CompletionRequest, {"max_tokens": 5}),
+        ({"model": "m", "prompt": "x", "logprobs": True}, CompletionRequest, {"logprobs": 1}),
+        ({"model": "m", "prompt": "x", "stream": "yes"}, CompletionRequest, {"stream": True}),
+        ({"model": "m", "prompt": "x", "n": "2", "temperature": 1}, CompletionRequest, {"n": 2}),
+        ({"prompt": "x"}, CompletionRequest, {}),
+        ({"model": "m", "messages": [{"role": "function", "name": "f", "content": "1"}]}, ChatCompletionRequest, {}),
+        ({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, ChatCompletionRequest, {}),
+        # Left to the prefill worker, which carries them and refuses before pinning KV.
+        ({"model": "m", "prompt": "x", "temperature": -1}, CompletionRequest, {}),
+        ({"model": "m", "messages": []}, ChatCompletionRequest, {}),
+    ],
+)
+def test_what_vllm_coerces_is_accepted_and_coerced(body, schema, coerced):
+    body = dict(body)
+    validate(body, schema)
+    assert {key: body[key] for key in coerced} == coerced
+    assert all(type(body[key]) is type(value) for key, value in coerced.items())
 
 
 def test_unknown_fields_pass_through():

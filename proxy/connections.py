@@ -1,0 +1,132 @@
+"""Client connections with limits: the HTTP/1.1 server protocol the proxy runs under uvicorn.
+
+uvicorn's httptools protocol has no limit on a request's head and no timeout before a
+response has been sent, and llhttp (through httptools) joins a header's value piece by
+piece, so its cost grows with the square of the header's size: one 256 MB header
+blocked the event loop for a minute, long enough for the proxy's own health checks to
+time out and eject every worker. This protocol is uvicorn's, plus, each from
+`ClientLimits` (the settings' `client_*` fields):
+- `max_header_bytes`: the request line and headers together; beyond it, 431 and close;
+  the check runs after every chunk the socket hands over (at most 256 KiB on uvloop), so
+  the parser never holds more than the limit plus one chunk of a head;
+- `head_timeout_s`: from a request's first byte to the end of its head; then 408;
+- `body_timeout_s`: from the end of the head to the end of the body; then 408 (or just
+  close, if the app already began its reply);
+- `idle_timeout_s`: a connection with no request under way (just opened, or kept alive
+  after a reply) is closed after this long;
+- `max_connections`: a connection beyond it is answered 503 at once and closed.
+Each refusal is an OpenAI error body with `Connection: close`, counted in
+`pdspec_proxy_client_refusals_total` by reason. Nothing here runs per byte: one counter
+per chunk and a timer per phase.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from proxy.errors import error_body
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    max_header_bytes: int
+    head_timeout_s: float
+    body_timeout_s: float
+    idle_timeout_s: float
+    max_connections: int
+
+
+def refusal(status: int, message: str) -> bytes:
+    """A whole HTTP/1.1 response with an OpenAI error body that closes the connection."""
+    body = json.dumps(error_body(status, message)).encode()
+    phrase = {408: "Request Timeout", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}[status]
+    return (
+        f"HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    ).encode() + body
+
+
+def limited_protocol(limits: ClientLimits, on_refusal: Callable[[str], None] = lambda reason: None) -> type:
+    """uvicorn's httptools protocol class with `limits` applied (pass as uvicorn's `http`)."""
+
+    class LimitedHttpToolsProtocol(HttpToolsProtocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._awaiting_head = True  # no request under way, or one whose head is not complete
+            self._head_bytes = 0
+            self._phase_timer: asyncio.TimerHandle | None = None
+            if len(self.connections) > limits.max_connections:
+                self._refuse(503, f"The proxy holds its maximum of {limits.max_connections} client connections.",
+                             "too_many_connections")  # fmt: skip
+                return
+            self._arm(limits.idle_timeout_s, self._idle_timeout)
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._awaiting_head:
+                if self._head_bytes == 0:  # a request's first bytes: the head's clock starts
+                    self._arm(limits.head_timeout_s, self._head_timeout)
+                self._head_bytes += len(data)
+            super().data_received(data)
+            if self._awaiting_head and self._head_bytes > limits.max_header_bytes and not self.transport.is_closing():
+                self._refuse(431, f"Request head is larger than {limits.max_header_bytes} bytes.", "header_too_large")
+
+        def on_headers_complete(self) -> None:
+            self._awaiting_head = False
+            self._head_bytes = 0
+            self._arm(limits.body_timeout_s, self._body_timeout)
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._awaiting_head = True
+            self._disarm()  # the reply may take as long as it takes; after it, uvicorn's keep-alive timer
+            super().on_message_complete()
+
+        # --- timers ---------------------------------------------------------------------
+
+        def _arm(self, delay_s: float, callback) -> None:
+            self._disarm()
+            self._phase_timer = self.loop.call_later(delay_s, callback)
+
+        def _disarm(self) -> None:
+            timer = getattr(self, "_phase_timer", None)
+            if timer is not None:
+                timer.cancel()
+                self._phase_timer = None
+
+        def _idle_timeout(self) -> None:
+            if self._awaiting_head and self._head_bytes == 0 and not self.transport.is_closing():
+                self.transport.close()
+
+        def _head_timeout(self) -> None:
+            if self._awaiting_head:
+                self._refuse(408, f"Request head not received within {limits.head_timeout_s:g} s.", "head_timeout")
+
+        def _body_timeout(self) -> None:
+            message = f"Request body not received within {limits.body_timeout_s:g} s."
+            if self.cycle is not None and self.cycle.response_started:
+                on_refusal("body_timeout")
+                self.transport.close()
+            else:
+                self._refuse(408, message, "body_timeout")
+
+        def _refuse(self, status: int, message: str, reason: str) -> None:
+            on_refusal(reason)
+            self._disarm()
+            if self.transport.is_closing():
+                return
+            if self.cycle is not None and not self.cycle.response_complete:
+                self.cycle.disconnected = True  # the app reads a disconnect; its own reply is not sent
+                self.cycle.message_event.set()
+            self.transport.write(refusal(status, message))
+            self.transport.close()
+
+    return LimitedHttpToolsProtocol
