@@ -202,8 +202,10 @@ def _decode_only_rules(body: dict[str, Any], request: _Common) -> None:
         if logprobs is not None and logprobs < 0 and logprobs != -1:
             raise ProxyError(400, "`logprobs` must be a positive value or -1.", param="logprobs")
         max_tokens = 16 if request.max_tokens is None else request.max_tokens  # vLLM's default for completions
-        if max_tokens < 0 or (max_tokens == 0 and not request.echo):  # 0 with `echo`: the prompt only
+        if max_tokens < 0 or (max_tokens == 0 and not request.echo):
             raise ProxyError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
+        if max_tokens == 0:  # with `echo`: the prompt only, which vLLM runs as one token
+            max_tokens = 1
     n = 1 if request.n is None else request.n
     if n < 1:
         raise ProxyError(400, f"n must be at least 1, got {n}.", param="n")

@@ -67,7 +67,7 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
         if is_prefill:
             params = None if behaviour.omit_kv_params else {
                 "remote_engine_id": "standin", "remote_block_ids": [[1]], "remote_host": behaviour.remote_host,
-                "remote_port": behaviour.remote_port,
+                "remote_port": behaviour.remote_port, "remote_request_id": request.headers.get("x-request-id"),
             }  # fmt: skip
             return JSONResponse({"choices": [{"text": "x"}], "kv_transfer_params": params})
         text = f"decoded with {json.dumps(kv, sort_keys=True)}"
@@ -141,10 +141,12 @@ def free_port() -> int:
 class ThreadServer:
     """An ASGI app under uvicorn in a background thread, on a free loopback port."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, **config) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", **config)
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> ThreadServer:

@@ -38,14 +38,10 @@ BAD_REQUESTS = [
     (CHAT, b"[1, 2]", 400),
     # missing fields
     (C, b"{}", 400),
-    (C, raw('{"prompt": "x", "max_tokens": 3}'), 400),
     (C, raw(f"{{{M}}}"), 400),
     (CHAT, raw(f"{{{M}}}"), 400),
-    (CHAT, raw(f"{{{MSG}}}"), 400),
     # wrong types
     (C, raw('{"model": 7, "prompt": "x"}'), 400),
-    (C, raw('{"model": null, "prompt": "x"}'), 400),
-    (C, raw('{"model": "", "prompt": "x"}'), 400),
     (C, raw(f'{{{M}, "prompt": 5}}'), 400),
     (C, raw(f'{{{M}, "prompt": {{"a": 1}}}}'), 400),
     (C, raw(f'{{{M}, "prompt": [1, "a"]}}'), 400),
@@ -53,9 +49,6 @@ BAD_REQUESTS = [
     (C, raw(f'{{{M}, "prompt": ""}}'), 400),
     (C, raw(f'{{{M}, "prompt": "x", "max_tokens": "three"}}'), 400),
     (C, raw(f'{{{M}, "prompt": "x", "max_tokens": 2.5}}'), 400),
-    (C, raw(f'{{{M}, "prompt": "x", "stream": "yes"}}'), 400),
-    (C, raw(f'{{{M}, "prompt": "x", "stream": 1}}'), 400),
-    (C, raw(f'{{{M}, "prompt": "x", "n": "2"}}'), 400),
     (C, raw(f'{{{M}, "prompt": "x", "temperature": "hot"}}'), 400),
     (C, raw(f'{{{M}, "prompt": "x", "top_p": 0}}'), 400),
     (C, raw(f'{{{M}, "prompt": "x", "stop": 5}}'), 400),
@@ -64,10 +57,8 @@ BAD_REQUESTS = [
     (CHAT, raw(f'{{{M}, "messages": "hello"}}'), 400),
     (CHAT, raw(f'{{{M}, "messages": []}}'), 400),
     (CHAT, raw(f'{{{M}, "messages": [{{"role": "user", "content": 7}}]}}'), 400),
-    (CHAT, raw(f'{{{M}, "messages": [{{"role": "wizard", "content": "x"}}]}}'), 400),
     (CHAT, raw(f'{{{M}, "messages": [{{"content": "x"}}]}}'), 400),
     (CHAT, raw(f'{{{M}, {MSG}, "max_completion_tokens": "x"}}'), 400),
-    (CHAT, raw(f'{{{M}, {MSG}, "logprobs": "yes"}}'), 400),
     # values out of range
     (C, raw(f'{{{M}, "prompt": "x", "max_tokens": -4}}'), 400),
     (C, raw(f'{{{M}, "prompt": "x", "max_tokens": 0}}'), 400),
@@ -84,6 +75,13 @@ BAD_REQUESTS = [
     (CHAT, raw(f'{{"model": "gpt-4", {MSG}}}'), 404),
     (C, raw(f'{{{M}, "prompt": {json.dumps("word " * 5000)}, "max_tokens": 4}}'), 400),
     (C, raw(f'{{{M}, "prompt": {json.dumps(list(range(3000)))}, "max_tokens": 4}}'), 400),
+    # JSON nested deeper than the proxy can re-serialize (was a 500)
+    (C, raw(f'{{{M}, "prompt": "x", "extra": {"[" * 300 + "]" * 300}}}'), 400),
+    (CHAT, raw(f'{{{M}, {MSG}, "extra": {"[" * 1023 + "]" * 1023}}}'), 400),
+    # decode-only fields vLLM would refuse after the prefill pinned KV
+    (C, raw(f'{{{M}, "prompt": "x", "min_tokens": -1}}'), 400),
+    (C, raw(f'{{{M}, "prompt": "x", "n": 2, "temperature": 0}}'), 400),
+    (C, raw(f'{{{M}, "prompt": "x", "seed": {2**63}}}'), 400),
     # oversized body (limit 4 MiB)
     (C, raw(f'{{{M}, "prompt": "{"x" * (5 * 1024 * 1024)}"}}'), 413),
 ]
@@ -100,6 +98,44 @@ def assert_good_request_works(client: httpx.Client, url: str, headers: dict | No
     good = client.post(url + C, json=completion_body(COMPLETION_PROMPTS[0]), headers=headers)
     assert good.status_code == 200
     assert good.json()["choices"][0]["text"]
+
+
+# Odd but valid: vLLM's request models are lax (pydantic's lax mode) and take these, so the
+# proxy does too, and answers as the decode worker does on its own (issue 24, item 10).
+ACCEPTED_AS_VLLM_ACCEPTS = [
+    (C, raw('{"prompt": "x", "max_tokens": 3}')),  # no model: vLLM's served model
+    (CHAT, raw(f"{{{MSG}, \"max_tokens\": 3}}")),
+    (C, raw('{"model": null, "prompt": "x", "max_tokens": 3}')),
+    (C, raw(f'{{{M}, "prompt": "x", "stream": "yes", "max_tokens": 3}}')),
+    (C, raw(f'{{{M}, "prompt": "x", "stream": 1, "max_tokens": 3}}')),
+    (C, raw(f'{{{M}, "prompt": "x", "n": "2", "max_tokens": 3}}')),
+    (C, raw(f'{{{M}, "prompt": "x", "max_tokens": 4.0}}')),
+    (C, raw(f'{{{M}, "prompt": "x", "max_tokens": 3, "logprobs": true}}')),
+    (CHAT, raw(f'{{{M}, "messages": [{{"role": "wizard", "content": "x"}}], "max_tokens": 3}}')),
+    (CHAT, raw(f'{{{M}, "messages": [{{"role": "function", "name": "f", "content": "1"}}, '
+               f'{{"role": "user", "content": "hi"}}], "max_tokens": 3}}')),
+    (CHAT, raw(f'{{{M}, {MSG}, "logprobs": "yes", "max_tokens": 3}}')),
+]
+
+
+@pytest.mark.parametrize("path, body", ACCEPTED_AS_VLLM_ACCEPTS, ids=[f"{i}" for i in range(len(ACCEPTED_AS_VLLM_ACCEPTS))])
+def test_what_vllm_accepts_the_proxy_serves(stack, client, path, body):
+    headers = {"content-type": "application/json"}
+    direct = client.post(stack.decode_url + path, content=body, headers=headers)
+    through = client.post(stack.proxy_url + path, content=body, headers=headers)
+    assert direct.status_code == 200, direct.text[:300]
+    assert through.status_code == 200, through.text[:300]
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_only_json_bodies_as_vllm_takes_them(stack, client, content_type):
+    body = json.dumps(completion_body(COMPLETION_PROMPTS[0])).encode()
+    headers = {} if content_type is None else {"content-type": content_type}
+    for url in (stack.decode_url, stack.proxy_url):
+        response = client.post(url + C, content=body, headers=headers)
+        assert response.status_code == 400, (url, response.text[:300])
+        assert "application/json" in response.text
+    assert_good_request_works(client, stack.proxy_url)
 
 
 def test_the_corpus_is_large_enough():

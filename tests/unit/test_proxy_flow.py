@@ -34,6 +34,7 @@ def test_prefill_then_decode_with_the_returned_kv_params(proxy_url, behaviour):
     assert decode["max_tokens"] == 5
     assert decode["kv_transfer_params"] == {
         "remote_engine_id": "standin", "remote_block_ids": [[1]], "remote_host": "127.0.0.1", "remote_port": 5600,
+        "remote_request_id": response.headers["x-request-id"],
     }  # fmt: skip
     assert "standin" in response.json()["choices"][0]["text"]
 
@@ -157,3 +158,95 @@ def test_n_beyond_the_limit_or_greedy_is_refused(proxy_url, behaviour):
     assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "n"
     assert greedy.status_code == 400 and "greedy" in greedy.json()["error"]["message"]
     assert behaviour.received == []
+
+
+def test_each_prompt_of_a_list_gets_its_own_prefill_and_kv_params(proxy_url, behaviour):
+    """vLLM's prefill of a list of prompts returns the first prompt's kv_transfer_params
+    only: each prompt is its own prefill + decode, with its own params (issue 24, item 1)."""
+    body = {**BODY, "prompt": ["first", "second", "third"]}
+    response = httpx.post(proxy_url + "/v1/completions", json=body)
+    assert response.status_code == 200
+    prefills = [b for b in behaviour.received if b["kv_transfer_params"].get("do_remote_decode")]
+    decodes = [b for b in behaviour.received if not b["kv_transfer_params"].get("do_remote_decode")]
+    assert sorted(p["prompt"] for p in prefills) == ["first", "second", "third"]
+    by_prompt = {d["prompt"]: d["kv_transfer_params"]["remote_request_id"] for d in decodes}
+    rid = response.headers["x-request-id"]
+    assert by_prompt == {"first": f"{rid}-0", "second": f"{rid}-1", "third": f"{rid}-2"}
+    choices = response.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    assert [f"{rid}-{i}" in c["text"] for i, c in enumerate(choices)] == [True] * 3
+
+
+def test_a_list_of_prompts_streams_each_choice_under_its_index(proxy_url):
+    body = {**BODY, "prompt": [[1, 2], [3, 4]], "n": 2, "temperature": 1, "stream": True}
+    with httpx.stream("POST", proxy_url + "/v1/completions", json=body) as response:
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert events.count("[DONE]") == 1
+    assert {c["index"] for e in events[:-1] for c in json.loads(e)["choices"]} == {0, 1, 2, 3}
+
+
+def test_the_largest_seed_with_n_is_served(proxy_url, behaviour):
+    """Choice j gets seed + j wrapped into int64 (issue 24, item 8), never a seed the
+    worker refuses."""
+    body = {**BODY, "n": 2, "temperature": 1, "seed": 2**63 - 1}
+    response = httpx.post(proxy_url + "/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    seeds = sorted(b["seed"] for b in behaviour.received if "seed" in b)
+    assert seeds == [-(2**63), 2**63 - 1]
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
+                                          "multipart/form-data; boundary=x", "application/jsonx"])  # fmt: skip
+def test_only_json_bodies_are_taken(proxy_url, behaviour, content_type):
+    headers = {} if content_type is None else {"content-type": content_type}
+    response = httpx.post(proxy_url + "/v1/completions", content=json.dumps(BODY), headers=headers)
+    assert response.status_code == 400
+    assert "Only 'application/json' is allowed" in response.json()["error"]["message"]
+    assert behaviour.received == []
+
+
+def test_json_with_a_charset_is_taken(proxy_url):
+    headers = {"content-type": "application/json; charset=utf-8"}
+    assert httpx.post(proxy_url + "/v1/completions", content=json.dumps(BODY), headers=headers).status_code == 200
+
+
+@pytest.mark.parametrize("depth", [254, 600, 1023])
+def test_deeply_nested_json_is_a_400_not_a_500(proxy_url, behaviour, depth):
+    nested = "[" * depth + "]" * depth
+    raw = '{"model": "m", "prompt": "x", "extra": ' + nested + "}"
+    response = httpx.post(proxy_url + "/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert "nested" in response.json()["error"]["message"]
+    assert behaviour.received == []
+
+
+def test_nesting_within_the_limit_passes_through(proxy_url, behaviour):
+    nested = {"a": [{"b": [1]}]}
+    assert httpx.post(proxy_url + "/v1/completions", json={**BODY, "extra": nested}).status_code == 200
+    assert behaviour.received[-1]["extra"] == nested
+
+
+@pytest.mark.parametrize(
+    "extra, reason",
+    [
+        ({"use_beam_search": True, "n": 2}, "beam_search"),
+        ({"response_format": {"type": "json_object"}}, "structured_output"),
+        ({"structured_outputs": {"regex": "[a-z]+"}}, "structured_output"),
+    ],
+)
+def test_what_vllm_cannot_disaggregate_is_served_decode_only_and_counted(proxy_url, behaviour, extra, reason):
+    response = httpx.post(proxy_url + "/v1/completions", json={**BODY, **extra})
+    assert response.status_code == 200, response.text
+    (leg,) = behaviour.received  # no prefill leg, and beam search's n is not split
+    assert leg["kv_transfer_params"] is None
+    assert leg.get("n", 1) == extra.get("n", 1)
+    metrics = httpx.get(proxy_url + "/metrics").text
+    assert f'pdspec_proxy_decode_only_total{{reason="{reason}"}} 1.0' in metrics
+
+
+def test_lax_values_are_forwarded_as_vllm_reads_them(proxy_url, behaviour):
+    response = httpx.post(proxy_url + "/v1/completions", json={**BODY, "max_tokens": 4.0, "logprobs": True})
+    assert response.status_code == 200
+    decode = behaviour.received[-1]
+    assert decode["max_tokens"] == 4 and isinstance(decode["max_tokens"], int)
+    assert decode["logprobs"] == 1

@@ -14,68 +14,15 @@ tests/e2e/test_validation_differential.py, where "vLLM" is a real worker.
 from __future__ import annotations
 
 import copy
+import os
 
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from pdspec.settings import ProxySettings
 from proxy.app import check_choices
 from proxy.errors import ProxyError
-from proxy.fanout import choice_count
 from proxy.legs import decode_only_reason, prefill_body
 from proxy.validation import ChatCompletionRequest, CompletionRequest, validate
-
-# Values that probe pydantic's lax mode (numbers as strings, floats with and without a
-# fraction, bools as numbers and words), ranges, nulls and wrong types.
-INTS = st.sampled_from([None, 0, 1, 2, 3, -1, -2, 4.0, 2.5, "3", "x", True, False, 2**63 - 1, 2**63, -(2**63), [], {}])
-FLOATS = st.sampled_from([None, 0, 0.0, 0.5, 1, 1.0, 2.5, -1, "0.7", "hot", True, [], 1e-6])
-BOOLS = st.sampled_from([None, True, False, 0, 1, 2, "true", "false", "yes", "no", "maybe", [], 0.0])
-STREAM_OPTIONS = st.sampled_from(
-    [None, {}, {"include_usage": True}, {"include_usage": "yes"}, {"continuous_usage_stats": True}, "all", 5]
-)
-PROMPTS = st.sampled_from(
-    [None, "", "The capital of France is", ["a", "b"], [1, 2, 3], [[1, 2], [3]], [1, -2], [1, "a"], 5, {"a": 1}, []]
-)
-MESSAGES = st.sampled_from(
-    [
-        [{"role": "user", "content": "hi"}],
-        [{"role": "function", "name": "f", "content": "1"}, {"role": "user", "content": "hi"}],
-        [{"role": "wizard", "content": "x"}],
-        [{"role": 7, "content": "x"}],
-        [{"content": "x"}],
-        ["hi"],
-        [],
-        "hello",
-    ]
-)
-COMMON = {
-    "model": st.sampled_from(["m", "", None, 7]),
-    "stream": BOOLS,
-    "stream_options": STREAM_OPTIONS,
-    "max_tokens": INTS,
-    "n": INTS,
-    "temperature": FLOATS,
-    "top_p": FLOATS,
-    "seed": INTS,
-    "min_tokens": INTS,
-    "prompt_logprobs": INTS,
-    "use_beam_search": BOOLS,
-}
-COMPLETION_FIELDS = {**COMMON, "prompt": PROMPTS, "logprobs": INTS, "echo": BOOLS}
-CHAT_FIELDS = {
-    **COMMON, "messages": MESSAGES, "logprobs": BOOLS, "top_logprobs": INTS, "max_completion_tokens": INTS,
-    "echo": BOOLS,
-}  # fmt: skip
-
-
-MAX_CHOICES = ProxySettings().max_choices
-
-
-def bodies(fields: dict, required: str):
-    """A body with `required` always present and any subset of the other fields."""
-    optional = {name: strategy for name, strategy in fields.items() if name != required}
-    return st.fixed_dictionaries({required: fields[required]}, optional=optional)
-
+from tests.request_bodies import CHAT_FIELDS, COMPLETION_FIELDS, MAX_CHOICES, beyond_max_choices, bodies
 
 def vllm_refuses(body: dict, chat: bool) -> bool:
     """vLLM 0.32's verdict: its request model, then its SamplingParams (what its serving
@@ -120,14 +67,6 @@ def served_decode_only(body: dict, chat: bool) -> bool:
     return decode_only_reason(body) is not None
 
 
-def beyond_max_choices(body: dict) -> bool:
-    """The one deliberate limit vLLM does not have: each choice is a prefill and a decode."""
-    try:
-        return choice_count(body) > MAX_CHOICES
-    except TypeError:
-        return False
-
-
 def check(body: dict, chat: bool) -> None:
     refusal = proxy_refusal(body, chat)
     vllm_refuses_body = vllm_refuses(body, chat)
@@ -141,7 +80,14 @@ def check(body: dict, chat: bool) -> None:
         assert vllm_refuses(leg, chat), "vLLM refuses the decode leg only: the prefill would pin KV for nothing"
 
 
-SETTINGS = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Derandomized, so CI runs the same bodies every time; PDSPEC_DIFF_RANDOM=1 (and more
+# PDSPEC_DIFF_EXAMPLES) explores new ones.
+SETTINGS = settings(
+    max_examples=int(os.environ.get("PDSPEC_DIFF_EXAMPLES", "1500")),
+    derandomize=not os.environ.get("PDSPEC_DIFF_RANDOM"),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 @SETTINGS
