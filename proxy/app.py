@@ -269,7 +269,8 @@ def create_app(settings: ProxySettings) -> ProxyApp:
         status = {pool.name: len(pool.healthy()) for pool in pools}
         ok = all(count > 0 for count in status.values())
         pairing_status = pairing.status(pools)
-        body: dict = {"ready": ok, "healthy_workers": status, "pairing": pairing_status}
+        body: dict = {"ready": ok, "healthy_workers": status, "pairing": pairing_status,
+                      "engine_features_off": features_off(pools)}  # fmt: skip
         if not ok:
             body["reason"] = not_ready_reason(status, pairing_status)
         return JSONResponse(body, status_code=200 if ok else 503)
@@ -286,6 +287,14 @@ def create_app(settings: ProxySettings) -> ProxyApp:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def features_off(pools: list[WorkerPool]) -> list[dict]:
+    """For /ready: each healthy worker's engine features that are off (pdspec_engine_feature),
+    such as a prefill worker whose K=0 steps run the full drafter pass. Not a reason to be
+    unready: the worker still serves correctly, only slower."""
+    return [{"pool": pool.name, "worker": w.url, "feature": name, "reason": reason}
+            for pool in pools for w in pool.workers if w.healthy for name, reason in w.features_off.items()]  # fmt: skip
 
 
 def not_ready_reason(healthy: dict[str, int], pairing_status: dict) -> str:

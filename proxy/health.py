@@ -80,7 +80,7 @@ class HealthChecker:
         worker waits (not admitted) rather than keep it."""
         first_read = worker.info_read_at is None
         try:
-            info = await fetch_worker_info(self.client, worker.url, self.timeout_s)
+            info, features_off = await fetch_worker_info(self.client, worker.url, self.timeout_s)
         except InfoUnreadable as exc:
             if worker.info_error is None:
                 log.warning("cannot read pdspec_worker_info of %s (%s); not admitted until it is read", worker.url, exc)
@@ -94,6 +94,10 @@ class HealthChecker:
                 "the other pool's", worker.url,
             )  # fmt: skip
         worker.info, worker.info_read_at, worker.info_error = info, time.monotonic(), None
+        if features_off != worker.features_off and features_off:
+            log.warning("worker %s runs with engine features off: %s", worker.url,
+                        "; ".join(f"{name} ({reason})" for name, reason in features_off.items()))  # fmt: skip
+        worker.features_off = features_off
 
     def record(self, pool: WorkerPool, worker: Worker, ok: bool | None) -> None:
         if ok is None:  # inconclusive (see probe)

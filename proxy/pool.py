@@ -48,6 +48,7 @@ class Worker:
     info_read_at: float | None = None
     info_error: str | None = None
     refusal: dict | None = None  # why it is not admitted (for /ready and the logs)
+    features_off: dict[str, str] = field(default_factory=dict)  # its engine features that are off, and why
     host: str = field(init=False)
 
     def __post_init__(self) -> None:

@@ -1,4 +1,5 @@
-"""Read a worker's `pdspec_worker_info` from its /metrics (see pdspec/worker/worker_info.py).
+"""Read a worker's `pdspec_worker_info` from its /metrics (see pdspec/worker/worker_info.py),
+and which of its engine features are off (`pdspec_engine_feature`, shown by /ready).
 
 Kept cheap, because it runs on the proxy's event loop: the health checker calls it only
 when a worker joins, answers again after a failed check, or every
@@ -17,6 +18,7 @@ from pdspec.settings import PairingField
 from proxy.upstream import UpstreamClient, UpstreamError
 
 METRIC = "pdspec_worker_info"
+FEATURE_METRIC = "pdspec_engine_feature"  # pdspec/worker/engine/features.py
 PAIRING_FIELDS: tuple[str, ...] = typing.get_args(PairingField)
 
 
@@ -37,8 +39,23 @@ def parse_worker_info(text: str) -> dict[str, str] | None:
     return None
 
 
-async def fetch_worker_info(client: UpstreamClient, url: str, timeout_s: float) -> dict[str, str] | None:
-    """None: the worker has /metrics (or none at all: 404) without the info, as plain vLLM."""
+def parse_features_off(text: str) -> dict[str, str]:
+    """The worker's engine features that are off, {feature: reason}."""
+    prefix = FEATURE_METRIC + "{"
+    lines = [line for line in text.splitlines() if line.startswith(prefix)]
+    off: dict[str, str] = {}
+    for family in text_string_to_metric_families("\n".join(lines) + "\n" if lines else ""):
+        for sample in family.samples:
+            if sample.value == 1 and sample.labels.get("state") == "off":
+                off[sample.labels.get("feature", "?")] = sample.labels.get("reason", "")
+    return off
+
+
+async def fetch_worker_info(
+    client: UpstreamClient, url: str, timeout_s: float
+) -> tuple[dict[str, str] | None, dict[str, str]]:
+    """The worker's info labels (None: it has /metrics, or none at all: 404, without the
+    info, as plain vLLM) and its engine features that are off ({feature: reason})."""
     try:
         response = await client.request(url, "GET", "/metrics", headers={"Accept-Encoding": "gzip"},
                                         timeout_s=timeout_s)  # fmt: skip
@@ -46,12 +63,13 @@ async def fetch_worker_info(client: UpstreamClient, url: str, timeout_s: float) 
     except UpstreamError as exc:
         raise InfoUnreadable(exc.reason) from None
     if response.status == 404:
-        return None
+        return None, {}
     if response.status != 200:
         raise InfoUnreadable(f"/metrics answered {response.status}")
     try:
         if response.headers.get("content-encoding", "").lower() == "gzip":
             body = gzip.decompress(body)
-        return parse_worker_info(body.decode("utf-8", "replace"))
+        text = body.decode("utf-8", "replace")
+        return parse_worker_info(text), parse_features_off(text)
     except (OSError, EOFError, ValueError) as exc:  # a corrupt gzip body or an unparsable series
         raise InfoUnreadable(f"bad /metrics: {exc}") from None

@@ -34,6 +34,7 @@ class StandinBehaviour:
     stream_event_delay_s: float = 0.0  # between the events of a decode stream
     streams_abandoned: int = 0  # decode streams whose client left before the last event
     worker_info: dict | None = None  # labels of its pdspec_worker_info; None: plain vLLM (none)
+    features_off: dict[str, str] = field(default_factory=dict)  # its pdspec_engine_feature series that are off
     metrics_status: int = 200
     metrics_reads: int = 0
     cancelled: int = 0  # legs whose client went away while they waited
@@ -109,7 +110,7 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
         behaviour.metrics_reads += 1
         if behaviour.metrics_status != 200:
             return Response(b"", status_code=behaviour.metrics_status)
-        text = metrics_text(behaviour.worker_info)
+        text = metrics_text(behaviour.worker_info, behaviour.features_off)
         if "gzip" in request.headers.get("accept-encoding", ""):  # as prometheus-client's ASGI app does
             return Response(gzip.compress(text.encode()), media_type="text/plain", headers={"Content-Encoding": "gzip"})
         return Response(text, media_type="text/plain")
@@ -121,14 +122,20 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
     return app
 
 
-def metrics_text(worker_info: dict | None) -> str:
-    """A worker's /metrics: a vLLM-like series, then (if set) pdspec_worker_info."""
+def metrics_text(worker_info: dict | None, features_off: dict[str, str] | None = None) -> str:
+    """A worker's /metrics: a vLLM-like series, then (if set) pdspec_worker_info and
+    pdspec_engine_feature."""
     lines = ["# HELP vllm:num_requests_running Requests running.", "# TYPE vllm:num_requests_running gauge",
              'vllm:num_requests_running{engine="0"} 0.0']  # fmt: skip
     if worker_info is not None:
         labels = ",".join(f'{name}="{value}"' for name, value in worker_info.items())
         lines += ["# HELP pdspec_worker_info Worker config.", "# TYPE pdspec_worker_info gauge",
                   f"pdspec_worker_info{{{labels}}} 1.0"]  # fmt: skip
+    if features_off:
+        lines += ["# HELP pdspec_engine_feature Engine features.", "# TYPE pdspec_engine_feature gauge",
+                  'pdspec_engine_feature{feature="k0_rule",reason="",state="on"} 1.0']  # fmt: skip
+        lines += [f'pdspec_engine_feature{{feature="{name}",reason="{reason}",state="off"}} 1.0'
+                  for name, reason in features_off.items()]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -119,6 +119,17 @@ def build() -> dict:
           "Draft tokens not proposed because no scheduled request could use them (K times each K=0 step).",
           [(per_worker_rate("pdspec_draft_tokens_skipped_total"), "{{role}} {{instance}}")], unit="ops", w=12)
 
+    p.add("table", "Engine features off",
+          "pdspec's engine features that are off on a worker, with the reason (pdspec_engine_feature). On a "
+          "prefill worker the KV-only drafter pass should be on; an off row explains a slower prefill.",
+          [(by_role('max by (instance, feature, reason) (pdspec_engine_feature{state="off"}) == 1'),
+            "{{role}} {{instance}} {{feature}}")], w=24, h=6, instant=True)  # fmt: skip
+    p.add("timeseries", "K=0 steps on the KV-only pass",
+          "K=0 steps per second, and those whose drafter KV the KV-only pass wrote (equal on a prefill worker "
+          "with the pass on).",
+          [(per_worker_rate("pdspec_k0_proposals_total"), "{{role}} {{instance}} K=0"),
+           (per_worker_rate("pdspec_kv_only_passes_total"), "{{role}} {{instance}} KV-only")], unit="ops", w=24)
+
     p.row("Speculative decoding on decode workers")
     accepted = f"sum by (instance) (rate(vllm:spec_decode_num_accepted_tokens_total[{RATE}]))"
     p.add("timeseries", "Acceptance rate",

@@ -33,6 +33,8 @@ from typing import Any
 from prometheus_client import Counter
 
 from pdspec.worker.draft_rule import DraftsPolicy, ScheduledRequest, dp_vote, propose_with_k0
+from pdspec.worker.engine import features
+from pdspec.worker.engine.connector_hooks import kv_only_connector_reason
 from pdspec.worker.worker_info import WorkerInfo
 
 log = logging.getLogger("pdspec.engine_plugin")
@@ -183,6 +185,7 @@ class _K0Mixin:
         if spec is None:  # no drafter: nothing to skip, so no internals to depend on
             self._pdspec_active = self._pdspec_override = False
             log.info("pdspec engine plugin: no speculative decoding; worker info only")
+            features.report(features.K0_RULE, False, "no speculative decoding")
             return
         self._pdspec_caps = detect_capabilities(vllm_config)
         self._pdspec_k = int(spec.num_speculative_tokens)
@@ -193,6 +196,7 @@ class _K0Mixin:
         # could hang in collectives; vLLM's V2 runner agrees across ranks instead.
         dp = vllm_config.parallel_config.data_parallel_size
         self._pdspec_override = self._pdspec_active and not self._pdspec_caps.native_skip and dp == 1
+        features.report(features.K0_RULE, *_k0_rule_state(self._pdspec_active, self._pdspec_caps.native_skip, dp, spec))
         log.info(
             "pdspec engine plugin: vLLM %s, %s, K=%d, drafts=%s",
             self._pdspec_caps.version,
@@ -224,6 +228,15 @@ class _K0Mixin:
             DRAFT_TOKENS_SKIPPED.inc(k * len(scheduler_output.num_scheduled_tokens))
         elif policy == "auto":
             K_POSITIVE_AUTO_PROPOSALS.inc()
+
+
+def _k0_rule_state(active: bool, native_skip: bool, dp: int, spec: Any) -> tuple[bool, str]:
+    """The K=0 rule's state as the engine feature reports it."""
+    if not active:
+        return False, f"drafter {getattr(spec, 'method', '?')} has no forward pass of its own to skip"
+    if not native_skip and dp != 1:
+        return False, "V1 runner with data parallelism (the ranks could run different drafter passes)"
+    return True, ""
 
 
 def _has_own_forward(spec: Any) -> bool:
@@ -375,12 +388,16 @@ def install_for_process() -> None:
         from vllm.platforms import current_platform
 
         if not current_platform.is_cuda():
-            return  # the V2 runner (and its DP vote) exists on GPUs only
+            features.report(features.DP_IDLE_RANK_VOTE, False, "vLLM's V2 runner, where ranks vote, runs on GPUs only")
+            return
         from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2Runner
         from vllm.v1.worker.gpu_worker import Worker
     except ImportError:
+        features.report(features.DP_IDLE_RANK_VOTE, False, "this vLLM has no V2 runner")
         return
-    install_idle_rank_vote(Worker, V2Runner, vote=os.environ.get(DP_IDLE_RANK_VOTE_ENV, "1") != "0")
+    vote = os.environ.get(DP_IDLE_RANK_VOTE_ENV, "1") != "0"
+    install_idle_rank_vote(Worker, V2Runner, vote=vote)
+    features.report(features.DP_IDLE_RANK_VOTE, vote, "" if vote else "turned off by its setting (dp_idle_rank_vote false)")
 
 
 # --- KV-only drafter pass on K=0 steps ------------------------------------------------
@@ -622,14 +639,14 @@ def _repacked_kv_linear(qkv_proj: Any, q_size: int, kv_size: int):
     return lambda x: holder.cpu_linear(x, holder.weight, None)
 
 
-def _kv_only_ready(proposer: Any, model: Any, connector_ok: bool) -> KvOnlyDrafterPass | None:
-    """The proposer's KV-only pass, built once; None (logged once) where it cannot run."""
+def _kv_only_ready(proposer: Any, model: Any, blocker: str | None) -> KvOnlyDrafterPass | None:
+    """The proposer's KV-only pass, built once; None where it cannot run (`blocker`: a
+    reason found by the caller). Decided once per proposer, reported as the
+    `kv_only_pass` engine feature."""
     cached = getattr(proposer, "_pdspec_kv_only_cache", False)
     if cached is not False:
         return cached
-    reason = KvOnlyDrafterPass.unsupported_reason(model)
-    if reason is None and not connector_ok:
-        reason = "a KV connector that saves layer by layer (only NixlConnector or none is known safe)"
+    reason = blocker or KvOnlyDrafterPass.unsupported_reason(model)
     built = None
     if not reason:
         try:
@@ -640,6 +657,7 @@ def _kv_only_ready(proposer: Any, model: Any, connector_ok: bool) -> KvOnlyDraft
         log.warning("pdspec: KV-only drafter pass off (%s); K=0 steps run the full drafter pass", reason)
     else:
         log.warning("pdspec: KV-only drafter pass on for K=0 steps (%s)", type(model).__name__)
+    features.report(features.KV_ONLY_PASS, built is not None, reason or "")
     proposer._pdspec_kv_only_cache = built
     return built
 
@@ -648,19 +666,56 @@ def _give_up_kv_only(proposer: Any) -> None:
     """A pass that fails (a vLLM build whose internals differ from what the feature checks
     saw) turns itself off for this process: logged once, K=0 steps back on vLLM's path."""
     log.exception("pdspec: KV-only drafter pass failed; K=0 steps run the full drafter pass from now on")
+    features.report(features.KV_ONLY_PASS, False, "failed at run time (see the worker log); full pass from then on")
     proposer._pdspec_kv_only_cache = None
 
 
-def _connector_allows_kv_only() -> bool:
-    """KV connectors hook attention layer by layer (`save_kv_layer`); the KV-only pass runs
-    no attention, so only connectors whose hooks do nothing are safe: NixlConnector."""
-    try:
-        from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
-    except ImportError:
-        return False
-    if not has_kv_transfer_group():
-        return True
-    return type(get_kv_transfer_group()).__name__ == "NixlConnector"
+def _v1_blocker(proposer: Any) -> str | None:
+    """Why the V1 proposer's K=0 steps cannot take the KV-only pass (None: they can)."""
+    if proposer.method != "eagle3":
+        return f"drafter method {proposer.method} (the pass mirrors EAGLE3's layer)"
+    if proposer.needs_extra_input_slots:
+        return "the drafter needs extra input slots"
+    if proposer.supports_mm_inputs or proposer.uses_mrope:
+        return "multimodal drafter inputs"
+    if proposer.vllm_config.parallel_config.data_parallel_size != 1:
+        return "data parallelism"
+    return kv_only_connector_reason()
+
+
+def _v2_blocker(speculator: Any) -> str | None:
+    """The V2 speculator's reasons that hold for every step (per-step ones, such as a
+    dummy run, only send that step down vLLM's path)."""
+    if speculator.method != "eagle3":
+        return f"drafter method {speculator.method} (the pass mirrors EAGLE3's layer)"
+    if getattr(speculator, "pcp_manager", None) is not None:
+        return "prefill context parallelism"
+    if speculator.supports_mm_inputs:
+        return "multimodal drafter inputs"
+    if speculator.dp_size != 1:
+        return "data parallelism"
+    return kv_only_connector_reason()
+
+
+def _decide_at_load(cls: type, blocker) -> None:
+    """Decide (and report) the pass when the drafter is loaded, not at the first K=0 step,
+    so a worker shows whether it is on before any traffic. A failure here leaves the
+    decision to the first K=0 step."""
+    original = getattr(cls, "load_model", None)
+    if original is None or getattr(original, "_pdspec_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def load_model(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        try:
+            _kv_only_ready(self, _unwrap(self.model), blocker(self))
+        except Exception:  # noqa: BLE001 (an attribute this build lacks: decided later)
+            log.debug("pdspec: KV-only pass not decided at load", exc_info=True)
+        return result
+
+    load_model._pdspec_wrapped = True  # type: ignore[attr-defined]
+    cls.load_model = load_model
 
 
 def _unwrap(model: Any) -> Any:
@@ -694,15 +749,7 @@ def install_kv_only_v1(proposer_cls: type, flag: LiveFlag | None = None) -> None
         if num_speculative_tokens != 0 or not (flag or _kv_only_flag()).current():
             return original(self, num_speculative_tokens, *args, **kwargs)
         model = _unwrap(self.model)
-        light = (
-            self.method == "eagle3"
-            and not self.needs_extra_input_slots
-            and not self.supports_mm_inputs
-            and not self.uses_mrope
-            and self.vllm_config.parallel_config.data_parallel_size == 1
-            and _kv_only_ready(self, model, _connector_allows_kv_only()) is not None
-        )
-        if not light:
+        if _kv_only_ready(self, model, _v1_blocker(self)) is None:
             return original(self, num_speculative_tokens, *args, **kwargs)
         try:
             return _v1_kv_only_propose(self, model, *args, **kwargs)
@@ -778,16 +825,9 @@ def install_kv_only_v2(speculator_cls: type, flag: LiveFlag | None = None) -> No
         ):
             return original(self, *call, *args, **kwargs)
         model = _unwrap(self.model)
-        light = (
-            self.method == "eagle3"
-            and aux_hidden_states
-            and self.pcp_manager is None
-            and not self.supports_mm_inputs
-            and self.dp_size == 1
-            and slot_mappings is not None
-            and _kv_only_ready(self, model, _connector_allows_kv_only()) is not None
-        )
-        if not light or self._pdspec_kv_only_cache.attn_layer.layer_name not in slot_mappings:
+        kv_pass = _kv_only_ready(self, model, _v2_blocker(self))
+        if kv_pass is None or not aux_hidden_states or slot_mappings is None \
+                or kv_pass.attn_layer.layer_name not in slot_mappings:
             return original(self, *call, *args, **kwargs)
         try:
             return _v2_kv_only_propose(self, model, *call)
@@ -855,6 +895,7 @@ def _v2_prepare_prefill_inputs() -> Any:
 def _kv_only_pass(self: Any, kv_pass: KvOnlyDrafterPass, *args: Any) -> None:
     # A method of the proposer so profilers (loadtest/profile_k0.py) can find and time it.
     kv_pass.run(*args)
+    features.KV_ONLY_PASSES.inc()
 
 
 def install_kv_only_drafter() -> None:
@@ -866,8 +907,10 @@ def install_kv_only_drafter() -> None:
     except ImportError:
         return
     if not vllm.__version__.startswith(SUPPORTED_VLLM):
+        features.report(features.KV_ONLY_PASS, False, f"vLLM {vllm.__version__} is not one pdspec knows")
         return
     if not _kv_only_flag().current() and _kv_only_flag().file.path is None:
+        features.report(features.KV_ONLY_PASS, False, "turned off by its setting (kv_only_drafter false)")
         return  # off for good: leave vLLM's classes untouched
     try:
         from vllm.v1.spec_decode.eagle import EagleProposer
@@ -876,12 +919,14 @@ def install_kv_only_drafter() -> None:
     if EagleProposer is not None and hasattr(EagleProposer, "set_inputs_first_pass"):
         EagleProposer._pdspec_kv_only_pass = _kv_only_pass
         install_kv_only_v1(EagleProposer)
+        _decide_at_load(EagleProposer, _v1_blocker)
     try:
         from vllm.v1.worker.gpu.spec_decode.eagle.speculator import EagleSpeculator
     except ImportError:
         return  # no V2 runner (the CPU build)
     EagleSpeculator._pdspec_kv_only_pass = _kv_only_pass
     install_kv_only_v2(EagleSpeculator)
+    _decide_at_load(EagleSpeculator, _v2_blocker)
 
 
 # --- CPU: NixlConnector's "KV core" stays among the worker's own cores -------------
@@ -952,17 +997,23 @@ def install_affinity_restore(worker_cls: type) -> bool:
 
 def install_cpu_affinity_fix() -> None:
     """Called by pdspec's vLLM general plugin in every vLLM process of a P/D worker."""
-    if os.environ.get(ROLE_ENV) not in ("prefill", "decode") or not hasattr(os, "sched_getaffinity"):
+    if os.environ.get(ROLE_ENV) not in ("prefill", "decode"):
+        return
+    if not hasattr(os, "sched_getaffinity"):
+        features.report(features.KV_CORE_PINNING, False, "this OS has no CPU affinity")
         return
     try:
         from vllm.platforms import current_platform
 
         if not current_platform.is_cpu():
+            features.report(features.KV_CORE_PINNING, False, "not a CPU build (the KV core is CPU-only)")
             return
     except ImportError:
         return
     if install_kv_core_within_own_cpus(type(current_platform)):
         log.info("pdspec: NixlConnector's KV core limited to this worker's cores %s", sorted(os.sched_getaffinity(0)))
+    wrapped = getattr(type(current_platform).discover_numa_topology, "_pdspec_wrapped", False)
+    features.report(features.KV_CORE_PINNING, wrapped, "" if wrapped else "vLLM's CPU platform has no NUMA discovery")
     try:
         from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
     except ImportError:

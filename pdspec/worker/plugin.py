@@ -18,7 +18,16 @@ log = logging.getLogger("pdspec.worker.plugin")
 def register() -> None:
     delay = os.environ.get(PROGRESS_DELAY_ENV)
     if delay is not None:
-        apply_progress_delay(int(delay))
+        applied = apply_progress_delay(int(delay))
+    if os.environ.get("PDSPEC_ROLE") in ("prefill", "decode"):
+        from pdspec.worker.engine import features
+
+        if delay is None:
+            features.report(features.NIXL_PROGRESS_DELAY, False, f"no delay set ({PROGRESS_DELAY_ENV})")
+        elif not applied:
+            features.report(features.NIXL_PROGRESS_DELAY, False, "nixl is not installed")
+        else:
+            features.report(features.NIXL_PROGRESS_DELAY, True)
     from pdspec.worker.engine_plugin import install_cpu_affinity_fix
 
     install_cpu_affinity_fix()

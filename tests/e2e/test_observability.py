@@ -167,7 +167,8 @@ def wait_for_alerts(prometheus, expected: dict[str, list[dict]], timeout_s: floa
 @pytest.mark.stops_stack
 def test_faults_fire_their_alerts(stack, client, prometheus, tmp_path):
     watched = {"PdspecPrefillDraftingWithAutoPolicy", "PdspecDecodeOnlyFallback", "PdspecNoHealthyWorker",
-               "PdspecProxyErrors", "PdspecTargetDown", "PdspecPrefillKvExpired", "PdspecPrefillDraftsAlways"}
+               "PdspecProxyErrors", "PdspecTargetDown", "PdspecPrefillKvExpired", "PdspecPrefillDraftsAlways",
+               "PdspecPrefillKvOnlyPassOff"}
     assert not watched & set(prometheus.api.firing()), prometheus.api.firing()
 
     host = lambda url: url.removeprefix("http://")  # noqa: E731

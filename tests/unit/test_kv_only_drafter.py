@@ -187,7 +187,7 @@ def v1_call(proposer, k):
 
 @pytest.fixture
 def v1_class(monkeypatch):
-    monkeypatch.setattr(engine_plugin, "_connector_allows_kv_only", lambda: True)
+    monkeypatch.setattr(engine_plugin, "kv_only_connector_reason", lambda: None)
     cls = type("Proposer", (FakeV1Proposer,), {})
     return cls
 
@@ -221,7 +221,7 @@ def test_v1_keeps_the_full_pass_for_unsupported_drafters_and_data_parallel(v1_cl
 
 def test_v1_keeps_the_full_pass_under_a_layer_by_layer_kv_connector(monkeypatch):
     cls = type("Proposer", (FakeV1Proposer,), {})
-    monkeypatch.setattr(engine_plugin, "_connector_allows_kv_only", lambda: False)
+    monkeypatch.setattr(engine_plugin, "kv_only_connector_reason", lambda: "a KV connector that works layer by layer")
     install_kv_only_v1(cls, LiveFlag(True, None))
     proposer = cls(fake_drafter())
     v1_call(proposer, 0)
@@ -276,7 +276,7 @@ def v2_call(spec, k, **kwargs):
 
 @pytest.fixture
 def v2_class(monkeypatch):
-    monkeypatch.setattr(engine_plugin, "_connector_allows_kv_only", lambda: True)
+    monkeypatch.setattr(engine_plugin, "kv_only_connector_reason", lambda: None)
     monkeypatch.setattr(engine_plugin, "_v2_prepare_prefill_inputs", lambda: fake_prepare_prefill_inputs)
     cls = type("Speculator", (FakeV2Speculator,), {})
     install_kv_only_v2(cls, LiveFlag(True, None))

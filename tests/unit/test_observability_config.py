@@ -22,7 +22,7 @@ PROM_DIR = REPO / "deploy" / "prometheus"
 ROWS = ("K=0 proposals", "Speculative decoding", "P/D hand-off", "Latency and load")
 ALERTS = {
     "PdspecPrefillDraftingWithAutoPolicy", "PdspecDecodeOnlyFallback", "PdspecNixlTransferFailures",
-    "PdspecPrefillKvExpired", "PdspecDecodeAcceptanceDrop", "PdspecTargetDown", "PdspecNoHealthyWorker",
+    "PdspecPrefillKvExpired", "PdspecPrefillKvOnlyPassOff", "PdspecDecodeAcceptanceDrop", "PdspecTargetDown", "PdspecNoHealthyWorker",
     "PdspecProxyErrors", "PdspecPDConfigMismatch", "PdspecPrefillDraftsAlways",
 }  # fmt: skip
 

@@ -124,3 +124,33 @@ def test_plugin_is_loaded_without_a_drafter_too_unless_turned_off():
     assert "--speculative-config" not in launch.vllm_argv("decode", model, WorkerSettings(), cpu=True)
     assert launch.SCHEDULER_CLS in launch.vllm_argv("decode", model, WorkerSettings(), cpu=True)
     assert "--scheduler-cls" not in launch.vllm_argv("decode", model, WorkerSettings(engine_plugin=False), cpu=True)
+
+
+def test_the_proxy_reads_which_engine_features_are_off():
+    from proxy.worker_info import parse_features_off
+    from tests.standin import metrics_text
+
+    text = metrics_text({"role": "prefill"}, {"kv_only_pass": "drafter method mtp", "dp_idle_rank_vote": "GPU only"})
+    assert parse_features_off(text) == {"kv_only_pass": "drafter method mtp", "dp_idle_rank_vote": "GPU only"}
+    assert parse_features_off(metrics_text({"role": "prefill"})) == {}
+
+
+def test_ready_shows_a_prefill_worker_with_a_feature_off():
+    import httpx
+
+    from pdspec.settings import ProxySettings
+    from proxy.app import create_app
+    from tests.standin import StandinBehaviour, ThreadServer, create_standin
+
+    prefill = StandinBehaviour(worker_info={"role": "prefill", "model": "m", "drafter": "d", "method": "eagle3",
+                                            "block_size": "16"},
+                               features_off={"kv_only_pass": "the KV connector works layer by layer"})  # fmt: skip
+    decode = StandinBehaviour(worker_info={**prefill.worker_info, "role": "decode"})
+    with ThreadServer(create_standin(prefill)) as p, ThreadServer(create_standin(decode)) as d:
+        settings = ProxySettings(prefill_urls=[p.url], decode_urls=[d.url])
+        with ThreadServer(create_app(settings)) as proxy:
+            body = httpx.get(proxy.url + "/ready").json()
+    assert body["ready"] is True  # slower, not wrong: still ready
+    assert body["engine_features_off"] == [
+        {"pool": "prefill", "worker": p.url, "feature": "kv_only_pass", "reason": "the KV connector works layer by layer"}
+    ]

@@ -1,0 +1,68 @@
+"""Every engine feature of pdspec says whether it is on where it runs, and why not.
+
+The KV-only drafter pass was measured at 0.99 of no-drafter in an engine without a KV
+connector while every P/D prefill worker ran with it off, and nothing showed it. So each
+feature reports its state once it is decided, in the process that decides it:
+
+    pdspec_engine_feature{feature, state="on"|"off", reason} 1
+
+`reason` is empty when on and one line when off. A state that changes (the KV-only pass
+giving up after a failure) sets the old series to 0. The gauge is written in vLLM's
+engine and worker processes; with PROMETHEUS_MULTIPROC_DIR set (pdspec's launcher sets
+it) the API server's /metrics shows it, taking the largest value over processes.
+
+`pdspec_kv_only_passes_total` counts the K=0 steps whose drafter KV the KV-only pass
+wrote: on a prefill worker with the pass on, it equals `pdspec_k0_proposals_total`.
+
+Which features a role has: `ROLE_FEATURES`. Only those are reported by that role's
+worker, so a decode worker never shows a prefill-only feature as off.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import Counter, Gauge
+
+log = logging.getLogger("pdspec.engine.features")
+
+K0_RULE = "k0_rule"  # propose with K=0 when no scheduled request can use the drafts
+KV_ONLY_PASS = "kv_only_pass"  # K=0 steps write the drafter KV without the rest of its forward
+NIXL_PROGRESS_DELAY = "nixl_progress_delay"  # NIXL's progress thread sleeps instead of spinning
+KV_CORE_PINNING = "kv_core_pinning"  # CPU: NixlConnector's KV core stays among the worker's cores
+DP_IDLE_RANK_VOTE = "dp_idle_rank_vote"  # an idle DP rank votes "skip drafts" on a prefill worker
+ROLE_FEATURES = {
+    "prefill": (K0_RULE, KV_ONLY_PASS, NIXL_PROGRESS_DELAY, KV_CORE_PINNING, DP_IDLE_RANK_VOTE),
+    "decode": (K0_RULE, NIXL_PROGRESS_DELAY, KV_CORE_PINNING),
+}
+
+ENGINE_FEATURE = Gauge(
+    "pdspec_engine_feature",
+    "pdspec's engine features: 1 for the feature's current state (on, or off with the reason).",
+    ["feature", "state", "reason"],
+    multiprocess_mode="max",
+)
+KV_ONLY_PASSES = Counter("pdspec_kv_only_passes", "K=0 steps whose drafter KV was written by the KV-only pass.")
+
+_reported: dict[str, tuple[str, str]] = {}
+
+
+def report(feature: str, on: bool, reason: str = "") -> None:
+    """Records `feature`'s state in this process (logged when it changes)."""
+    state = ("on", "") if on else ("off", reason or "no reason given")
+    previous = _reported.get(feature)
+    if previous == state:
+        return
+    if previous is not None:
+        ENGINE_FEATURE.labels(feature, *previous).set(0)
+    ENGINE_FEATURE.labels(feature, *state).set(1)
+    _reported[feature] = state
+    if on:
+        log.info("pdspec: engine feature %s on", feature)
+    else:
+        log.warning("pdspec: engine feature %s off: %s", feature, state[1])
+
+
+def reported() -> dict[str, tuple[str, str]]:
+    """This process's states, {feature: (state, reason)} (for tests and logs)."""
+    return dict(_reported)
