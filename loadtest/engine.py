@@ -24,6 +24,7 @@ COUNTERS = (
     "pdspec_proposals_total",
     "pdspec_k0_proposals_total",
     "pdspec_draft_tokens_skipped_total",
+    "pdspec_kv_only_passes_total",
     "vllm:spec_decode_num_drafts_total",
     "vllm:spec_decode_num_draft_tokens_total",
     "vllm:spec_decode_num_accepted_tokens_total",
@@ -36,6 +37,9 @@ class EngineHandle:
     policy_file: Path
     metrics_dir: Path
     kv_only_file: Path
+    # Requests go in as a P/D prefill worker gets them (do_remote_decode), so the KV
+    # connector keeps and then releases their KV as it does for a decode worker's pull.
+    kv_transfer_params: dict | None = None
 
     def set_kv_only(self, on: bool) -> None:
         from pdspec.worker.engine_plugin import write_policy
@@ -70,6 +74,8 @@ def plugin_engine(
     k: int = 3,
     max_num_batched_tokens: int = 512,
     max_model_len: int = 4096,
+    env: dict[str, str] | None = None,
+    kv_transfer_params: dict | None = None,
     **engine_kwargs: Any,
 ) -> Iterator[EngineHandle]:
     """An offline vLLM engine (`vllm.LLM`) with the pdspec scheduler, set up as a prefill
@@ -91,15 +97,18 @@ def plugin_engine(
     # so the two do not take turns on one core and add noise to timings.
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "1")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.update(env or {})  # a worker's own environment (prefill_worker_engine), read at engine start
     if models_dir is not None:
         target = target or str(models_dir / "target")
         drafter = drafter or str(models_dir / "eagle3")
         engine_kwargs.setdefault("dtype", "float32")  # as pdspec serves the local model
     from vllm import LLM
 
-    if method != "none":
+    if method != "none" and "speculative_config" not in engine_kwargs:
         engine_kwargs["speculative_config"] = {"method": method, "model": drafter, "num_speculative_tokens": k}
         engine_kwargs["scheduler_cls"] = "pdspec.worker.engine_plugin.K0Scheduler"
+    if "model" in engine_kwargs:
+        target = engine_kwargs.pop("model")
     llm = LLM(
         model=target,
         max_num_batched_tokens=max_num_batched_tokens,
@@ -110,10 +119,49 @@ def plugin_engine(
         **engine_kwargs,
     )
     try:
-        yield EngineHandle(llm, policy_file, metrics_dir, work / "kv-only-drafter")
+        yield EngineHandle(llm, policy_file, metrics_dir, work / "kv-only-drafter", kv_transfer_params)
     finally:
         del llm
         shutil.rmtree(work, ignore_errors=True)
+
+
+# A prefill worker holds a finished request's KV until a decode worker pulls it or its
+# lease ends (30 s). With no decode worker here, a lease of 0 frees it at the next step:
+# what an instant pull would do.
+BENCH_KV_LEASE_S = 0
+
+
+def prefill_worker_engine(
+    args: argparse.Namespace, mbt: int, max_model_len: int, method: str | None = None, side_channel_port: int = 5600
+) -> dict[str, Any]:
+    """`plugin_engine` keyword arguments for the engine a prefill worker runs: vLLM's
+    options from pdspec's own launcher (`engine_options("prefill", ...)`, NixlConnector
+    `kv_producer` included), the worker's environment (NIXL side channel, progress
+    delay, KV-only switch), requests that ask for a remote decode, and the KV released
+    at once (`BENCH_KV_LEASE_S`). `method="none"`: the same worker with no drafter."""
+    from pdspec.settings import ModelSettings, PrefillWorkerSettings
+    from pdspec.worker.launch import SERVER_OPTIONS, engine_options, is_cpu_build, worker_env
+    from proxy.legs import PREFILL_KV_REQUEST
+
+    cpu = is_cpu_build()
+    model = ModelSettings(
+        target=args.target, drafter=args.drafter, method=method or args.method, num_speculative_tokens=args.k,
+        max_model_len=max_model_len, models_dir=args.models_dir,
+    )  # fmt: skip
+    worker = PrefillWorkerSettings(
+        max_num_batched_tokens=mbt, enforce_eager=args.eager, gpu_memory_utilization=args.gpu_memory_utilization,
+        side_channel_port=side_channel_port,
+    )  # fmt: skip
+    options = {k: v for k, v in engine_options("prefill", model, worker, cpu).items() if k not in SERVER_OPTIONS}
+    options["kv_transfer_config"] = {**options["kv_transfer_config"],
+                                     "kv_connector_extra_config": {"kv_lease_duration": BENCH_KV_LEASE_S}}  # fmt: skip
+    if args.dummy:
+        options.update(load_format="dummy", skip_tokenizer_init=True)
+    env = worker_env("prefill", worker, Path(tempfile.gettempdir()), cpu)
+    kept = ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "PDSPEC_NIXL_PROGRESS_DELAY_US",
+            "PDSPEC_KV_ONLY_DRAFTER", "PDSPEC_DP_IDLE_RANK_VOTE", "PDSPEC_ROLE", "VLLM_CPU_KVCACHE_SPACE")  # fmt: skip
+    return {**options, "method": model.method, "env": {k: env[k] for k in kept if k in env},
+            "kv_transfer_params": dict(PREFILL_KV_REQUEST)}  # fmt: skip
 
 
 def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:

@@ -30,7 +30,24 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from loadtest.engine import add_engine_arguments, delta, engine_args_from, plugin_engine
+from loadtest.engine import add_engine_arguments, delta, engine_args_from, plugin_engine, prefill_worker_engine
+
+
+def engine_features(engine) -> dict[str, str]:
+    """The engine's feature states (pdspec_engine_feature), as "on" or "off: reason": a
+    benchmark says whether what it measures was on."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(engine.metrics_dir))
+    states = {}
+    for family in registry.collect():
+        for sample in family.samples:
+            if sample.name == "pdspec_engine_feature" and sample.value == 1:
+                labels = sample.labels
+                states[labels["feature"]] = labels["state"] + (f": {labels['reason']}" if labels["reason"] else "")
+    return states
 
 
 @dataclass
@@ -40,6 +57,8 @@ class BenchResult:
     prompt_tokens: int
     tokens_per_s: dict[str, list[float]] = field(default_factory=dict)
     counters: dict[str, dict[str, float]] = field(default_factory=dict)
+    as_prefill_worker: bool = False  # engines built as `pdspec prefill` builds its own (KV connector on)
+    features: dict[str, str] = field(default_factory=dict)  # the drafter engine's pdspec_engine_feature states
 
     def median(self, mode: str) -> float:
         return statistics.median(self.tokens_per_s[mode])
@@ -66,7 +85,8 @@ def timed_rep(engine, prompts, policy: str | None) -> tuple[float, dict]:
 
     if policy is not None:
         engine.set_policy(policy)
-    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
+    extra = {"kv_transfer_params": engine.kv_transfer_params} if engine.kv_transfer_params else None
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False, extra_args=extra)
     inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
     before = engine.counters()
     start = time.perf_counter()
@@ -82,18 +102,30 @@ def rep_orders(modes: list[str], reps: int) -> list[list[str]]:
 
 
 def bench(
-    engine_args: dict, mbt: int, num_prompts: int, prompt_tokens: int, reps: int, vocab: int, modes: list[str]
+    engine_args: dict, mbt: int, num_prompts: int, prompt_tokens: int, reps: int, vocab: int, modes: list[str],
+    worker_args: argparse.Namespace | None = None,
 ) -> BenchResult:
+    """`worker_args`: build both engines as a prefill worker builds its own
+    (`prefill_worker_engine`), not as a bare engine."""
     rng = random.Random(mbt)
-    result = BenchResult(mbt, num_prompts, prompt_tokens, tokens_per_s={m: [] for m in modes})
+    result = BenchResult(mbt, num_prompts, prompt_tokens, tokens_per_s={m: [] for m in modes},
+                         as_prefill_worker=worker_args is not None)  # fmt: skip
     limits = dict(max_num_batched_tokens=mbt, max_model_len=prompt_tokens + 16)
+    if worker_args is not None:
+        # Two engines in one process: each its own NIXL side channel.
+        plain_args = prefill_worker_engine(worker_args, mbt, prompt_tokens + 16, method="none", side_channel_port=5610)
+        drafter_args = prefill_worker_engine(worker_args, mbt, prompt_tokens + 16)
+    else:
+        plain_args = {**limits, **engine_args, "method": "none"}
+        drafter_args = {**limits, **engine_args}
     with contextlib.ExitStack() as stack:
         # The plain engine first: the drafter engine's plugin settings (environment) are
         # then the ones in force while both run.
         plain = None
         if "none" in modes:
-            plain = stack.enter_context(plugin_engine(**limits, **{**engine_args, "method": "none"}))
-        drafter = stack.enter_context(plugin_engine(**limits, **engine_args))
+            plain = stack.enter_context(plugin_engine(**plain_args))
+        drafter = stack.enter_context(plugin_engine(**drafter_args))
+        result.features = engine_features(drafter)
 
         # Fresh random prompts for every rep: no prefix-cache hit makes a rep cheaper.
         def prompts():
@@ -125,6 +157,7 @@ def render(results: list[BenchResult]) -> str:
              if a in modes and b in modes]  # fmt: skip
     head = ["mbt"] + [f"{m} tok/s" for m in modes] + [f"{a}/{b} (pairs)" for a, b in pairs]
     head += [f"K=0 / proposals ({m})" for m in modes if m != "none"]
+    head += [f"KV-only passes ({m})" for m in modes if m != "none"]
     rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in results:
         cells = [str(r.mbt)] + [f"{r.median(m):.0f}" for m in modes]
@@ -135,8 +168,12 @@ def render(results: list[BenchResult]) -> str:
             if m != "none":
                 c = r.counters[m]
                 cells.append(f"{c['pdspec_k0_proposals_total']:.0f} / {c['pdspec_proposals_total']:.0f}")
+        cells += [f"{r.counters[m].get('pdspec_kv_only_passes_total', 0):.0f}" for m in modes if m != "none"]
         rows.append("| " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+    built = "as a prefill worker builds them (NixlConnector kv_producer, KV released at once)" \
+        if any(r.as_prefill_worker for r in results) else "bare (no KV connector)"
+    features = "; ".join(f"mbt {r.mbt}: " + ", ".join(f"{k} {v}" for k, v in r.features.items()) for r in results)
+    return "\n".join([f"Engines built {built}. Drafter engine features: {features}.", "", *rows])
 
 
 def baseline_lines(results: list[BenchResult]) -> list[str]:
@@ -185,12 +222,19 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["auto", "always"], choices=["auto", "always", "full"],
                         help="drafter-engine modes; full = K=0 with the KV-only pass off")
     parser.add_argument("--baseline", action="store_true", help="add a no-drafter engine (mode none)")
+    parser.add_argument("--as-prefill-worker", action="store_true",
+                        help="build the engines as `pdspec prefill` does: NixlConnector kv_producer, the worker's "
+                        "options and environment, requests asking for a remote decode, KV released at once")
     parser.add_argument("--out", type=Path, default=Path("loadtest/results"))
     args = parser.parse_args()
 
     engine_args, vocab = engine_args_from(args)
     modes = list(dict.fromkeys(args.modes + (["none"] if args.baseline else [])))
-    results = [bench(engine_args, mbt, args.prompts, args.prompt_tokens, args.reps, vocab, modes) for mbt in args.mbt]
+    worker_args = args if args.as_prefill_worker else None
+    results = [bench(engine_args, mbt, args.prompts, args.prompt_tokens, args.reps, vocab, modes, worker_args)
+               for mbt in args.mbt]  # fmt: skip
+    for r in results:
+        print(f"mbt {r.mbt}: engine features {r.features}" + (" (as a prefill worker)" if r.as_prefill_worker else ""))
 
     table = render(results)
     lines = baseline_lines(results)

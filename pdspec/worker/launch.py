@@ -11,7 +11,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pdspec.settings import ModelSettings, WorkerSettings
 from pdspec.worker.engine_plugin import (
@@ -94,37 +94,63 @@ def kv_transfer_config(role: Literal["prefill", "decode"], worker: WorkerSetting
     return {"kv_connector": "NixlConnector", "kv_role": KV_ROLES[role], "kv_buffer_device": device}
 
 
-def vllm_argv(role: Role, model: ModelSettings, worker: WorkerSettings, cpu: bool) -> list[str]:
+# Server-only options: the OpenAI server takes them, an in-process engine does not.
+SERVER_OPTIONS = ("served_model_name", "host", "port", "enable_prompt_tokens_details")
+
+
+def engine_options(role: Role, model: ModelSettings, worker: WorkerSettings, cpu: bool) -> dict[str, Any]:
+    """The vLLM options of a worker, by vLLM's own names (EngineArgs fields and the OpenAI
+    server's), in command-line order. The server's command line is made from them
+    (`vllm_argv`), and so is the engine of `loadtest.prefill_bench --as-prefill-worker`, so
+    the benchmark measures the engine a prefill worker runs. `extra_vllm_args` (raw
+    command-line flags) are the one thing not in here."""
     target, drafter = resolve_model_paths(model)
-    argv = [
-        "--model", target,
-        "--served-model-name", served_model_name(model),
-        "--host", worker.host,
-        "--port", str(worker.port),
-        "--max-model-len", str(model.max_model_len),
+    options: dict[str, Any] = {
+        "model": target,
+        "served_model_name": served_model_name(model),
+        "host": worker.host,
+        "port": worker.port,
+        "max_model_len": model.max_model_len,
         # usage.prompt_tokens_details.cached_tokens: the proxy reports the prefill
         # worker's prefix-cache hits to clients (see proxy/usage.py).
-        "--enable-prompt-tokens-details",
-    ]  # fmt: skip
+        "enable_prompt_tokens_details": True,
+    }
     dtype = model.dtype or ("float32" if model.target is None else None)
     if dtype is not None:
-        argv += ["--dtype", dtype]
+        options["dtype"] = dtype
     if role != "colocated":
-        argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(role, worker, cpu))]
+        options["kv_transfer_config"] = kv_transfer_config(role, worker, cpu)
     spec = speculative_config(model, drafter)
     if spec is not None:
-        argv += ["--speculative-config", json.dumps(spec)]
+        options["speculative_config"] = spec
     if worker.enforce_eager:
-        argv.append("--enforce-eager")
+        options["enforce_eager"] = True
     if worker.max_num_batched_tokens is not None:
-        argv += ["--max-num-batched-tokens", str(worker.max_num_batched_tokens)]
+        options["max_num_batched_tokens"] = worker.max_num_batched_tokens
     if worker.max_num_seqs is not None:
-        argv += ["--max-num-seqs", str(worker.max_num_seqs)]
+        options["max_num_seqs"] = worker.max_num_seqs
     if worker.gpu_memory_utilization is not None and not cpu:
-        argv += ["--gpu-memory-utilization", str(worker.gpu_memory_utilization)]
+        options["gpu_memory_utilization"] = worker.gpu_memory_utilization
     if worker.engine_plugin:  # K=0 proposals with a drafter; pdspec_worker_info always
-        argv += ["--scheduler-cls", SCHEDULER_CLS]
-    return argv + list(worker.extra_vllm_args)
+        options["scheduler_cls"] = SCHEDULER_CLS
+    return options
+
+
+def option_flags(options: dict[str, Any]) -> list[str]:
+    """vLLM's command line for `options`: `--name-with-dashes value`, a True flag alone,
+    dicts as JSON."""
+    argv: list[str] = []
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        else:
+            argv += [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
+    return argv
+
+
+def vllm_argv(role: Role, model: ModelSettings, worker: WorkerSettings, cpu: bool) -> list[str]:
+    return option_flags(engine_options(role, model, worker, cpu)) + list(worker.extra_vllm_args)
 
 
 def worker_env(role: Role, worker: WorkerSettings, run_dir: Path, cpu: bool) -> dict[str, str]:

@@ -27,3 +27,58 @@ def test_no_baseline_line_without_the_plain_engine():
                               "always": {"pdspec_k0_proposals_total": 0, "pdspec_proposals_total": 1}})  # fmt: skip
     assert baseline_lines([r]) == []
     assert r.ratio == 1.0
+
+
+def bench_args(**overrides):
+    import argparse
+
+    from pdspec.settings import ModelSettings
+
+    args = dict(models_dir=ModelSettings().models_dir, target=None, drafter=None, method="eagle3", k=3,
+                gpu_memory_utilization=None, dummy=False, eager=False)  # fmt: skip
+    return argparse.Namespace(**{**args, **overrides})
+
+
+def test_the_prefill_worker_mode_builds_the_engine_pdspec_prefill_runs(tmp_path):
+    """Issue 22: the KV-only pass was measured on a bare engine while every prefill worker
+    ran another one. The benchmark's engine options are the launcher's, server options aside,
+    with the KV released at once."""
+    from loadtest.engine import BENCH_KV_LEASE_S, prefill_worker_engine
+    from pdspec.settings import ModelSettings, PrefillWorkerSettings
+    from pdspec.worker.launch import SERVER_OPTIONS, launch_spec, option_flags
+
+    bench = prefill_worker_engine(bench_args(eager=True), mbt=512, max_model_len=4112)
+    model = ModelSettings(max_model_len=4112)
+    worker = PrefillWorkerSettings(max_num_batched_tokens=512, enforce_eager=True)
+    spec = launch_spec("prefill", model, worker, tmp_path)  # what `pdspec prefill` execs
+    served = spec.argv[spec.argv.index("pdspec.worker.serve") + 1 :]
+
+    options = {k: v for k, v in bench.items() if k not in ("method", "env", "kv_transfer_params")}
+    lease = options["kv_transfer_config"].pop("kv_connector_extra_config")
+    assert lease == {"kv_lease_duration": BENCH_KV_LEASE_S}
+    assert options["kv_transfer_config"]["kv_role"] == "kv_producer"
+    server_flags = {"--" + name.replace("_", "-") for name in SERVER_OPTIONS}
+    without_server = []
+    skip = False
+    for item in served:
+        if skip:
+            skip = False
+            continue
+        if item in server_flags:
+            skip = item != "--enable-prompt-tokens-details"
+            continue
+        without_server.append(item)
+    assert option_flags(options) == without_server
+    for name in ("VLLM_NIXL_SIDE_CHANNEL_PORT", "PDSPEC_NIXL_PROGRESS_DELAY_US", "PDSPEC_KV_ONLY_DRAFTER", "PDSPEC_ROLE"):
+        assert bench["env"][name] == spec.env[name], name
+    assert bench["kv_transfer_params"]["do_remote_decode"] is True
+
+
+def test_the_no_drafter_baseline_is_the_same_worker_without_a_drafter():
+    from loadtest.engine import prefill_worker_engine
+
+    plain = prefill_worker_engine(bench_args(), mbt=2048, max_model_len=2064, method="none", side_channel_port=5610)
+    drafter = prefill_worker_engine(bench_args(), mbt=2048, max_model_len=2064)
+    assert "speculative_config" not in plain and "speculative_config" in drafter
+    assert plain["kv_transfer_config"] == drafter["kv_transfer_config"]
+    assert plain["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] != drafter["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"]
