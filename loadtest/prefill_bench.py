@@ -126,6 +126,9 @@ def bench(
             plain = stack.enter_context(plugin_engine(**plain_args))
         drafter = stack.enter_context(plugin_engine(**drafter_args))
         result.features = engine_features(drafter)
+        # Which processes write the drafter engine's metrics (pid-named files): a counter
+        # that reads 0 shows here whether its process wrote anything at all.
+        print("  metrics files:", sorted(p.name for p in drafter.metrics_dir.iterdir()), flush=True)
 
         # Fresh random prompts for every rep: no prefix-cache hit makes a rep cheaper.
         def prompts():
@@ -148,6 +151,8 @@ def bench(
                 for name, value in counters.items():
                     total[name] = total.get(name, 0.0) + value
                 print(f"  mbt {mbt} rep {rep}/{reps} {mode:6s} {rate:10.0f} tok/s", flush=True)
+        print("  metrics files after the reps:", sorted(p.name for p in drafter.metrics_dir.iterdir()),
+              "; PROMETHEUS_MULTIPROC_DIR now", __import__("os").environ.get("PROMETHEUS_MULTIPROC_DIR"), flush=True)
     return result
 
 
