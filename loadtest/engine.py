@@ -42,12 +42,12 @@ class EngineHandle:
     kv_transfer_params: dict | None = None
 
     def set_kv_only(self, on: bool) -> None:
-        from pdspec.worker.engine_plugin import write_policy
+        from pdspec.worker.engine.control import write_policy
 
         write_policy(self.kv_only_file, "on" if on else "off")  # read by the drafter at its next K=0 pass
 
     def set_policy(self, policy: str) -> None:
-        from pdspec.worker.engine_plugin import write_policy
+        from pdspec.worker.engine.control import write_policy
 
         write_policy(self.policy_file, policy)  # read by the scheduler at its next step
 
@@ -106,7 +106,7 @@ def plugin_engine(
 
     if method != "none" and "speculative_config" not in engine_kwargs:
         engine_kwargs["speculative_config"] = {"method": method, "model": drafter, "num_speculative_tokens": k}
-        engine_kwargs["scheduler_cls"] = "pdspec.worker.engine_plugin.K0Scheduler"
+        engine_kwargs["scheduler_cls"] = "pdspec.worker.engine.k0_scheduler.K0Scheduler"
     if "model" in engine_kwargs:
         target = engine_kwargs.pop("model")
     llm = LLM(

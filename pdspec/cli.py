@@ -70,7 +70,7 @@ def _models(cmd: s.ModelsCommand) -> int:
 
 
 def _drafts(cmd: s.DraftsCommand) -> int:
-    from pdspec.worker.engine_plugin import write_policy
+    from pdspec.worker.engine.control import write_policy
     from pdspec.worker.launch import drafts_file, prometheus_dir
     from pdspec.worker.worker_info import follow_policy
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pdspec.settings import ModelSettings, WorkerSettings
-from pdspec.worker.engine_plugin import (
+from pdspec.worker.engine.control import (
     DP_IDLE_RANK_VOTE_ENV,
     DRAFTS_ENV,
     DRAFTS_FILE_ENV,
@@ -29,7 +29,7 @@ Role = Literal["prefill", "decode", "colocated"]
 
 KV_ROLES: dict[Role, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
 LOCAL_MODEL_NAME = "pdspec-tiny"
-SCHEDULER_CLS = "pdspec.worker.engine_plugin.K0Scheduler"
+SCHEDULER_CLS = "pdspec.worker.engine.k0_scheduler.K0Scheduler"
 
 
 def skip_drafter_file(run_dir: Path, role: Role) -> Path:

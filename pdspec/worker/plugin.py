@@ -10,29 +10,38 @@ from __future__ import annotations
 import logging
 import os
 
+from pdspec.worker.engine.control import ROLE_ENV
 from pdspec.worker.nixl_progress import PROGRESS_DELAY_ENV, apply_progress_delay
 
 log = logging.getLogger("pdspec.worker.plugin")
 
 
 def register() -> None:
+    """Installs, in this vLLM process, what the worker's role uses (the one place that maps
+    a role to its engine hooks): every P/D worker gets the NIXL progress delay and the CPU
+    KV-core pinning; a prefill worker also the KV-only drafter pass, the DP idle-rank vote
+    and, in tests, the drafter-KV switch. The K=0 rule comes in through `--scheduler-cls`."""
     delay = os.environ.get(PROGRESS_DELAY_ENV)
     if delay is not None:
         applied = apply_progress_delay(int(delay))
-    if os.environ.get("PDSPEC_ROLE") in ("prefill", "decode"):
-        from pdspec.worker.engine import features
+    role = os.environ.get(ROLE_ENV)
+    if role not in ("prefill", "decode"):
+        return
+    from pdspec.worker.engine import features
+    from pdspec.worker.engine.cpu_affinity import install_cpu_affinity_fix
 
-        if delay is None:
-            features.report(features.NIXL_PROGRESS_DELAY, False, f"no delay set ({PROGRESS_DELAY_ENV})")
-        elif not applied:
-            features.report(features.NIXL_PROGRESS_DELAY, False, "nixl is not installed")
-        else:
-            features.report(features.NIXL_PROGRESS_DELAY, True)
-    from pdspec.worker.engine_plugin import install_cpu_affinity_fix
-
+    if delay is None:
+        features.report(features.NIXL_PROGRESS_DELAY, False, f"no delay set ({PROGRESS_DELAY_ENV})")
+    elif not applied:
+        features.report(features.NIXL_PROGRESS_DELAY, False, "nixl is not installed")
+    else:
+        features.report(features.NIXL_PROGRESS_DELAY, True)
     install_cpu_affinity_fix()
-    if os.environ.get("PDSPEC_ROLE") == "prefill":
-        from pdspec.worker.engine_plugin import install_for_process, install_test_hooks
+    if role == "prefill":
+        from pdspec.worker.engine.dp_vote import install_dp_vote
+        from pdspec.worker.engine.kv_only import install_kv_only_drafter
+        from pdspec.worker.engine.testing_hooks import install_test_hooks
 
-        install_for_process()
+        install_kv_only_drafter()
+        install_dp_vote()
         install_test_hooks()

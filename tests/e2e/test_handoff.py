@@ -3,7 +3,7 @@ as much as the prefill itself, not a second: the prefill worker keeps to its own
 
 The cause it guards against: vLLM's NixlConnector on a CPU build pins the worker's main
 thread to the machine's last core, so the prefill worker (bound to core 0) ran on the
-decode worker's core 1 (`pdspec.worker.engine_plugin.install_kv_core_within_own_cpus`).
+decode worker's core 1 (`pdspec.worker.engine.cpu_affinity.install_kv_core_within_own_cpus`).
 """
 
 import psutil

@@ -9,7 +9,7 @@ from prometheus_client import generate_latest
 
 from pdspec.worker.engine import features
 from pdspec.worker.engine.connector_hooks import busy_layer_hooks, does_nothing
-from pdspec.worker.engine_plugin import _k0_rule_state
+from pdspec.worker.engine.k0_scheduler import _k0_rule_state
 
 
 def gauge_lines(feature: str) -> list[str]:

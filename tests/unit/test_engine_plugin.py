@@ -6,8 +6,9 @@ import types
 
 import pytest
 
-from pdspec.worker import engine_plugin
-from pdspec.worker.engine_plugin import DraftsPolicySource, install_idle_rank_vote, write_policy
+from pdspec.worker.engine import capabilities, control, cpu_affinity, dp_vote, kv_only, metrics, testing_hooks
+from pdspec.worker.engine.control import DraftsPolicySource, write_policy
+from pdspec.worker.engine.dp_vote import install_idle_rank_vote
 
 
 def test_policy_file_switches_a_running_engine(tmp_path):
@@ -30,13 +31,13 @@ def test_unknown_policy_keeps_the_current_one(tmp_path):
 def test_unknown_vllm_version_is_refused(monkeypatch):
     vllm = pytest.importorskip("vllm")
     monkeypatch.setattr(vllm, "__version__", "0.40.0")
-    with pytest.raises(engine_plugin.UnsupportedVllmError, match="0.40.0"):
-        engine_plugin.detect_capabilities(types.SimpleNamespace(use_v2_model_runner=False))
+    with pytest.raises(capabilities.UnsupportedVllmError, match="0.40.0"):
+        capabilities.detect_capabilities(types.SimpleNamespace(use_v2_model_runner=False))
 
 
 def test_cpu_build_uses_the_k_override():
     pytest.importorskip("vllm")
-    caps = engine_plugin.detect_capabilities(types.SimpleNamespace(use_v2_model_runner=False))
+    caps = capabilities.detect_capabilities(types.SimpleNamespace(use_v2_model_runner=False))
     assert caps.native_skip is False
 
 
@@ -127,7 +128,7 @@ def test_idle_rank_dummy_follows_the_agreement_under_the_kv_only_wrapper():
     class KvOnlyWrapped(FakeSpeculator):
         pass
 
-    engine_plugin.install_kv_only_v2(KvOnlyWrapped)
+    kv_only.install_kv_only_v2(KvOnlyWrapped)
     assert KvOnlyWrapped.propose._pdspec_wrapped
     worker_cls, runner_cls = fresh_classes()
     install_idle_rank_vote(worker_cls, runner_cls)
@@ -146,7 +147,7 @@ def test_without_the_vote_an_idle_rank_keeps_vllms_draft_vote():
 
 
 def counted():
-    return engine_plugin.RUNNER_PROPOSALS._value.get(), engine_plugin.RUNNER_K0_PROPOSALS._value.get()
+    return metrics.RUNNER_PROPOSALS._value.get(), metrics.RUNNER_K0_PROPOSALS._value.get()
 
 
 def test_runner_counts_the_k_its_real_steps_ran_with_after_the_dp_agreement():
@@ -173,7 +174,7 @@ def test_runner_counts_a_step_once_whatever_the_tensor_parallel_size(monkeypatch
     install_idle_rank_vote(worker_cls, runner_cls)
     start = counted()
     for rank in (0, 1):  # each TP rank's runner executes the same step
-        monkeypatch.setattr(engine_plugin, "_tensor_parallel_rank", lambda rank=rank: rank)
+        monkeypatch.setattr(dp_vote, "_tensor_parallel_rank", lambda rank=rank: rank)
         runner_cls().execute_model(types.SimpleNamespace(skip_drafts=True))
     assert counted() == (start[0] + 1, start[1] + 1)
 
@@ -202,7 +203,7 @@ class FakeV1Runner:
 
 def test_skip_drafter_prefill_switch_is_live(tmp_path):
     switch = tmp_path / "test-skip-drafter-prefill"
-    engine_plugin.install_skip_drafter_prefill(FakeV1Runner, switch)
+    testing_hooks.install_skip_drafter_prefill(FakeV1Runner, switch)
     runner = FakeV1Runner()
     assert runner.propose_draft_token_ids(None) == "drafts"
     switch.touch()
@@ -218,10 +219,10 @@ def test_skip_drafter_prefill_switch_is_live(tmp_path):
 
 def test_kv_core_is_chosen_among_the_allowed_cores():
     nodes = [[0, 1], [2, 3]]
-    assert engine_plugin.cores_within(nodes, {0}) == [[0]]
-    assert engine_plugin.cores_within(nodes, {1, 2}) == [[1], [2]]
-    assert engine_plugin.cores_within(nodes, {0, 1, 2, 3}) == nodes  # unbound: vLLM's answer
-    assert engine_plugin.cores_within(nodes, {7}) == nodes  # nothing allowed: keep vLLM's
+    assert cpu_affinity.cores_within(nodes, {0}) == [[0]]
+    assert cpu_affinity.cores_within(nodes, {1, 2}) == [[1], [2]]
+    assert cpu_affinity.cores_within(nodes, {0, 1, 2, 3}) == nodes  # unbound: vLLM's answer
+    assert cpu_affinity.cores_within(nodes, {7}) == nodes  # nothing allowed: keep vLLM's
 
 
 def test_real_cpu_platform_picks_the_workers_own_core(monkeypatch):
@@ -237,8 +238,8 @@ def test_real_cpu_platform_picks_the_workers_own_core(monkeypatch):
     first = all_cores[0]
     assert [max(node) for node in nodes] != [first]  # the bug: vLLM's choice ignores the binding
     monkeypatch.setattr(CpuPlatform, "discover_numa_topology", CpuPlatform.discover_numa_topology)
-    assert engine_plugin.install_kv_core_within_own_cpus(CpuPlatform)
-    assert not engine_plugin.install_kv_core_within_own_cpus(CpuPlatform)  # idempotent
+    assert cpu_affinity.install_kv_core_within_own_cpus(CpuPlatform)
+    assert not cpu_affinity.install_kv_core_within_own_cpus(CpuPlatform)  # idempotent
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {first})
     assert [max(node) for node in CpuPlatform.discover_numa_topology()] == [first]
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(all_cores))
@@ -259,11 +260,11 @@ def affinity_classes(monkeypatch):
 
 def test_affinity_fix_is_installed_only_for_pd_workers(monkeypatch, affinity_classes):
     CpuPlatform, _ = affinity_classes  # noqa: N806
-    monkeypatch.setenv(engine_plugin.ROLE_ENV, "colocated")
-    engine_plugin.install_cpu_affinity_fix()
+    monkeypatch.setenv(control.ROLE_ENV, "colocated")
+    cpu_affinity.install_cpu_affinity_fix()
     assert not getattr(CpuPlatform.discover_numa_topology, "_pdspec_wrapped", False)
-    monkeypatch.setenv(engine_plugin.ROLE_ENV, "prefill")
-    engine_plugin.install_cpu_affinity_fix()
+    monkeypatch.setenv(control.ROLE_ENV, "prefill")
+    cpu_affinity.install_cpu_affinity_fix()
     assert getattr(CpuPlatform.discover_numa_topology, "_pdspec_wrapped", False)
 
 
@@ -278,8 +279,8 @@ def test_main_thread_gets_its_cores_back_after_the_connector_pins_it(monkeypatch
             os.sched_setaffinity(0, kv_cores)  # what vLLM's NixlConnector worker does
             seen_inside.append(os.sched_getaffinity(0))  # NIXL's threads start here
 
-    assert engine_plugin.install_affinity_restore(FakeNixlWorker)
-    assert not engine_plugin.install_affinity_restore(FakeNixlWorker)
+    assert cpu_affinity.install_affinity_restore(FakeNixlWorker)
+    assert not cpu_affinity.install_affinity_restore(FakeNixlWorker)
     FakeNixlWorker([3])
     assert seen_inside == [{3}]  # NIXL's threads still get the KV core
     assert affinity["now"] == {0, 1, 2, 3}  # the main thread its own cores back
@@ -287,6 +288,6 @@ def test_main_thread_gets_its_cores_back_after_the_connector_pins_it(monkeypatch
 
 def test_affinity_restore_wraps_vllms_nixl_worker(monkeypatch, affinity_classes):
     _, NixlBaseConnectorWorker = affinity_classes  # noqa: N806
-    monkeypatch.setenv(engine_plugin.ROLE_ENV, "decode")
-    engine_plugin.install_cpu_affinity_fix()
+    monkeypatch.setenv(control.ROLE_ENV, "decode")
+    cpu_affinity.install_cpu_affinity_fix()
     assert getattr(NixlBaseConnectorWorker.__init__, "_pdspec_wrapped", False)

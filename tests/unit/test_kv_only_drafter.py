@@ -8,15 +8,10 @@ import types
 import pytest
 import torch
 
-from pdspec.worker import engine_plugin
-from pdspec.worker.engine_plugin import (
-    KvOnlyDrafterPass,
-    LiveFlag,
-    _kv_projection,
-    install_kv_only_v1,
-    install_kv_only_v2,
-    write_policy,
-)
+from pdspec.worker.engine import control, kv_only
+from pdspec.worker.engine.kv_only_kernels import KvOnlyDrafterPass, _kv_projection
+from pdspec.worker.engine.control import LiveFlag, write_policy
+from pdspec.worker.engine.kv_only import install_kv_only_v1, install_kv_only_v2
 
 
 def test_live_flag_follows_its_file(tmp_path):
@@ -35,10 +30,10 @@ def test_live_flag_follows_its_file(tmp_path):
 
 
 def test_start_value_from_environment(monkeypatch):
-    monkeypatch.delenv(engine_plugin.KV_ONLY_FILE_ENV, raising=False)
-    monkeypatch.setenv(engine_plugin.KV_ONLY_ENV, "0")
+    monkeypatch.delenv(control.KV_ONLY_FILE_ENV, raising=False)
+    monkeypatch.setenv(control.KV_ONLY_ENV, "0")
     assert LiveFlag.kv_only_from_env().current() is False
-    monkeypatch.setenv(engine_plugin.KV_ONLY_ENV, "1")
+    monkeypatch.setenv(control.KV_ONLY_ENV, "1")
     assert LiveFlag.kv_only_from_env().current() is True
 
 
@@ -187,7 +182,7 @@ def v1_call(proposer, k):
 
 @pytest.fixture
 def v1_class(monkeypatch):
-    monkeypatch.setattr(engine_plugin, "kv_only_connector_reason", lambda: None)
+    monkeypatch.setattr(kv_only, "kv_only_connector_reason", lambda: None)
     cls = type("Proposer", (FakeV1Proposer,), {})
     return cls
 
@@ -221,7 +216,7 @@ def test_v1_keeps_the_full_pass_for_unsupported_drafters_and_data_parallel(v1_cl
 
 def test_v1_keeps_the_full_pass_under_a_layer_by_layer_kv_connector(monkeypatch):
     cls = type("Proposer", (FakeV1Proposer,), {})
-    monkeypatch.setattr(engine_plugin, "kv_only_connector_reason", lambda: "a KV connector that works layer by layer")
+    monkeypatch.setattr(kv_only, "kv_only_connector_reason", lambda: "a KV connector that works layer by layer")
     install_kv_only_v1(cls, LiveFlag(True, None))
     proposer = cls(fake_drafter())
     v1_call(proposer, 0)
@@ -276,8 +271,8 @@ def v2_call(spec, k, **kwargs):
 
 @pytest.fixture
 def v2_class(monkeypatch):
-    monkeypatch.setattr(engine_plugin, "kv_only_connector_reason", lambda: None)
-    monkeypatch.setattr(engine_plugin, "_v2_prepare_prefill_inputs", lambda: fake_prepare_prefill_inputs)
+    monkeypatch.setattr(kv_only, "kv_only_connector_reason", lambda: None)
+    monkeypatch.setattr(kv_only, "_v2_prepare_prefill_inputs", lambda: fake_prepare_prefill_inputs)
     cls = type("Speculator", (FakeV2Speculator,), {})
     install_kv_only_v2(cls, LiveFlag(True, None))
     return cls

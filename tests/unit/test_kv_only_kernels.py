@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdspec.worker.engine_plugin import _fused_rms_norm, _platform_rotary
+from pdspec.worker.engine.kv_only_kernels import _fused_rms_norm, _platform_rotary
 
 
 @pytest.fixture(scope="module")

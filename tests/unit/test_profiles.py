@@ -103,7 +103,7 @@ def test_shapes_fit_the_shipped_tokenizer():
 @pytest.mark.parametrize("vote, env_value", [([], "1"), (["--no-worker.dp_idle_rank_vote"], "0")])
 def test_dp2_prefill_profile_spans_both_gpus_with_the_vote_switch(monkeypatch, tmp_path, vote, env_value):
     from pdspec.settings import WorkerCommand
-    from pdspec.worker.engine_plugin import DP_IDLE_RANK_VOTE_ENV
+    from pdspec.worker.engine.control import DP_IDLE_RANK_VOTE_ENV
 
     monkeypatch.setenv("PDSPEC_CONFIG", str(PROFILES / "dummy" / "qwen3-30b-a3b-eagle3-prefill-dp2.toml"))
     command = CliApp.run(WorkerCommand, cli_args=vote)

@@ -97,18 +97,18 @@ def test_the_proxy_compares_fields_the_worker_exports():
 
 def test_engine_plugin_without_a_drafter_publishes_info_and_skips_nothing(tmp_path, monkeypatch):
     pytest.importorskip("vllm")
-    from pdspec.worker import engine_plugin
+    from pdspec.worker.engine import k0_scheduler
 
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     monkeypatch.setenv("PDSPEC_ROLE", "decode")
-    monkeypatch.setattr(engine_plugin, "detect_capabilities", lambda config: pytest.fail("no drafter: no checks"))
+    monkeypatch.setattr(k0_scheduler, "detect_capabilities", lambda config: pytest.fail("no drafter: no checks"))
     config = types.SimpleNamespace(
         model_config=types.SimpleNamespace(model="/m/target"),
         cache_config=types.SimpleNamespace(block_size=128),
         speculative_config=None,
     )
     scheduler = types.SimpleNamespace()
-    engine_plugin._K0Mixin._pdspec_init(scheduler, config)
+    k0_scheduler._K0Mixin._pdspec_init(scheduler, config)
     assert scheduler._pdspec_active is False
     (series,) = info_series(exposition(tmp_path))
     assert (series["role"], series["method"], series["block_size"]) == ("decode", "none", "128")

