@@ -1,10 +1,9 @@
-"""`pdspec decode`: start vLLM as a decode worker."""
+"""`pdspec decode`: start vLLM as a decode worker (its role: role.py)."""
 
+from decode_worker.role import ROLE
 from pdspec.settings import WorkerCommand
 from pdspec.worker.launch import exec_worker
 
-ROLE = "decode"
-
 
 def run(command: WorkerCommand) -> None:
-    exec_worker(ROLE, command.model, command.worker, command.run_dir)
+    exec_worker(ROLE.name, command.model, command.worker, command.run_dir)

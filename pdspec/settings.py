@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field
+
+from decode_worker.role import ROLE as DECODE_ROLE
+from prefill_worker.role import ROLE as PREFILL_ROLE
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -291,19 +294,19 @@ class ModelsCommand(_Base):
 
 
 class PrefillWorkerSettings(WorkerSettings):
-    """A prefill worker's defaults in `pdspec up`: its own ports and the first core."""
+    """A prefill worker's defaults in `pdspec up` (prefill_worker/role.py): its own ports and the first core."""
 
-    port: int = 8100
-    side_channel_port: int = 5600
-    cpu_omp_threads_bind: str | None = "0"
+    port: int = PREFILL_ROLE.port
+    side_channel_port: int = PREFILL_ROLE.side_channel_port
+    cpu_omp_threads_bind: str | None = PREFILL_ROLE.cpu_core
 
 
 class DecodeWorkerSettings(WorkerSettings):
-    """A decode worker's defaults in `pdspec up`: its own ports and the second core."""
+    """A decode worker's defaults in `pdspec up` (decode_worker/role.py): its own ports and the second core."""
 
-    port: int = 8200
-    side_channel_port: int = 5700
-    cpu_omp_threads_bind: str | None = "1"
+    port: int = DECODE_ROLE.port
+    side_channel_port: int = DECODE_ROLE.side_channel_port
+    cpu_omp_threads_bind: str | None = DECODE_ROLE.cpu_core
 
 
 class ColocatedWorkerSettings(WorkerSettings):

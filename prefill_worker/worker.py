@@ -1,10 +1,9 @@
-"""`pdspec prefill`: start vLLM as a prefill worker."""
+"""`pdspec prefill`: start vLLM as a prefill worker (its role: role.py)."""
 
+from prefill_worker.role import ROLE
 from pdspec.settings import WorkerCommand
 from pdspec.worker.launch import exec_worker
 
-ROLE = "prefill"
-
 
 def run(command: WorkerCommand) -> None:
-    exec_worker(ROLE, command.model, command.worker, command.run_dir)
+    exec_worker(ROLE.name, command.model, command.worker, command.run_dir)

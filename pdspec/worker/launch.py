@@ -23,11 +23,12 @@ from pdspec.worker.engine.control import (
     TEST_SKIP_DRAFTER_FILE_ENV,
 )
 from pdspec.worker.nixl_progress import PROGRESS_DELAY_ENV
+from pdspec.worker.roles import ROLES
 
 # "colocated": one server doing both, no KV transfer (the reference P/D must match).
 Role = Literal["prefill", "decode", "colocated"]
 
-KV_ROLES: dict[Role, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
+KV_ROLES: dict[Role, str] = {name: spec.kv_role for name, spec in ROLES.items()}
 LOCAL_MODEL_NAME = "pdspec-tiny"
 SCHEDULER_CLS = "pdspec.worker.engine.k0_scheduler.K0Scheduler"
 

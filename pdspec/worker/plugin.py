@@ -18,9 +18,10 @@ log = logging.getLogger("pdspec.worker.plugin")
 
 def register() -> None:
     """Installs, in this vLLM process, what the worker's role uses (the one place that maps
-    a role to its engine hooks): every P/D worker gets the NIXL progress delay and the CPU
-    KV-core pinning; a prefill worker also the KV-only drafter pass, the DP idle-rank vote
-    and, in tests, the drafter-KV switch. The K=0 rule comes in through `--scheduler-cls`."""
+    a role to its engine hooks, as its role package lists them): every P/D worker gets the
+    NIXL progress delay and the CPU KV-core pinning; a prefill worker also the KV-only
+    drafter pass, the DP idle-rank vote and, in tests, the drafter-KV switch. The K=0 rule
+    comes in through `--scheduler-cls`."""
     delay = os.environ.get(PROGRESS_DELAY_ENV)
     if delay is not None:
         applied = apply_progress_delay(int(delay))
@@ -28,7 +29,7 @@ def register() -> None:
     if role not in ("prefill", "decode"):
         return
     from pdspec.worker.engine import features
-    from pdspec.worker.engine.cpu_affinity import install_cpu_affinity_fix
+    from pdspec.worker.roles import ROLES
 
     if delay is None:
         features.report(features.NIXL_PROGRESS_DELAY, False, f"no delay set ({PROGRESS_DELAY_ENV})")
@@ -36,12 +37,21 @@ def register() -> None:
         features.report(features.NIXL_PROGRESS_DELAY, False, "nixl is not installed")
     else:
         features.report(features.NIXL_PROGRESS_DELAY, True)
-    install_cpu_affinity_fix()
-    if role == "prefill":
-        from pdspec.worker.engine.dp_vote import install_dp_vote
-        from pdspec.worker.engine.kv_only import install_kv_only_drafter
-        from pdspec.worker.engine.testing_hooks import install_test_hooks
+    install_role_hooks(ROLES[role].hooks)
 
-        install_kv_only_drafter()
-        install_dp_vote()
-        install_test_hooks()
+
+def install_role_hooks(hooks: tuple[str, ...]) -> None:
+    """The role's engine hooks (its role package lists them), in a fixed order."""
+    from pdspec.worker.engine.cpu_affinity import install_cpu_affinity_fix
+    from pdspec.worker.engine.dp_vote import install_dp_vote
+    from pdspec.worker.engine.kv_only import install_kv_only_drafter
+    from pdspec.worker.engine.testing_hooks import install_test_hooks
+
+    installers = {"cpu_affinity": install_cpu_affinity_fix, "kv_only": install_kv_only_drafter,
+                  "dp_vote": install_dp_vote, "testing_hooks": install_test_hooks}  # fmt: skip
+    unknown = set(hooks) - set(installers)
+    if unknown:
+        raise ValueError(f"unknown engine hooks {sorted(unknown)}")
+    for name, install in installers.items():
+        if name in hooks:
+            install()

@@ -24,6 +24,8 @@ import logging
 
 from prometheus_client import Counter, Gauge
 
+from pdspec.worker.roles import ROLES
+
 log = logging.getLogger("pdspec.engine.features")
 
 K0_RULE = "k0_rule"  # propose with K=0 when no scheduled request can use the drafts
@@ -31,10 +33,8 @@ KV_ONLY_PASS = "kv_only_pass"  # K=0 steps write the drafter KV without the rest
 NIXL_PROGRESS_DELAY = "nixl_progress_delay"  # NIXL's progress thread sleeps instead of spinning
 KV_CORE_PINNING = "kv_core_pinning"  # CPU: NixlConnector's KV core stays among the worker's cores
 DP_IDLE_RANK_VOTE = "dp_idle_rank_vote"  # an idle DP rank votes "skip drafts" on a prefill worker
-ROLE_FEATURES = {
-    "prefill": (K0_RULE, KV_ONLY_PASS, NIXL_PROGRESS_DELAY, KV_CORE_PINNING, DP_IDLE_RANK_VOTE),
-    "decode": (K0_RULE, NIXL_PROGRESS_DELAY, KV_CORE_PINNING),
-}
+FEATURES = (K0_RULE, KV_ONLY_PASS, NIXL_PROGRESS_DELAY, KV_CORE_PINNING, DP_IDLE_RANK_VOTE)
+ROLE_FEATURES = {name: spec.features for name, spec in ROLES.items()}  # the role packages say
 
 ENGINE_FEATURE = Gauge(
     "pdspec_engine_feature",
