@@ -134,23 +134,34 @@ class WorkerSettings(BaseModel):
 
 
 class ProxySettings(BaseModel):
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = Field("127.0.0.1", description="Address the proxy listens on (0.0.0.0 in containers).")
+    port: int = Field(8000, description="Port the proxy listens on.")
     # Membership: a static list of URLs, or DNS names re-resolved periodically (a headless
     # Kubernetes service): "dns://prefill.pdspec.svc:8100" yields one worker per address.
-    prefill_urls: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8100"])
-    decode_urls: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8200"])
-    dns_refresh_s: float = 10.0
-    prefill_policy: Literal["round_robin", "least_outstanding", "prefix_affinity"] = "prefix_affinity"
-    decode_policy: Literal["round_robin", "least_outstanding"] = "least_outstanding"
+    prefill_urls: list[str] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8100"],
+        description="Prefill workers: URLs, or dns://name:port for one worker per address the name resolves to.",
+    )
+    decode_urls: list[str] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8200"],
+        description="Decode workers, as prefill_urls.",
+    )
+    dns_refresh_s: float = Field(10.0, description="Re-resolve dns:// worker names this often.")
+    prefill_policy: Literal["round_robin", "least_outstanding", "prefix_affinity"] = Field(
+        "prefix_affinity", description="How a prefill worker is picked (proxy/pool.py); prefix_affinity: a "
+        "rendezvous hash of the prompt's start, so repeated prefixes hit one worker's prefix cache.",
+    )
+    decode_policy: Literal["round_robin", "least_outstanding"] = Field(
+        "least_outstanding", description="How a decode worker is picked (proxy/pool.py)."
+    )
     prefill_failure_policy: Literal["error", "retry", "fallback"] = Field(
         "retry",
         description="error: return it; retry: another prefill worker (bounded, backoff); "
         "fallback: decode-only, the decode worker prefills itself.",
     )
-    prefill_retries: int = Field(2, ge=0, le=10)
+    prefill_retries: int = Field(2, ge=0, le=10, description="Other prefill workers tried under the retry policy.")
     decode_retries: int = Field(1, ge=0, le=10, description="Only before the first byte reached the client.")
-    retry_backoff_s: float = 0.05
+    retry_backoff_s: float = Field(0.05, description="First pause before a retry; doubles each attempt.")
     prefill_timeout_s: float = Field(
         20.0, description="Kept below the workers' KV lease so no blocks outlive a request."
     )
@@ -166,11 +177,13 @@ class ProxySettings(BaseModel):
     worker_max_body_bytes: int = Field(
         128 * 1024 * 1024, ge=1024, description="Largest worker reply read whole (streams are relayed as they come)."
     )
-    connect_timeout_s: float = 5.0
-    health_interval_s: float = 2.0
-    health_timeout_s: float = 2.0
-    eject_after_failures: int = 2
-    readmit_after_successes: int = 2
+    connect_timeout_s: float = Field(5.0, description="Longest wait for a worker connection.")
+    health_interval_s: float = Field(2.0, description="Health-check every worker this often.")
+    health_timeout_s: float = Field(
+        2.0, description="A health check that takes longer fails (unless the proxy's own loop was blocked)."
+    )
+    eject_after_failures: int = Field(2, description="Consecutive failed checks that eject a worker.")
+    readmit_after_successes: int = Field(2, description="Consecutive good checks that re-admit an ejected worker.")
     # Pairing safety: workers' pdspec_worker_info must agree on model, drafter, method
     # and block size (proxy/pairing.py).
     expected_worker_config: dict[PairingField, str | int] = Field(
@@ -186,11 +199,11 @@ class ProxySettings(BaseModel):
         30.0, gt=0, description="Re-read each worker's pdspec_worker_info this often; also at once when a "
         "worker joins or answers again after a failed health check.",
     )
-    max_inflight: int = Field(256, ge=1)
-    max_queue: int = Field(1024, ge=0)
-    queue_timeout_s: float = 10.0
-    retry_after_s: int = 1
-    max_body_bytes: int = 4 * 1024 * 1024
+    max_inflight: int = Field(256, ge=1, description="Client requests served at once; more wait in the queue.")
+    max_queue: int = Field(1024, ge=0, description="Requests waiting for a slot; beyond it, 429 with Retry-After.")
+    queue_timeout_s: float = Field(10.0, description="Longest wait in the queue; then 429.")
+    retry_after_s: int = Field(1, description="Retry-After of a 429.")
+    max_body_bytes: int = Field(4 * 1024 * 1024, description="Largest request body; beyond it, 413.")
     # Client connections (proxy/connections.py): a head or a connection that would hold
     # the event loop or memory is refused before any of it reaches the app.
     client_max_header_bytes: int = Field(
@@ -231,7 +244,7 @@ class ProxySettings(BaseModel):
         "kv_transfer_params: its NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_PORT, 5600 by default, plus the "
         "data-parallel rank). `pdspec up` adds its prefill worker's port.",
     )
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="The proxy's log level.")
     access_log: bool = Field(
         False, description="A log line for every request, not only failed ones (costs about a third of the "
         "proxy's peak rate: loadtest/proxy_bench.py --access-log).",

@@ -61,3 +61,10 @@ def test_kv_source_ports_are_checked_and_up_adds_its_prefill_side_channel():
             ProxySettings(kv_source_ports=[bad])
     up = CliApp.run(UpCommand, cli_args=["--prefill.side_channel_port", "18300", "--proxy.kv_source_ports", '["9000"]'])
     assert proxy_settings_for(up).kv_source_ports == ["9000", "18300"]
+
+
+def test_every_proxy_setting_is_described():
+    """vLLM documents every config field; `pdspec proxy --help` shows these."""
+    from pdspec.settings import ProxySettings
+
+    assert [name for name, field in ProxySettings.model_fields.items() if not field.description] == []
