@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,7 @@ from proxy.errors import ProxyError, sse_error_event
 from proxy.fanout import choice_count, fan_out
 from proxy.legs import decode_body, decode_only_reason, prefill_body, release_body
 from proxy.metrics import ProxyMetrics
-from proxy.pool import NoHealthyWorker, Worker, WorkerPool, affinity_key
+from proxy.pool import Lease, NoHealthyWorker, Worker, WorkerPool, affinity_key
 from proxy.tracing import NO_TRACE, NoTrace
 from proxy.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 from proxy.usage import cached_tokens_of, patch_body, patch_stream
@@ -80,6 +80,27 @@ def release_reason(exc: BaseException) -> str:
 def status_class(reason: str) -> str:
     """`http_503` -> `http_5xx`: one label value per class, not per status."""
     return reason[:6] + "xx" if reason.startswith("http_") and len(reason) == 8 else reason
+
+
+def attempts(pool: WorkerPool, tries: int, affinity: str | None = None) -> Iterator[tuple[int, Worker]]:
+    """The workers a leg is tried on: up to `tries`, never the same one twice, picked by the
+    pool's policy when the attempt starts (so a retry sees health changes). Ends early
+    when no healthy worker is left to try; the caller stops once a try succeeds and pauses
+    with `backoff` after a failure. A plain generator: left suspended, it is freed at once."""
+    tried: set[str] = set()
+    for attempt in range(tries):
+        try:
+            worker = pool.pick(affinity_key=affinity, exclude=tried)
+        except NoHealthyWorker:
+            return
+        tried.add(worker.url)
+        yield attempt, worker
+
+
+async def backoff(attempt: int, tries: int, base_s: float) -> None:
+    """The pause after failed attempt `attempt` (doubling), none after the last one."""
+    if attempt + 1 < tries:
+        await asyncio.sleep(base_s * (2**attempt))
 
 
 @dataclass(slots=True)
@@ -153,18 +174,11 @@ class Disaggregator:
 
     async def _prefill(self, path: str, body: dict, chat: bool, request_id: str, trace: NoTrace) -> Prefilled:
         policy = self.settings.prefill_failure_policy
-        attempts = 1 + (self.settings.prefill_retries if policy == "retry" else 0)
-        tried: set[str] = set()
+        tries = 1 + (self.settings.prefill_retries if policy == "retry" else 0)
         key = affinity_key(body) if self.prefill_pool.policy == "prefix_affinity" else None
         leg = orjson.dumps(prefill_body(body, chat))
         failure: LegFailed | None = None
-        for attempt in range(attempts):
-            try:
-                worker = self.prefill_pool.pick(affinity_key=key, exclude=tried)
-            except NoHealthyWorker:
-                failure = failure or LegFailed(503, "no healthy prefill worker", "no_healthy_worker")
-                break
-            tried.add(worker.url)
+        for attempt, worker in attempts(self.prefill_pool, tries, key):
             span = trace.start("prefill", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
             try:
                 prefilled = await self._prefill_once(worker, path, leg, request_id, trace.headers(span))
@@ -172,8 +186,7 @@ class Disaggregator:
                 trace.end(span, exc.message)
                 failure = exc
                 self.metrics.leg_failures.labels("prefill", exc.reason).inc()
-                if attempt + 1 < attempts:
-                    await asyncio.sleep(self.settings.retry_backoff_s * (2**attempt))
+                await backoff(attempt, tries, self.settings.retry_backoff_s)
                 continue
             except PassThrough:
                 trace.end(span, "worker 4xx")
@@ -181,7 +194,7 @@ class Disaggregator:
             trace.end(span)
             (self.prefill_ok if attempt == 0 else self.metrics.prefill_outcomes.labels("retried_ok")).inc()
             return prefilled
-        assert failure is not None
+        failure = failure or LegFailed(503, "no healthy prefill worker", "no_healthy_worker")
         if policy == "fallback":
             # The decode worker prefills the prompt itself: slower, but the request lives.
             self.metrics.prefill_outcomes.labels("fallback").inc()
@@ -192,18 +205,16 @@ class Disaggregator:
 
     async def _prefill_once(self, worker: Worker, path: str, leg: bytes, request_id: str, trace_headers) -> Prefilled:
         started = time.perf_counter()
-        worker.outstanding += 1
-        try:
-            resp = await self.client.request(
-                worker.url, "POST", path, leg,
-                {"X-Request-Id": request_id, **self.worker_headers, **trace_headers},
-                self.settings.prefill_timeout_s,
-            )  # fmt: skip
-            data = await resp.read()
-        except UpstreamError as exc:
-            raise self._leg_failed("prefill", worker, exc) from None
-        finally:
-            worker.outstanding -= 1
+        with worker.lease():
+            try:
+                resp = await self.client.request(
+                    worker.url, "POST", path, leg,
+                    {"X-Request-Id": request_id, **self.worker_headers, **trace_headers},
+                    self.settings.prefill_timeout_s,
+                )  # fmt: skip
+                data = await resp.read()
+            except UpstreamError as exc:
+                raise self._leg_failed("prefill", worker, exc) from None
         if resp.status != 200:
             raise self._worker_error("prefill", worker, resp, data)
         self.prefill_seconds.observe(time.perf_counter() - started)
@@ -282,18 +293,16 @@ class Disaggregator:
     async def _release_once(self, path: str, leg: bytes, request_id: str, reason: str) -> None:
         outcome = "no_decode_worker"
         for worker in self._release_targets():
-            worker.outstanding += 1
-            try:
-                resp = await self.client.request(
-                    worker.url, "POST", path, leg, {"X-Request-Id": request_id + "-release", **self.worker_headers},
-                    self.settings.decode_timeout_s,
-                )  # fmt: skip
-                await resp.read()
-                outcome = "ok" if resp.status == 200 else status_class(f"http_{resp.status}")
-            except UpstreamError as exc:
-                outcome = exc.reason
-            finally:
-                worker.outstanding -= 1
+            with worker.lease():
+                try:
+                    resp = await self.client.request(
+                        worker.url, "POST", path, leg, {"X-Request-Id": request_id + "-release", **self.worker_headers},
+                        self.settings.decode_timeout_s,
+                    )  # fmt: skip
+                    await resp.read()
+                    outcome = "ok" if resp.status == 200 else status_class(f"http_{resp.status}")
+                except UpstreamError as exc:
+                    outcome = exc.reason
             if outcome == "ok":
                 break
         self.metrics.kv_releases.labels(reason, outcome).inc()
@@ -310,30 +319,23 @@ class Disaggregator:
         handoff = trace.start("handoff") if prefilled.kv_transfer_params else None
         # Timed apart from the span, which is None when tracing is off.
         handoff_started = time.perf_counter() if prefilled.kv_transfer_params else None
-        tried: set[str] = set()
         failure: LegFailed | None = None
-        for attempt in range(1 + self.settings.decode_retries):
-            try:
-                worker = self.decode_pool.pick(exclude=tried)
-            except NoHealthyWorker:
-                failure = failure or LegFailed(503, "no healthy decode worker", "no_healthy_worker")
-                break
-            tried.add(worker.url)
+        tries = 1 + self.settings.decode_retries
+        for attempt, worker in attempts(self.decode_pool, tries):
             span = trace.start("decode", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
             try:
-                resp = await self._open_decode(worker, path, leg, request_id, trace.headers(span), prefilled)
+                resp, lease = await self._open_decode(worker, path, leg, request_id, trace.headers(span), prefilled)
             except LegFailed as exc:
                 trace.end(span, exc.message)
                 failure = exc
                 self.metrics.leg_failures.labels("decode", exc.reason).inc()
-                if attempt < self.settings.decode_retries:  # no pause before giving up
-                    await asyncio.sleep(self.settings.retry_backoff_s * (2**attempt))
+                await backoff(attempt, tries, self.settings.retry_backoff_s)
                 continue
             except PassThrough:
                 trace.end(span, "worker 4xx")
                 trace.end(handoff, "decode refused")
                 raise
-            relay = Relay(self, resp, worker, trace, span, handoff, handoff_started)
+            relay = Relay(self, resp, worker, lease, trace, span, handoff, handoff_started)
             if body.get("stream"):
                 if prefilled.kv_transfer_params is not None:
                     # Headers came before the decode worker read the KV: if the stream
@@ -344,8 +346,7 @@ class Disaggregator:
             data = await relay.read()
             return Reply(200, patch_body(data, prefilled.cached_tokens), headers=headers)
         trace.end(handoff, "no decode")
-        assert failure is not None
-        raise DecodeFailed(failure)
+        raise DecodeFailed(failure or LegFailed(503, "no healthy decode worker", "no_healthy_worker"))
 
     async def _open_decode(self, worker: Worker, path: str, leg: bytes, request_id: str, trace_headers,
                            prefilled: Prefilled):  # fmt: skip
@@ -355,7 +356,7 @@ class Disaggregator:
         def sent() -> None:
             prefilled.decode_in_flight = True
 
-        worker.outstanding += 1
+        lease = worker.lease()
         try:
             resp = await self.client.request(
                 worker.url, "POST", path, leg,
@@ -363,36 +364,37 @@ class Disaggregator:
                 self.settings.decode_timeout_s, on_sent=sent,
             )  # fmt: skip
         except UpstreamError as exc:
-            worker.outstanding -= 1
+            lease.release()
             prefilled.decode_in_flight = False
             raise self._leg_failed("decode", worker, exc) from None
         except BaseException:
-            worker.outstanding -= 1
+            lease.release()
             raise
         if resp.status != 200:
             prefilled.decode_in_flight = False  # refused: the worker holds nothing
-            worker.outstanding -= 1
+            lease.release()
             try:
                 data = await resp.read()
             except UpstreamError:
                 data = b""
             raise self._worker_error("decode", worker, resp, data)
-        return resp
+        return resp, lease
 
 
 class Relay:
-    """The decode worker's body on its way to the client. Owns the worker's in-flight
-    count and the connection: `close()` is safe at any point, also before the first
+    """The decode worker's body on its way to the client. Owns the worker's lease (its
+    in-flight count) and the connection: `close()` is safe at any point, also before the first
     chunk, and a stream that did not finish drops its connection so vLLM aborts."""
 
-    __slots__ = ("owner", "resp", "worker", "trace", "span", "handoff", "handoff_started", "started", "closed",
-                 "on_lost")  # fmt: skip
+    __slots__ = ("owner", "resp", "worker", "lease", "trace", "span", "handoff", "handoff_started", "started",
+                 "closed", "on_lost")  # fmt: skip
 
-    def __init__(self, owner: Disaggregator, resp: UpstreamResponse, worker: Worker, trace: NoTrace, span, handoff,
-                 handoff_started: float | None = None):  # fmt: skip
+    def __init__(self, owner: Disaggregator, resp: UpstreamResponse, worker: Worker, lease: Lease, trace: NoTrace,
+                 span, handoff, handoff_started: float | None = None):  # fmt: skip
         self.owner = owner
         self.resp = resp
         self.worker = worker
+        self.lease = lease
         self.trace = trace
         self.span = span
         self.handoff = handoff
@@ -454,7 +456,7 @@ class Relay:
         else:
             self.resp.close()  # dropping the connection makes vLLM abort the request
             error = error or "client gone"
-        self.worker.outstanding -= 1
+        self.lease.release()
         self.trace.end(self.handoff, error)
         self.handoff = None
         self.trace.end(self.span, error)

@@ -54,6 +54,31 @@ class Worker:
     def __post_init__(self) -> None:
         self.host = urlsplit(self.url).hostname or ""
 
+    def lease(self) -> Lease:
+        """One leg open on this worker (what `least_outstanding` routing counts), until the
+        lease is released: use it as a context manager, or hand it on (a decode stream's
+        lease lives as long as the stream) and call `release()`, which is idempotent."""
+        self.outstanding += 1
+        return Lease(self)
+
+
+class Lease:
+    __slots__ = ("worker",)
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker: Worker | None = worker
+
+    def release(self) -> None:
+        if self.worker is not None:
+            self.worker.outstanding -= 1
+            self.worker = None
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
 
 @dataclass
 class WorkerPool:
