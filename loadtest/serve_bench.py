@@ -30,10 +30,11 @@ from pathlib import Path
 import httpx
 
 from loadtest import serve_report, worker_metrics
+from pdspec.contract import DRAFTS_POLICIES
 from loadtest.serve_client import completion_body, random_prompts, run_load
 from loadtest.serve_stats import parse_slos, summarize
 
-POLICIES = ("auto", "always")
+POLICIES = DRAFTS_POLICIES
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, Field
 
 from decode_worker.role import ROLE as DECODE_ROLE
+from pdspec.contract import DecodeRoutingPolicy, DraftsPolicy, RoutingPolicy
 from prefill_worker.role import ROLE as PREFILL_ROLE
 from pydantic_settings import (
     BaseSettings,
@@ -99,7 +100,7 @@ class WorkerSettings(BaseModel):
         ge=0,
         description="Sleep of NIXL's progress thread between polls; 0 busy-spins a core.",
     )
-    drafts: Literal["auto", "always"] = Field(
+    drafts: DraftsPolicy = Field(
         "auto", description="auto: propose with K=0 when no request can use drafts."
     )
     engine_plugin: bool = Field(
@@ -147,11 +148,11 @@ class ProxySettings(BaseModel):
         description="Decode workers, as prefill_urls.",
     )
     dns_refresh_s: float = Field(10.0, description="Re-resolve dns:// worker names this often.")
-    prefill_policy: Literal["round_robin", "least_outstanding", "prefix_affinity"] = Field(
+    prefill_policy: RoutingPolicy = Field(
         "prefix_affinity", description="How a prefill worker is picked (proxy/pool.py); prefix_affinity: a "
         "rendezvous hash of the prompt's start, so repeated prefixes hit one worker's prefix cache.",
     )
-    decode_policy: Literal["round_robin", "least_outstanding"] = Field(
+    decode_policy: DecodeRoutingPolicy = Field(
         "least_outstanding", description="How a decode worker is picked (proxy/pool.py)."
     )
     prefill_failure_policy: Literal["error", "retry", "fallback"] = Field(
@@ -348,5 +349,5 @@ class DraftsCommand(_Base):
     """`pdspec drafts`: switch a running worker's drafts policy (read every engine step)."""
 
     role: Literal["prefill", "decode"]
-    policy: Literal["auto", "always"]
+    policy: DraftsPolicy
     run_dir: Path = Field(default_factory=lambda: default_home() / "run")

@@ -17,10 +17,11 @@ import hashlib
 import itertools
 import random
 from dataclasses import dataclass, field
-from typing import Literal
 from urllib.parse import urlsplit
 
-Policy = Literal["round_robin", "least_outstanding", "prefix_affinity"]
+from pdspec.contract import RoutingPolicy
+
+Policy = RoutingPolicy
 
 AFFINITY_PREFIX_CHARS = 256
 AFFINITY_MAX_EXTRA_LOAD = 4  # leave the preferred worker when it has this many more in flight

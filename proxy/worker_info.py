@@ -14,11 +14,12 @@ import typing
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdspec.contract import ENGINE_FEATURE_METRIC, WORKER_INFO_METRIC
 from pdspec.settings import PairingField
 from proxy.upstream import UpstreamClient, UpstreamError
 
-METRIC = "pdspec_worker_info"
-FEATURE_METRIC = "pdspec_engine_feature"  # pdspec/worker/engine/features.py
+METRIC = WORKER_INFO_METRIC
+FEATURE_METRIC = ENGINE_FEATURE_METRIC  # pdspec/worker/engine/features.py
 PAIRING_FIELDS: tuple[str, ...] = typing.get_args(PairingField)
 
 

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
 
-DraftsPolicy = Literal["auto", "always"]
+from pdspec.contract import DraftsPolicy  # the rule's policy type, typed once
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,11 @@ from typing import Any
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from pdspec.contract import WORKER_INFO_METRIC
+
 log = logging.getLogger("pdspec.worker_info")
 
-METRIC = "pdspec_worker_info"
+METRIC = WORKER_INFO_METRIC
 HELP = "1 per worker; labels: its role and the config its engine runs with."
 LABELS = (
     "role", "model", "drafter", "method", "num_speculative_tokens", "block_size", "vllm_version", "drafts_policy",

@@ -18,7 +18,7 @@ import logging
 import os
 from pathlib import Path
 
-from pdspec.worker.draft_rule import DraftsPolicy
+from pdspec.contract import DRAFTS_POLICIES, DraftsPolicy
 
 log = logging.getLogger("pdspec.engine")
 
@@ -76,7 +76,7 @@ class DraftsPolicySource:
 
 
 def _parse_policy(text: str, fallback: DraftsPolicy) -> DraftsPolicy:
-    if text in ("auto", "always"):
+    if text in DRAFTS_POLICIES:
         return text  # type: ignore[return-value]
     log.warning("pdspec: ignoring unknown drafts policy %r; keeping %r", text, fallback)
     return fallback

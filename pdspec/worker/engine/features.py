@@ -24,6 +24,7 @@ import logging
 
 from prometheus_client import Counter, Gauge
 
+from pdspec.contract import ENGINE_FEATURE_METRIC
 from pdspec.worker.roles import ROLES
 
 log = logging.getLogger("pdspec.engine.features")
@@ -37,7 +38,7 @@ FEATURES = (K0_RULE, KV_ONLY_PASS, NIXL_PROGRESS_DELAY, KV_CORE_PINNING, DP_IDLE
 ROLE_FEATURES = {name: spec.features for name, spec in ROLES.items()}  # the role packages say
 
 ENGINE_FEATURE = Gauge(
-    "pdspec_engine_feature",
+    ENGINE_FEATURE_METRIC,
     "pdspec's engine features: 1 for the feature's current state (on, or off with the reason).",
     ["feature", "state", "reason"],
     multiprocess_mode="max",
