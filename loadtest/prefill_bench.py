@@ -126,9 +126,6 @@ def bench(
             plain = stack.enter_context(plugin_engine(**plain_args))
         drafter = stack.enter_context(plugin_engine(**drafter_args))
         result.features = engine_features(drafter)
-        # Which processes write the drafter engine's metrics (pid-named files): a counter
-        # that reads 0 shows here whether its process wrote anything at all.
-        print("  metrics files:", sorted(p.name for p in drafter.metrics_dir.iterdir()), flush=True)
 
         # Fresh random prompts for every rep: no prefix-cache hit makes a rep cheaper.
         def prompts():
@@ -151,8 +148,9 @@ def bench(
                 for name, value in counters.items():
                     total[name] = total.get(name, 0.0) + value
                 print(f"  mbt {mbt} rep {rep}/{reps} {mode:6s} {rate:10.0f} tok/s", flush=True)
-        print("  metrics files after the reps:", sorted(p.name for p in drafter.metrics_dir.iterdir()),
-              "; PROMETHEUS_MULTIPROC_DIR now", __import__("os").environ.get("PROMETHEUS_MULTIPROC_DIR"), flush=True)
+        # Which processes wrote the drafter engine's metrics (pid-named files): where a counter
+        # reads 0, this says whether its process wrote here at all (see kv_only/h200-prefill-worker).
+        print("  metrics files after the reps:", sorted(p.name for p in drafter.metrics_dir.iterdir()), flush=True)
     return result
 
 

@@ -27,7 +27,7 @@ from proxy.asgi import DisconnectWatch, Reply, header, read_body, send_reply
 from proxy.auth import ApiKeys
 from proxy.disagg import Disaggregator
 from proxy.errors import ProxyError, error_response
-from proxy.fanout import prompts_of
+from proxy.fanout import choice_count, prompts_of
 from proxy.health import HealthChecker
 from proxy.limits import ModelLimits
 from proxy.loop_lag import LoopLag
@@ -329,8 +329,8 @@ def check_choices(body: dict, max_choices: int) -> None:
     list times `n`) is a prefill and a decode of its own (proxy/fanout.py)."""
     n = body.get("n") or 1
     prompts = prompts_of(body)
-    if prompts is not None and len(prompts) * n > max_choices:
-        raise ProxyError(400, f"{len(prompts)} prompts with 'n' {n} are {len(prompts) * n} choices; this proxy "
+    if prompts is not None and choice_count(body) > max_choices:
+        raise ProxyError(400, f"{len(prompts)} prompts with 'n' {n} are {choice_count(body)} choices; this proxy "
                               f"serves at most {max_choices} in one request.", param="prompt")  # fmt: skip
     if n > max_choices:
         raise ProxyError(400, f"'n' is {n}; this proxy serves at most {max_choices} choices.", param="n")

@@ -141,21 +141,18 @@ class Disaggregator:
         reason = decode_only_reason(body)
         if reason is not None:
             self.metrics.decode_only.labels(reason).inc()
-            return await self._decode_only(path, body, chat, request_id, trace)
+            return await self._serve_one(path, body, chat, request_id, trace, decode_only=True)
         if choice_count(body) > 1:  # one prefill + decode per choice: see proxy/fanout.py
             return await fan_out(lambda sub, rid: self._serve_one(path, sub, chat, rid, trace), body, request_id)
         return await self._serve_one(path, body, chat, request_id, trace)
 
-    async def _decode_only(self, path: str, body: dict[str, Any], chat: bool, request_id: str, trace: NoTrace) -> Reply:
+    async def _serve_one(
+        self, path: str, body: dict[str, Any], chat: bool, request_id: str, trace: NoTrace, decode_only: bool = False
+    ) -> Reply:
+        """One prefill and decode, or with `decode_only` the decode leg alone (no KV params:
+        the decode worker prefills, and there is no prefill KV to release)."""
         try:
-            return await self._decode(path, body, chat, Prefilled(None, None), request_id, trace)
-        except PassThrough as passthrough:
-            passthrough.reply.headers["X-Request-Id"] = request_id
-            return passthrough.reply
-
-    async def _serve_one(self, path: str, body: dict[str, Any], chat: bool, request_id: str, trace: NoTrace) -> Reply:
-        try:
-            prefilled = await self._prefill(path, body, chat, request_id, trace)
+            prefilled = Prefilled(None, None) if decode_only else await self._prefill(path, body, chat, request_id, trace)
             try:
                 return await self._decode(path, body, chat, prefilled, request_id, trace)
             except BaseException as exc:

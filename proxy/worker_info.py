@@ -27,29 +27,25 @@ class InfoUnreadable(Exception):
     """The worker's /metrics could not be read (try again at the next check)."""
 
 
-def parse_worker_info(text: str) -> dict[str, str] | None:
-    """The labels of the worker's info series, or None when it exports none."""
-    wanted = (METRIC + "{", METRIC + " ", f"# HELP {METRIC} ", f"# TYPE {METRIC} ")
+def _samples(text: str, metric: str) -> list:
+    """The samples of one metric in a /metrics text, parsing only that metric's own lines."""
+    wanted = (metric + "{", metric + " ", f"# HELP {metric} ", f"# TYPE {metric} ")
     lines = [line for line in text.splitlines() if line.startswith(wanted)]
     if not lines:
-        return None
-    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
-        for sample in family.samples:
-            if sample.name == METRIC and sample.value == 1:
-                return dict(sample.labels)
-    return None
+        return []
+    families = text_string_to_metric_families("\n".join(lines) + "\n")
+    return [sample for family in families for sample in family.samples if sample.name == metric]
+
+
+def parse_worker_info(text: str) -> dict[str, str] | None:
+    """The labels of the worker's info series, or None when it exports none."""
+    return next((dict(s.labels) for s in _samples(text, METRIC) if s.value == 1), None)
 
 
 def parse_features_off(text: str) -> dict[str, str]:
     """The worker's engine features that are off, {feature: reason}."""
-    prefix = FEATURE_METRIC + "{"
-    lines = [line for line in text.splitlines() if line.startswith(prefix)]
-    off: dict[str, str] = {}
-    for family in text_string_to_metric_families("\n".join(lines) + "\n" if lines else ""):
-        for sample in family.samples:
-            if sample.value == 1 and sample.labels.get("state") == "off":
-                off[sample.labels.get("feature", "?")] = sample.labels.get("reason", "")
-    return off
+    return {s.labels.get("feature", "?"): s.labels.get("reason", "")
+            for s in _samples(text, FEATURE_METRIC) if s.value == 1 and s.labels.get("state") == "off"}  # fmt: skip
 
 
 async def fetch_worker_info(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from pdspec.worker.engine import features
@@ -22,14 +23,15 @@ from pdspec.worker.engine.kv_only_kernels import KvOnlyDrafterPass, _engine_comp
 
 log = logging.getLogger("pdspec.engine")
 
-def _kv_only_ready(proposer: Any, model: Any, blocker: str | None) -> KvOnlyDrafterPass | None:
-    """The proposer's KV-only pass, built once; None where it cannot run (`blocker`: a
-    reason found by the caller). Decided once per proposer, reported as the
-    `kv_only_pass` engine feature."""
+
+def _kv_only_ready(proposer: Any, model: Any, blocker: Callable[[Any], str | None]) -> KvOnlyDrafterPass | None:
+    """The proposer's KV-only pass, built once; None where it cannot run (`blocker(proposer)`:
+    the runner's own reasons, asked only the first time, since the connector check reads
+    code). Decided once per proposer, reported as the `kv_only_pass` engine feature."""
     cached = getattr(proposer, "_pdspec_kv_only_cache", False)
     if cached is not False:
         return cached
-    reason = blocker or KvOnlyDrafterPass.unsupported_reason(model)
+    reason = blocker(proposer) or KvOnlyDrafterPass.unsupported_reason(model)
     built = None
     if not reason:
         try:
@@ -92,7 +94,7 @@ def _decide_at_load(cls: type, blocker) -> None:
     def load_model(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
         try:
-            _kv_only_ready(self, _unwrap(self.model), blocker(self))
+            _kv_only_ready(self, _unwrap(self.model), blocker)
         except Exception:  # noqa: BLE001 (an attribute this build lacks: decided later)
             log.debug("pdspec: KV-only pass not decided at load", exc_info=True)
         return result
@@ -132,7 +134,7 @@ def install_kv_only_v1(proposer_cls: type, flag: LiveFlag | None = None) -> None
         if num_speculative_tokens != 0 or not (flag or _kv_only_flag()).current():
             return original(self, num_speculative_tokens, *args, **kwargs)
         model = _unwrap(self.model)
-        if _kv_only_ready(self, model, _v1_blocker(self)) is None:
+        if _kv_only_ready(self, model, _v1_blocker) is None:
             return original(self, num_speculative_tokens, *args, **kwargs)
         try:
             return _v1_kv_only_propose(self, model, *args, **kwargs)
@@ -208,7 +210,7 @@ def install_kv_only_v2(speculator_cls: type, flag: LiveFlag | None = None) -> No
         ):
             return original(self, *call, *args, **kwargs)
         model = _unwrap(self.model)
-        kv_pass = _kv_only_ready(self, model, _v2_blocker(self))
+        kv_pass = _kv_only_ready(self, model, _v2_blocker)
         if kv_pass is None or not aux_hidden_states or slot_mappings is None \
                 or kv_pass.attn_layer.layer_name not in slot_mappings:
             return original(self, *call, *args, **kwargs)
