@@ -8,7 +8,9 @@ import pytest
 
 from pdspec.worker.engine import capabilities, control, cpu_affinity, dp_vote, kv_only, metrics, testing_hooks
 from pdspec.worker.engine.control import DraftsPolicySource, write_policy
+from pdspec.worker.engine.cpu_affinity import KV_CORE_MARKER
 from pdspec.worker.engine.dp_vote import install_idle_rank_vote
+from pdspec.worker.engine.wrap_once import is_wrapped
 
 
 def test_policy_file_switches_a_running_engine(tmp_path):
@@ -129,7 +131,7 @@ def test_idle_rank_dummy_follows_the_agreement_under_the_kv_only_wrapper():
         pass
 
     kv_only.install_kv_only_v2(KvOnlyWrapped)
-    assert KvOnlyWrapped.propose._pdspec_wrapped
+    assert is_wrapped(KvOnlyWrapped.propose, "kv_only_v2")
     worker_cls, runner_cls = fresh_classes()
     install_idle_rank_vote(worker_cls, runner_cls)
     worker = worker_cls()
@@ -262,10 +264,10 @@ def test_affinity_fix_is_installed_only_for_pd_workers(monkeypatch, affinity_cla
     CpuPlatform, _ = affinity_classes  # noqa: N806
     monkeypatch.setenv(control.ROLE_ENV, "colocated")
     cpu_affinity.install_cpu_affinity_fix()
-    assert not getattr(CpuPlatform.discover_numa_topology, "_pdspec_wrapped", False)
+    assert not is_wrapped(CpuPlatform.discover_numa_topology, KV_CORE_MARKER)
     monkeypatch.setenv(control.ROLE_ENV, "prefill")
     cpu_affinity.install_cpu_affinity_fix()
-    assert getattr(CpuPlatform.discover_numa_topology, "_pdspec_wrapped", False)
+    assert is_wrapped(CpuPlatform.discover_numa_topology, KV_CORE_MARKER)
 
 
 def test_main_thread_gets_its_cores_back_after_the_connector_pins_it(monkeypatch):
@@ -290,4 +292,4 @@ def test_affinity_restore_wraps_vllms_nixl_worker(monkeypatch, affinity_classes)
     _, NixlBaseConnectorWorker = affinity_classes  # noqa: N806
     monkeypatch.setenv(control.ROLE_ENV, "decode")
     cpu_affinity.install_cpu_affinity_fix()
-    assert getattr(NixlBaseConnectorWorker.__init__, "_pdspec_wrapped", False)
+    assert is_wrapped(NixlBaseConnectorWorker.__init__, "cpu_affinity_restore")

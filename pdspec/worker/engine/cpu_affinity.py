@@ -10,8 +10,12 @@ from typing import Any
 
 from pdspec.worker.engine import features
 from pdspec.worker.engine.control import ROLE_ENV
+from pdspec.worker.engine.wrap_once import is_wrapped, wrap_once
 
 log = logging.getLogger("pdspec.engine")
+
+# The wrapper that limits vLLM's NUMA view (and so the KV core) to this process's cores.
+KV_CORE_MARKER = "cpu_affinity_kv_core"
 
 def cores_within(nodes: list[list[int]], allowed: set[int]) -> list[list[int]]:
     """Each NUMA node's cores that this process may run on; nodes left empty are dropped.
@@ -39,16 +43,14 @@ def install_kv_core_within_own_cpus(platform_cls: type) -> bool:
     bound to nothing (all cores allowed) sees vLLM's answer unchanged.
     Idempotent; returns whether it installed the wrapper.
     """
-    original = getattr(platform_cls, "discover_numa_topology", None)
-    if original is None or getattr(original, "_pdspec_wrapped", False):
-        return False
+    return wrap_once(platform_cls, "discover_numa_topology", KV_CORE_MARKER, _within_own_cores, static=True)
 
+
+def _within_own_cores(original: Any) -> Any:
     def discover_numa_topology() -> list[list[int]]:
         return cores_within(original(), os.sched_getaffinity(0))
 
-    discover_numa_topology._pdspec_wrapped = True  # type: ignore[attr-defined]
-    platform_cls.discover_numa_topology = staticmethod(discover_numa_topology)
-    return True
+    return discover_numa_topology
 
 
 def install_affinity_restore(worker_cls: type) -> bool:
@@ -59,10 +61,10 @@ def install_affinity_restore(worker_cls: type) -> bool:
     there. With a multi-core binding ("0-3") the KV core is one of the worker's OpenMP
     cores, so leaving the main thread there would put two compute threads on one core.
     Idempotent; returns whether it installed the wrapper."""
-    original = worker_cls.__init__
-    if getattr(original, "_pdspec_wrapped", False):
-        return False
+    return wrap_once(worker_cls, "__init__", "cpu_affinity_restore", _restoring_affinity)
 
+
+def _restoring_affinity(original: Any) -> Any:
     @functools.wraps(original)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         cores = os.sched_getaffinity(0)
@@ -72,9 +74,7 @@ def install_affinity_restore(worker_cls: type) -> bool:
             if os.sched_getaffinity(0) != cores:
                 os.sched_setaffinity(0, cores)
 
-    __init__._pdspec_wrapped = True  # type: ignore[attr-defined]
-    worker_cls.__init__ = __init__
-    return True
+    return __init__
 
 
 def install_cpu_affinity_fix() -> None:
@@ -94,7 +94,7 @@ def install_cpu_affinity_fix() -> None:
         return
     if install_kv_core_within_own_cpus(type(current_platform)):
         log.info("pdspec: NixlConnector's KV core limited to this worker's cores %s", sorted(os.sched_getaffinity(0)))
-    wrapped = getattr(type(current_platform).discover_numa_topology, "_pdspec_wrapped", False)
+    wrapped = is_wrapped(type(current_platform).discover_numa_topology, KV_CORE_MARKER)
     features.report(features.KV_CORE_PINNING, wrapped, "" if wrapped else "vLLM's CPU platform has no NUMA discovery")
     try:
         from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker

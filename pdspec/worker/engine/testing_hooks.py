@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pdspec.worker.engine.control import TEST_SKIP_DRAFTER_FILE_ENV
+from pdspec.worker.engine.wrap_once import wrap_once
 
 log = logging.getLogger("pdspec.engine")
 
@@ -19,10 +20,11 @@ def install_skip_drafter_prefill(runner_cls: type, switch_file: Path) -> None:
     the switch turned on, so the decode worker pulls zeros instead of drafter KV (not a
     stale copy of an earlier request's). Installed only when the test-only environment
     variable names a file."""
-    if getattr(runner_cls.propose_draft_token_ids, "_pdspec_wrapped", False):
-        return
-    original = runner_cls.propose_draft_token_ids
+    wrap_once(runner_cls, "propose_draft_token_ids", "skip_drafter_prefill",
+              lambda original: _skipping_drafter(original, switch_file))  # fmt: skip
 
+
+def _skipping_drafter(original: Any, switch_file: Path) -> Any:
     @functools.wraps(original)
     def propose_draft_token_ids(self, *args, **kwargs):
         if not switch_file.exists():
@@ -36,8 +38,7 @@ def install_skip_drafter_prefill(runner_cls: type, switch_file: Path) -> None:
             self._pdspec_drafter_kv_zeroed = True
         return torch.empty(len(self.input_batch.req_ids), 0, dtype=torch.int64, device=self.device)
 
-    propose_draft_token_ids._pdspec_wrapped = True  # type: ignore[attr-defined]
-    runner_cls.propose_draft_token_ids = propose_draft_token_ids
+    return propose_draft_token_ids
 
 
 def _zero_drafter_kv(runner: Any) -> int:
