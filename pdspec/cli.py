@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         args = args[2:]
     if args and args[0] == "bench":
         # Its own argument parser: serve_bench's arguments pass through after `--`.
-        from loadtest.bench import main as bench_main
+        from loadtest.serving.bench import main as bench_main
 
         sys.exit(bench_main(args[1:]))
     if not args or args[0] not in COMMANDS:

@@ -248,7 +248,7 @@ class ProxySettings(BaseModel):
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="The proxy's log level.")
     access_log: bool = Field(
         False, description="A log line for every request, not only failed ones (costs about a third of the "
-        "proxy's peak rate: loadtest/proxy_bench.py --access-log).",
+        "proxy's peak rate: loadtest/micro/proxy_bench.py --access-log).",
     )
     log_format: Literal["text", "json"] = Field("text", description="json: one JSON object per line.")
     otlp_traces_endpoint: str | None = Field(

@@ -3,7 +3,7 @@
 The two OpenAI generation endpoints are plain ASGI (`OpenAIEndpoint`), served ahead of
 FastAPI's middleware and routing (`ProxyApp`): they are the hot path, and FastAPI's
 per-request machinery cost more than both worker legs together (profiled under
-loadtest/proxy_bench.py). Everything else (/v1/models, /health, /ready, /metrics) is
+loadtest/micro/proxy_bench.py). Everything else (/v1/models, /health, /ready, /metrics) is
 ordinary FastAPI.
 """
 

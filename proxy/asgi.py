@@ -1,6 +1,6 @@
 """Plain ASGI for the hot path: reading a request, sending a reply, noticing a client
 that went away. The OpenAI endpoints use these instead of FastAPI's request handling,
-which alone cost more per request than both worker legs (loadtest/proxy_bench.py)."""
+which alone cost more per request than both worker legs (loadtest/micro/proxy_bench.py)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ What callers get:
   to the pool; anything else closes it, which is how vLLM learns its caller went away
   (it aborts the request and frees its KV blocks).
 
-Guarantees (tested against h11 in tests/unit/test_upstream_h11.py):
+Guarantees (tested against h11 in tests/unit/proxy/test_upstream_h11.py):
 - a connection's life is explicit: IDLE (pooled) -> SENT (request written, no final
   head yet) -> BODY -> DONE, or BROKEN from anywhere. It goes back to the pool only when
   DONE, keep-alive, reading is not paused and not one byte beyond the reply arrived;

@@ -1,7 +1,7 @@
 """Validation of client request bodies, before any worker sees them.
 
 The rule: the proxy accepts what vLLM accepts and refuses what it refuses, with the same
-status class and OpenAI's error shape (tests/unit/test_validation_differential.py checks
+status class and OpenAI's error shape (tests/unit/proxy/test_validation_differential.py checks
 it against vLLM's own request classes over generated bodies). So the fields checked here
 are typed as vLLM 0.32 types them, in pydantic's lax mode as vLLM's are (`"max_tokens":
 4.0` is 4, `"stream": "true"` is true), and the coerced values are written back into

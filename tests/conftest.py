@@ -19,8 +19,15 @@ from tests.prompts import (
     completion_body,
 )
 
-REFERENCE_PORT = 18900
-STACK_BASE_PORT = 18000
+REFERENCE_PORT = harness.REFERENCE_PORT
+STACK_BASE_PORT = harness.STACK_BASE_PORT
+
+
+def pytest_itemcollected(item):
+    # Every test under tests/e2e starts real vLLM workers: marked by where it lives, so
+    # `-m "not e2e"` (the quick loop) cannot miss one.
+    if "e2e" in item.path.relative_to(item.config.rootpath).parts:
+        item.add_marker(pytest.mark.e2e)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -19,9 +19,12 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtest import worker_metrics
+from loadtest.serving import worker_metrics
 
 REPO = Path(__file__).resolve().parents[1]
+# The session fixtures' ports (tests/conftest.py): the colocated reference server, then the stack.
+REFERENCE_PORT = 18900
+STACK_BASE_PORT = 18000
 STARTUP_TIMEOUT_S = float(os.environ.get("PDSPEC_TEST_STARTUP_TIMEOUT_S", "600"))
 
 
@@ -225,3 +228,15 @@ def wait_idle(url: str, timeout_s: float = 30) -> tuple[float | None, float | No
             return busy, usage
         time.sleep(0.2)  # poll interval
     return gauges(url)
+
+
+def worker_pids(stack) -> dict[str, int]:
+    """The vLLM server processes `pdspec up` started (children of the up process)."""
+    pids = {}
+    for child in psutil.Process(stack.process.pid).children():
+        cmdline = " ".join(child.cmdline())
+        port = stack.prefill_url.rsplit(":", 1)[1]
+        if "pdspec.worker.serve" in cmdline:
+            pids["prefill" if f"--port {port}" in cmdline else "decode"] = child.pid
+    assert set(pids) == {"prefill", "decode"}, pids
+    return pids

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from loadtest.promql import REPO, Prometheus
+from deploy.prometheus.promql import REPO, Prometheus
 
 SHIPPED_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
 RULES_DIR = REPO / "deploy" / "prometheus" / "rules"

@@ -1,5 +1,5 @@
 """Generated request bodies for the differential tests of the proxy's acceptance rules
-(tests/unit/test_validation_differential.py against vLLM's request classes,
+(tests/unit/proxy/test_validation_differential.py against vLLM's request classes,
 tests/e2e/test_validation_differential.py against a real worker)."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@
 # with random weights, EAGLE3 K=3, eager (a short start). It runs twice, one after the
 # other: with pdspec's idle-rank vote, then with vLLM's own (`--no-worker.dp_idle_rank_vote`).
 # Each run gets 16 prefill requests (4,096 tokens, max_tokens 1) one at a time, so one of
-# its ranks is always idle; loadtest/dp_vote.py reads the counters around them.
+# its ranks is always idle; loadtest/serving/dp_vote.py reads the counters around them.
 # Expected: with the vote, runner K=0 steps == runner steps; without it, fewer.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

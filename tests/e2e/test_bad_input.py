@@ -8,10 +8,7 @@ import httpx
 import pytest
 
 from tests import harness
-from tests.conftest import STACK_BASE_PORT
 from tests.prompts import COMPLETION_PROMPTS, completion_body
-
-pytestmark = pytest.mark.e2e
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 M = '"model": "pdspec-tiny"'
@@ -156,7 +153,7 @@ AUTH_CASES = [(None, 401), ("Bearer wrong-key", 401), ("Basic c2VjcmV0", 401), (
 def keyed_proxy(stack):
     proxy = harness.start_proxy(
         18050, prefill_urls=[stack.prefill_url], decode_urls=[stack.decode_url], api_keys=["secret-key"],
-        kv_source_ports=[str(STACK_BASE_PORT + 300)],  # the stack's prefill side channel (tests/harness.py)
+        kv_source_ports=[str(harness.STACK_BASE_PORT + 300)],  # the stack's prefill side channel (tests/harness.py)
     )
     harness.wait_healthy(proxy.url, proxy.process, path="/ready")
     yield proxy

@@ -25,7 +25,7 @@ from tests import dockerhost, harness
 from tests.deploy_wiring import ROOT
 from tests.prompts import CHAT_MESSAGES, chat_body, completion_body, unique_prompt
 
-pytestmark = [pytest.mark.e2e, pytest.mark.after_stack]
+pytestmark = pytest.mark.after_stack
 
 PROJECT = "pdspec-test"
 PROXY = "http://127.0.0.1:8000"

@@ -3,13 +3,10 @@ server's, and a negative control (the prefill worker writes no drafter KV) makes
 drop. Needs the trained drafter: a random one is never accepted, so nothing could drop."""
 
 import httpx
-import pytest
 
 from pdspec.worker.launch import skip_drafter_file
 from tests import harness
 from tests.prompts import ACCEPTANCE_PROMPTS, acceptance_body, acceptance_length, complete
-
-pytestmark = pytest.mark.e2e
 
 BAND = 0.05
 

@@ -10,8 +10,6 @@ import pytest
 from tests import harness
 from tests.prompts import completion_body, unique_prompt
 
-pytestmark = pytest.mark.e2e
-
 ON_IN_MAKE_RUN = {
     "prefill": {"k0_rule", "kv_only_pass", "nixl_progress_delay", "kv_core_pinning"},
     "decode": {"k0_rule", "nixl_progress_delay", "kv_core_pinning"},

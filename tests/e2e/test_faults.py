@@ -19,7 +19,7 @@ from tests.standin import StandinBehaviour, ThreadServer, create_standin
 
 # After every test of the shared stack (which is stopped by then): three more workers
 # beside it would crowd two cores.
-pytestmark = [pytest.mark.e2e, pytest.mark.after_stack]
+pytestmark = pytest.mark.after_stack
 
 BASE = 19000
 KV_SOURCE_PORTS = [f"{BASE + 301}-{BASE + 302}"]  # the prefill workers' NIXL side channels

@@ -7,13 +7,10 @@ decode worker's core 1 (`pdspec.worker.engine.cpu_affinity.install_kv_core_withi
 """
 
 import psutil
-import pytest
 
-from loadtest.handoff_probe import probe
+from loadtest.serving.handoff_probe import probe
 from pdspec.settings import DecodeWorkerSettings, PrefillWorkerSettings
-from tests.e2e.test_idle_cpu import worker_pids
-
-pytestmark = pytest.mark.e2e
+from tests import harness
 
 REQUESTS = 6
 
@@ -46,7 +43,7 @@ def test_prefill_and_decode_workers_keep_to_their_own_cores(stack, client):
         "prefill": parse_cores(PrefillWorkerSettings().cpu_omp_threads_bind),
         "decode": parse_cores(DecodeWorkerSettings().cpu_omp_threads_bind),
     }
-    for role, pid in worker_pids(stack).items():
+    for role, pid in harness.worker_pids(stack).items():
         model_workers = [p for p in psutil.Process(pid).children(recursive=True) if "Worker" in p.name()]
         assert model_workers, f"{role}: no vLLM model worker process under {pid}"
         for worker in model_workers:

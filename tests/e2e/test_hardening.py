@@ -12,8 +12,6 @@ import pytest
 from tests import harness
 from tests.prompts import completion_body
 
-pytestmark = pytest.mark.e2e
-
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 PROMPTS = ["The capital of France is", "def fib(n):", "import os\nimport sys\n\n"]
 

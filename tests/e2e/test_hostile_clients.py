@@ -1,4 +1,4 @@
-"""loadtest/hostile_clients.py, small, against the shared stack: while slow heads, huge
+"""loadtest/serving/hostile_clients.py, small, against the shared stack: while slow heads, huge
 headers, unfinished bodies and idle connections are held open, a good client is still
 served, the proxy's memory stays bounded and no worker is ejected."""
 
@@ -7,11 +7,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-import pytest
 
-from loadtest import hostile_clients
-
-pytestmark = pytest.mark.e2e
+from loadtest.serving import hostile_clients
 
 
 def test_hostile_clients_leave_the_good_one_served(stack, tmp_path):

@@ -4,12 +4,9 @@ and KV transfers still work afterwards."""
 import time
 
 import psutil
-import pytest
 
 from tests import harness
 from tests.prompts import completion_body, unique_prompt
-
-pytestmark = pytest.mark.e2e
 
 WINDOW_S = 1.0
 
@@ -26,18 +23,6 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
-def worker_pids(stack) -> dict[str, int]:
-    """The vLLM server processes `pdspec up` started (children of the up process)."""
-    pids = {}
-    for child in psutil.Process(stack.process.pid).children():
-        cmdline = " ".join(child.cmdline())
-        port = stack.prefill_url.rsplit(":", 1)[1]
-        if "pdspec.worker.serve" in cmdline:
-            pids["prefill" if f"--port {port}" in cmdline else "decode"] = child.pid
-    assert set(pids) == {"prefill", "decode"}, pids
-    return pids
-
-
 def wait_quiescent(stack, timeout_s: float = 30) -> None:
     """No request running or waiting on either worker (their own gauges)."""
     deadline = time.monotonic() + timeout_s
@@ -51,7 +36,7 @@ def wait_quiescent(stack, timeout_s: float = 30) -> None:
 
 def test_idle_workers_use_under_a_tenth_of_a_core_and_transfers_still_work(stack, client):
     wait_quiescent(stack)
-    pids = worker_pids(stack)
+    pids = harness.worker_pids(stack)
     # An engine finishes bookkeeping for a moment after its last request, so the test
     # asks for three consecutive one-second windows under 0.1 core within 15 windows.
     # With nixl's default (0 us) every window is about 1.0 core (see the unit test).

@@ -1,4 +1,4 @@
-"""The K=0 equivalence harness (loadtest/k0_equivalence.py) at a size that fits CI:
+"""The K=0 equivalence harness (loadtest/correctness/k0_equivalence.py) at a size that fits CI:
 long prompts chunked at 512 tokens with max_tokens 1, 2 or 64, alone and mixed with
 short decode requests; `auto` against `always` on one engine."""
 
@@ -6,12 +6,9 @@ import json
 import subprocess
 import sys
 
-import pytest
 
 from tests import harness
 from tests.harness import REPO
-
-pytestmark = pytest.mark.e2e
 
 
 def test_auto_and_always_give_equal_outputs_and_spec_counters(tmp_path):

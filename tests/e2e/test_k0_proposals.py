@@ -5,12 +5,9 @@
 import subprocess
 import sys
 
-import pytest
 
 from tests import harness
 from tests.prompts import completion_body, unique_prompt
-
-pytestmark = pytest.mark.e2e
 
 SPEC = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
         "vllm:spec_decode_num_accepted_tokens_total")  # fmt: skip

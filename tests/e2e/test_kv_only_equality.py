@@ -1,5 +1,5 @@
 """The KV-only drafter pass writes the drafter KV the full drafter pass writes
-(loadtest/kv_only_equality.py): the same prompts on one engine, once with vLLM's full
+(loadtest/correctness/kv_only_equality.py): the same prompts on one engine, once with vLLM's full
 drafter forward on K=0 steps and once with the KV-only pass, compared block by block.
 
 Eager, as pdspec's workers run (`enforce_eager`): the pass calls the very modules and
@@ -10,12 +10,9 @@ import json
 import subprocess
 import sys
 
-import pytest
 
 from tests import harness
 from tests.harness import REPO
-
-pytestmark = pytest.mark.e2e
 
 
 def test_kv_only_pass_writes_the_full_passs_drafter_kv(tmp_path):

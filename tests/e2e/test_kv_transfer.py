@@ -9,8 +9,6 @@ import pytest
 from tests import harness
 from tests.prompts import completion_body, unique_prompt
 
-pytestmark = pytest.mark.e2e
-
 
 def kv_bytes_per_block(block_size: int) -> int:
     """K and V of every attention layer that is transferred: the target's and the drafter's."""

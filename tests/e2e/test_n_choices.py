@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 from tests import harness
 from tests.prompts import completion_body, unique_prompt
-
-pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 12
 

@@ -6,7 +6,7 @@ in /api/v1/alerts.
 
 The test Prometheus scrapes and evaluates every second, and its copy of the rules has
 `for: 0s` (tests/prometheus_server.py); the shipped durations are covered by
-`promtool test rules` (tests/unit/test_observability_config.py)."""
+`promtool test rules` (tests/unit/deploy/test_observability_config.py)."""
 
 from __future__ import annotations
 
@@ -19,12 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.promql import load_dashboard, metric_names, panel_queries, rule_queries, substitute
+from deploy.prometheus.promql import load_dashboard, metric_names, panel_queries, rule_queries, substitute
 from tests import harness
 from tests.prometheus_server import PrometheusServer, free_port
 from tests.prompts import chat_body, completion_body, unique_prompt
-
-pytestmark = pytest.mark.e2e
 
 # Windows for Grafana's built-in intervals: the traffic below is within them.
 RATE_INTERVAL, TIME_RANGE = "2m", "10m"
@@ -139,7 +137,7 @@ def test_every_dashboard_and_rule_expression_returns_data(stack, client, prometh
 
 def snapshot(prometheus, out: Path, minutes: float = 3) -> Path:
     done = subprocess.run(
-        [sys.executable, "-m", "loadtest.dashboard_snapshot", "--prometheus", prometheus.url, "--out", str(out),
+        [sys.executable, "-m", "deploy.grafana.snapshot", "--prometheus", prometheus.url, "--out", str(out),
          "--minutes", str(minutes), "--scrape-interval", "1"],
         cwd=harness.REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -8,8 +8,6 @@ import pytest
 
 from tests.prompts import COMPLETION_PROMPTS
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.fixture
 def oai(stack):

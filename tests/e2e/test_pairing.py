@@ -9,10 +9,7 @@ import httpx
 import pytest
 
 from tests import harness
-from tests.conftest import STACK_BASE_PORT
 from tests.prompts import completion_body, unique_prompt
-
-pytestmark = pytest.mark.e2e
 
 # Free ports among the e2e ones (the shared stack: 18000-18400; test_bad_input: 18050).
 PROXY_PORT, MISMATCHED_PORT, MISMATCHED_SIDE_CHANNEL = 18060, 18260, 18460
@@ -83,7 +80,7 @@ def test_proxy_refuses_a_decode_worker_with_another_block_size(stack, mismatched
     proxy = harness.start_proxy(
         PROXY_PORT, prefill_urls=[stack.prefill_url], decode_urls=[mismatched_decode.url, stack.decode_url],
         decode_policy="round_robin", health_interval_s=0.5,
-        kv_source_ports=[str(STACK_BASE_PORT + 300)],  # the stack's prefill side channel (tests/harness.py)
+        kv_source_ports=[str(harness.STACK_BASE_PORT + 300)],  # the stack's prefill side channel (tests/harness.py)
     )  # fmt: skip
     try:
         harness.wait_healthy(proxy.url, proxy.process, path="/ready")  # the stack's own pair serves

@@ -5,8 +5,6 @@ import pytest
 
 from tests.prompts import CHAT_MESSAGES, COMPLETION_PROMPTS, chat_body, complete, completion_body
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_completions_match_colocated(stack, reference_outputs, client, stream):

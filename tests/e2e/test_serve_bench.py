@@ -12,11 +12,8 @@ import subprocess
 import sys
 from urllib.parse import urlparse
 
-import pytest
 
 from tests import harness
-
-pytestmark = pytest.mark.e2e
 
 PHASE_FIELDS = ("policy", "requests", "failed", "ttft_ms", "itl_ms", "output_tokens_per_s", "prefill_tokens_per_s",
                 "prefill_proposals", "prefill_k0_proposals", "decode_acceptance_length")  # fmt: skip

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 
-from loadtest.soak import run_soak
+from loadtest.serving.soak import run_soak
 from tests import harness
-
-pytestmark = pytest.mark.e2e
 
 CI_REQUESTS = 120
 CONCURRENCY = 8

@@ -1,12 +1,9 @@
 """Speculative decoding runs on the decode worker; the prefill worker's drafts are never
 verified, so none of them is accepted."""
 
-import pytest
 
 from tests import harness
 from tests.prompts import completion_body, unique_prompt
-
-pytestmark = pytest.mark.e2e
 
 
 def test_decode_drafts_and_prefill_accepts_nothing(stack, client):

@@ -3,8 +3,6 @@
 import psutil
 import pytest
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.mark.stops_stack
 def test_sigterm_leaves_no_process_behind(stack):

@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 from tests.prompts import completion_body, unique_prompt
-
-pytestmark = pytest.mark.e2e
 
 
 def test_whole_reply_reports_the_prefill_workers_cached_tokens(stack, client):

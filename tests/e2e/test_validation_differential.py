@@ -6,20 +6,17 @@ OpenAI's error shape; afterwards no KV is left on the prefill worker. The delibe
 differences are left out of the bodies: `kv_transfer_params` (the proxy's to set; sent to
 a decode worker by a client it can kill vLLM's engine: an assertion in NixlConnector's
 `update_state_after_alloc`) and `n` beyond `max_choices`. The same rules are checked over
-many more bodies against vLLM's request classes in tests/unit/test_validation_differential.py.
+many more bodies against vLLM's request classes in tests/unit/proxy/test_validation_differential.py.
 """
 
 from __future__ import annotations
 
 import httpx
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests import harness
 from tests.request_bodies import CHAT_FIELDS, COMPLETION_FIELDS, beyond_max_choices, bodies
-
-pytestmark = pytest.mark.e2e
 
 # Bodies the worker runs stay short: a small max_tokens unless the body sets its own.
 SHORT = st.fixed_dictionaries({"model": st.just("pdspec-tiny"), "max_tokens": st.sampled_from([2, 3])})

@@ -276,7 +276,7 @@ def _v2_prepare_prefill_inputs() -> Any:
 
 
 def _kv_only_pass(self: Any, kv_pass: KvOnlyDrafterPass, *args: Any) -> None:
-    # A method of the proposer so profilers (loadtest/profile_k0.py) can find and time it.
+    # A method of the proposer so profilers (loadtest/engine_bench/profile_k0.py) can find and time it.
     kv_pass.run(*args)
     features.KV_ONLY_PASSES.inc()
 

@@ -5,7 +5,7 @@ dashboard the compose deployment mounts, so both deployments ship the same files
     deploy/grafana/pdspec-dashboard.json -> ConfigMap `pdspec-dashboard` (label grafana_dashboard)
 
 Kustomize reads no file outside a kustomization's folder and cannot wrap a rule file in
-a PrometheusRule, hence a generated copy; tests/unit/test_k8s_manifests.py fails when
+a PrometheusRule, hence a generated copy; tests/unit/deploy/test_k8s_manifests.py fails when
 the copies differ from what this script makes. Run: python deploy/k8s/components/monitoring/generate.py
 While a source is missing, the output is an empty placeholder that says so.
 """

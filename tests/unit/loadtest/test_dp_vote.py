@@ -1,4 +1,4 @@
-"""loadtest/dp_vote.py against a stand-in prefill worker: one prefill request in flight at
+"""loadtest/serving/dp_vote.py against a stand-in prefill worker: one prefill request in flight at
 a time, counter deltas read from /metrics around them, and the report."""
 
 import json
@@ -7,7 +7,7 @@ import pytest
 from fastapi import FastAPI, Request
 from starlette.responses import PlainTextResponse
 
-from loadtest import dp_vote
+from loadtest.serving import dp_vote
 from tests.standin import ThreadServer
 
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from loadtest import bench
-from loadtest.stack import env_name, load_settings, stack_ports
-from loadtest.workloads import WORKLOADS
+from loadtest.serving import bench
+from loadtest.serving.stack import env_name, load_settings, stack_ports
+from loadtest.serving.workloads import WORKLOADS
 from pdspec.supervisor import client_url
 
-PROFILES = Path(__file__).resolve().parents[2] / "deploy" / "profiles"
+PROFILES = Path(__file__).resolve().parents[3] / "deploy" / "profiles"
 
 
 def test_seed_workload_is_the_seed():

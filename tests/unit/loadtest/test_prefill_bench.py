@@ -1,6 +1,6 @@
 """prefill_bench's reporting: interleaving order, the table and the baseline lines."""
 
-from loadtest.prefill_bench import BenchResult, baseline_lines, render, rep_orders
+from loadtest.engine_bench.prefill_bench import BenchResult, baseline_lines, render, rep_orders
 
 
 def test_reps_alternate_the_order_of_modes():
@@ -43,7 +43,7 @@ def test_the_prefill_worker_mode_builds_the_engine_pdspec_prefill_runs(tmp_path)
     """Issue 22: the KV-only pass was measured on a bare engine while every prefill worker
     ran another one. The benchmark's engine options are the launcher's, server options aside,
     with the KV released at once."""
-    from loadtest.engine import BENCH_KV_LEASE_S, prefill_worker_engine
+    from loadtest.engine_bench.engines import BENCH_KV_LEASE_S, prefill_worker_engine
     from pdspec.settings import ModelSettings, PrefillWorkerSettings
     from pdspec.worker.launch import SERVER_OPTIONS, launch_spec, option_flags
 
@@ -75,7 +75,7 @@ def test_the_prefill_worker_mode_builds_the_engine_pdspec_prefill_runs(tmp_path)
 
 
 def test_the_no_drafter_baseline_is_the_same_worker_without_a_drafter():
-    from loadtest.engine import prefill_worker_engine
+    from loadtest.engine_bench.engines import prefill_worker_engine
 
     plain = prefill_worker_engine(bench_args(), mbt=2048, max_model_len=2064, method="none", side_channel_port=5610)
     drafter = prefill_worker_engine(bench_args(), mbt=2048, max_model_len=2064)

@@ -1,4 +1,4 @@
-"""A picture of the Grafana dashboard without Grafana: `python -m loadtest.dashboard_snapshot
+"""A picture of the Grafana dashboard without Grafana: `python -m deploy.grafana.snapshot
 --prometheus URL --out DIR [--minutes 15]`.
 
 Runs the dashboard's own expressions (deploy/grafana/pdspec-dashboard.json, variables set
@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadtest.promql import DASHBOARD, Prometheus, load_dashboard, substitute
+from deploy.prometheus.promql import DASHBOARD, Prometheus, load_dashboard, substitute
 
 COLUMNS = 3
 

@@ -7,36 +7,8 @@ import threading
 import httpx
 import pytest
 
-from pdspec.settings import ProxySettings
-from proxy.app import create_app
-from tests.standin import StandinBehaviour, ThreadServer, create_standin
-
-BODY = {"model": "m", "prompt": "hello", "max_tokens": 5}
-
-
-class Cluster:
-    """Two prefill stand-ins and one decode stand-in behind a real proxy."""
-
-    def __init__(self, **settings):
-        self.p1, self.p2, self.d = StandinBehaviour(), StandinBehaviour(), StandinBehaviour()
-        self.settings = settings
-
-    def __enter__(self):
-        self.servers = [ThreadServer(create_standin(b)).__enter__() for b in (self.p1, self.p2, self.d)]
-        urls = [s.url for s in self.servers]
-        settings = ProxySettings(
-            prefill_urls=urls[:2], decode_urls=urls[2:], **{"prefill_policy": "round_robin", "retry_backoff_s": 0.01,
-                                                            **self.settings},
-        )  # fmt: skip
-        self.app = create_app(settings)
-        self.proxy = ThreadServer(self.app).__enter__()
-        self.url = self.proxy.url
-        return self
-
-    def __exit__(self, *exc):
-        self.proxy.__exit__(*exc)
-        for server in self.servers:
-            server.__exit__(*exc)
+from tests.proxy_cluster import BODY, Cluster, sample
+from tests.standin import StandinBehaviour
 
 
 def prefill_legs(b: StandinBehaviour) -> int:
@@ -81,13 +53,6 @@ def test_every_prefill_outcome_is_exported_at_zero_before_any_request():
         metrics = httpx.get(c.url + "/metrics").text
     for outcome in ("ok", "retried_ok", "fallback", "error"):
         assert sample(metrics, f'pdspec_proxy_prefill_outcomes_total{{outcome="{outcome}"}}') == 0, outcome
-
-
-def sample(metrics: str, name: str) -> float | None:
-    for line in metrics.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return None
 
 
 @pytest.mark.parametrize(

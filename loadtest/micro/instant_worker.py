@@ -1,7 +1,7 @@
 """An instantly answering stand-in vLLM worker for proxy benchmarks (not for tests of
 features). Raw asyncio HTTP/1.1 with keep-alive, so it is never the bottleneck.
 
-    python -m loadtest.instant_worker --port 9100
+    python -m loadtest.micro.instant_worker --port 9100
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ every result in one folder.
     pdspec bench deploy/profiles/dummy/qwen3-8b-eagle3-1p1d.toml --workload seed --out results/eagle3
     pdspec bench --workload cpu-seed --out loadtest/results/serve_bench-cpu   # the local CPU stack
 
-A workload (loadtest/workloads.py; `--list` shows them) is serve_bench's arguments plus
+A workload (loadtest/serving/workloads.py; `--list` shows them) is serve_bench's arguments plus
 the stack variants to run them on (the seed: prefill max_num_batched_tokens 512 and
 2048, one stack each). Several profiles give one stack per profile and variant.
 `--together` starts every stack at once and benchmarks them one after another (one
@@ -28,9 +28,11 @@ import time
 import traceback
 from pathlib import Path
 
-from loadtest import serve_bench, serve_report
-from loadtest.stack import Stack, load_settings, stack_ports, stop_all, wait_ready
-from loadtest.workloads import WORKLOADS
+from loadtest.serving import serve_bench
+
+from loadtest.serving import serve_report
+from loadtest.serving.stack import Stack, load_settings, stack_ports, stop_all, wait_ready
+from loadtest.serving.workloads import WORKLOADS
 
 
 def parse_set(items: list[str]) -> dict[str, object]:

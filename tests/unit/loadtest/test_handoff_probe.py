@@ -1,6 +1,6 @@
 """The hand-off probe's summaries (the measuring itself runs in tests/e2e/test_handoff.py)."""
 
-from loadtest.handoff_probe import medians, metric_means
+from loadtest.serving.handoff_probe import medians, metric_means
 
 
 def test_medians_per_stage():

@@ -9,7 +9,7 @@ from pydantic_settings import CliApp
 from pdspec.settings import UpCommand
 from pdspec.worker.launch import KV_ROLES, SCHEDULER_CLS, vllm_argv, worker_env
 
-PROFILES = Path(__file__).resolve().parents[2] / "deploy" / "profiles"
+PROFILES = Path(__file__).resolve().parents[3] / "deploy" / "profiles"
 
 
 def load(monkeypatch, name) -> UpCommand:

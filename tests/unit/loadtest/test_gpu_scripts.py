@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPTS = sorted((ROOT / "loadtest" / "gpu").glob("*.sh"))
 # A repository path a script names: deploy/... or loadtest/..., up to a space or quote.
 REPO_PATH = re.compile(r"\b(?:deploy|loadtest)/[A-Za-z0-9_./-]*[A-Za-z0-9_]")

@@ -1,7 +1,7 @@
 """Two NIXL agents in two processes on this machine: how long one KV-pull-sized READ takes.
 
-    python -m loadtest.nixl_read_bench target DELAY_US /tmp/x &   # holds the bytes
-    python -m loadtest.nixl_read_bench init DELAY_US /tmp/x       # reads them, prints times
+    python -m loadtest.micro.nixl_read_bench target DELAY_US /tmp/x &   # holds the bytes
+    python -m loadtest.micro.nixl_read_bench init DELAY_US /tmp/x       # reads them, prints times
 
 DELAY_US is the agent's progress-thread delay (pdspec's `nixl_progress_delay_us`; -1 keeps
 nixl's 0). Environment: SIZE (bytes, default 2,621,440: a 512-token pull of the local model

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "pdspec-dashboard.json"
 RULES_DIR = REPO / "deploy" / "prometheus" / "rules"
 

@@ -12,9 +12,13 @@ import pytest
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from loadtest import serve_bench, serve_report, worker_metrics
-from loadtest.serve_client import completion_body, random_prompts, run_load
-from loadtest.serve_stats import RequestResult, distribution_ms, meets_slos, parse_slos, summarize
+from loadtest.serving import serve_bench
+
+from loadtest.serving import serve_report
+
+from loadtest.serving import worker_metrics
+from loadtest.serving.serve_client import completion_body, random_prompts, run_load
+from loadtest.serving.serve_stats import RequestResult, distribution_ms, meets_slos, parse_slos, summarize
 from tests.standin import ThreadServer
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import httpx
 import numpy as np
 
-from loadtest.serve_stats import RequestResult
+from loadtest.serving.serve_stats import RequestResult
 
 # Low ids are often control or byte tokens; the benchmark needs none of them.
 FIRST_TOKEN_ID = 10

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 import yaml
 
-from loadtest.promql import (
+from deploy.prometheus.promql import (
     DASHBOARD, REPO, RULES_DIR, load_dashboard, metric_names, panel_queries, rule_queries, substitute,
 )  # fmt: skip
 from tests.prometheus_server import binary, fast_rules

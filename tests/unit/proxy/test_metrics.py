@@ -7,7 +7,7 @@ import time
 
 import httpx
 
-from tests.unit.test_proxy_failures import BODY, Cluster, sample
+from tests.proxy_cluster import BODY, Cluster, sample
 
 
 def test_handoff_is_timed_from_the_prefill_reply_to_the_first_decode_byte():

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.unit.test_proxy_failures import Cluster
+from tests.proxy_cluster import Cluster
 
 STREAMED_N2 = {"model": "m", "prompt": "hello", "max_tokens": 5, "n": 2, "temperature": 1.0, "stream": True}
 

@@ -1,0 +1,158 @@
+"""Where the 1P1D hand-off spends its time: one request at a time, stage by stage.
+
+For each of `--requests` fresh random prompts (no prefix-cache hit helps) it measures:
+
+- `proxy_ttft_ms`: time to the first streamed token through the proxy (what a client sees);
+- `prefill_leg_ms`: the prefill worker alone, asked directly as the proxy asks it
+  (`max_tokens` 1, `do_remote_decode`), to its whole response;
+- `decode_pull_ttft_ms`: the decode worker alone, given that response's
+  `kv_transfer_params` (NIXL pull + first step), to its first streamed token;
+- `decode_local_ttft_ms`: the decode worker alone with no `kv_transfer_params`, so it
+  prefills the prompt itself (what one worker on one core costs, prefill included);
+
+and, from the decode worker's /metrics around the run, vLLM's own NIXL figures: mean
+transfer time (`vllm:nixl_xfer_time_seconds`, post to completion seen) and mean queue
+time (`vllm:request_queue_time_seconds`, which includes waiting for the pull).
+
+`python -m loadtest.handoff_probe --proxy-url URL --prefill-url URL --decode-url URL`
+prints the per-request rows and the medians as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadtest.serving import worker_metrics
+from loadtest.serving.serve_client import completion_body, random_prompts
+from proxy.legs import PREFILL_KV_REQUEST  # what the proxy sends the prefill worker
+
+NIXL_METRICS = (
+    "vllm:nixl_xfer_time_seconds_sum",
+    "vllm:nixl_xfer_time_seconds_count",
+    "vllm:request_queue_time_seconds_sum",
+    "vllm:request_queue_time_seconds_count",
+)
+
+
+def first_token_ms(client: httpx.Client, url: str, body: dict) -> float:
+    """Milliseconds to the first streamed event that carries text."""
+    started = time.perf_counter()
+    with client.stream("POST", url + "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith("data:") and '"text"' in line:
+                return (time.perf_counter() - started) * 1000
+    raise RuntimeError(f"{url}: stream ended with no token")
+
+
+def prefill_leg(client: httpx.Client, url: str, model: str, prompt: list[int]) -> tuple[float, dict]:
+    body = {
+        "model": model, "prompt": prompt, "max_tokens": 1, "stream": False,
+        "kv_transfer_params": PREFILL_KV_REQUEST,
+    }  # fmt: skip
+    started = time.perf_counter()
+    response = client.post(url + "/v1/completions", json=body)
+    response.raise_for_status()
+    elapsed = (time.perf_counter() - started) * 1000
+    params = response.json().get("kv_transfer_params")
+    if not params:
+        raise RuntimeError(f"{url}: prefill response has no kv_transfer_params")
+    return elapsed, params
+
+
+def probe(
+    client: httpx.Client,
+    proxy_url: str,
+    prefill_url: str,
+    decode_url: str,
+    model: str,
+    requests: int,
+    input_len: int = 512,
+    max_tokens: int = 4,
+    vocab_size: int = 4096,
+    seed: int = 0,
+) -> dict:
+    """Run the four measurements per request, one request in flight at a time."""
+    prompts = random_prompts(3 * requests, input_len, vocab_size, seed)
+    before = worker_metrics.scrape_when_idle(client, decode_url)
+    proxy_before = proxy_legs(client, proxy_url)
+    rows = []
+    for i in range(requests):
+        via_proxy, direct, local = prompts[3 * i : 3 * i + 3]
+        row = {"proxy_ttft_ms": first_token_ms(client, proxy_url, completion_body(model, via_proxy, max_tokens))}
+        row["prefill_leg_ms"], params = prefill_leg(client, prefill_url, model, direct)
+        pulled = dict(completion_body(model, direct, max_tokens), kv_transfer_params=params)
+        row["decode_pull_ttft_ms"] = first_token_ms(client, decode_url, pulled)
+        row["decode_local_ttft_ms"] = first_token_ms(client, decode_url, completion_body(model, local, max_tokens))
+        rows.append(row)
+    after = worker_metrics.scrape_when_idle(client, decode_url)
+    proxy_after = proxy_legs(client, proxy_url)
+    return {
+        "rows": rows, "median": medians(rows), "decode_metrics": metric_means(before, after),
+        "proxy_leg_mean_ms": {
+            leg: round((proxy_after[leg][0] - proxy_before.get(leg, (0.0, 0.0))[0])
+                       / max(1.0, proxy_after[leg][1] - proxy_before.get(leg, (0.0, 0.0))[1]) * 1000, 1)
+            for leg in proxy_after
+        },
+    }  # fmt: skip
+
+
+def proxy_legs(client: httpx.Client, proxy_url: str) -> dict[str, tuple[float, float]]:
+    """The proxy's own leg histogram (`pdspec_proxy_leg_seconds`): {leg: (sum, count)}.
+    Prefill: to its whole response; decode: to the last byte."""
+    text = client.get(proxy_url + "/metrics", timeout=10).text
+    legs: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            leg = sample.labels.get("leg")
+            if family.name == "pdspec_proxy_leg_seconds" and leg and sample.name.endswith(("_sum", "_count")):
+                legs.setdefault(leg, [0.0, 0.0])[0 if sample.name.endswith("_sum") else 1] = sample.value
+    return {leg: (total, count) for leg, (total, count) in legs.items()}
+
+
+def medians(rows: list[dict]) -> dict[str, float]:
+    return {key: round(statistics.median(row[key] for row in rows), 1) for key in rows[0]}
+
+
+def metric_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    def mean_ms(name: str) -> float | None:
+        count = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)
+        total = after.get(f"{name}_sum", 0.0) - before.get(f"{name}_sum", 0.0)
+        return round(total / count * 1000, 1) if count else None
+
+    return {
+        "nixl_xfer_time_mean_ms": mean_ms("vllm:nixl_xfer_time_seconds"),
+        "request_queue_time_mean_ms": mean_ms("vllm:request_queue_time_seconds"),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--proxy-url", required=True)
+    parser.add_argument("--prefill-url", required=True)
+    parser.add_argument("--decode-url", required=True)
+    parser.add_argument("--model", default="pdspec-tiny")
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--input-len", type=int, default=512)
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    args = parser.parse_args(argv)
+    with httpx.Client(timeout=120) as client:
+        result = probe(
+            client, args.proxy_url, args.prefill_url, args.decode_url, args.model,
+            args.requests, args.input_len, vocab_size=args.vocab_size,
+        )  # fmt: skip
+    for row in result["rows"]:
+        print("  ".join(f"{k} {v:8.1f}" for k, v in row.items()), file=sys.stderr)
+    print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,287 @@
+"""Serving benchmark: a client load through any OpenAI endpoint (pdspec's proxy, or one
+vLLM server), with the workers' own counters over each measured phase.
+
+    python -m loadtest.serve_bench --url http://127.0.0.1:8000 --ab \\
+        --input-len 8192 --output-len 8 --num-prompts 128 --concurrency 32 --phases 3
+
+Each phase sends `--num-prompts` fresh random token-id prompts (streamed, `ignore_eos`),
+at each load level given (`--concurrency 1 4 16`, or `--request-rate 2 8`). With `--ab`
+every phase runs twice, once with the prefill worker's drafts policy `auto` and once
+`always`, switched through `pdspec drafts` on the same running stack and interleaved
+(auto, always, always, auto, ...), so drift hits both alike.
+
+With only `--url`, the workers are those of a local `pdspec up` (ports and run folder
+from pdspec's settings: defaults, PDSPEC_* environment, PDSPEC_CONFIG file).
+Writes serve_bench.json, serve_bench.md and PNG plots to `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from loadtest.serving import serve_report
+
+from loadtest.serving import worker_metrics
+from pdspec.contract import DRAFTS_POLICIES
+from loadtest.serving.serve_client import completion_body, random_prompts, run_load
+from loadtest.serving.serve_stats import parse_slos, summarize
+
+POLICIES = DRAFTS_POLICIES
+
+
+@dataclass(frozen=True)
+class Load:
+    concurrency: int | None
+    request_rate: float | None
+
+    @property
+    def label(self) -> str:
+        if self.request_rate:
+            rate = f"rate {self.request_rate:g}/s"
+            return rate if self.concurrency is None else f"{rate}, max {self.concurrency}"
+        return f"concurrency {self.concurrency}"
+
+
+def plan_phases(loads: list[Load], phases: int, ab: bool) -> list[tuple[Load, int, str | None]]:
+    """(load, repetition, policy) in run order; A/B pairs alternate ABBA so a drift
+    over time favours neither policy."""
+    plan = []
+    for load in loads:
+        for rep in range(phases):
+            if not ab:
+                plan.append((load, rep, None))
+                continue
+            order = POLICIES if rep % 2 == 0 else POLICIES[::-1]
+            plan.extend((load, rep, policy) for policy in order)
+    return plan
+
+
+def loads_from(args: argparse.Namespace) -> list[Load]:
+    if args.request_rate:
+        cap = args.concurrency[0] if args.concurrency else None
+        return [Load(cap, rate) for rate in args.request_rate]
+    return [Load(c, None) for c in (args.concurrency or [1])]
+
+
+def local_stack_defaults() -> dict:
+    """Worker URLs, run folder and the target's vocabulary of a local `pdspec up`."""
+    from pdspec.settings import UpCommand
+    from pdspec.worker.launch import resolve_model_paths
+
+    up = UpCommand()
+    vocab = None
+    try:
+        target, _ = resolve_model_paths(up.model)
+        vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
+    except (OSError, KeyError, ValueError):
+        pass
+    return {
+        "prefill_url": f"http://{up.prefill.host}:{up.prefill.port}",
+        "decode_url": f"http://{up.decode.host}:{up.decode.port}",
+        "run_dir": up.run_dir,
+        "vocab_size": vocab,
+    }
+
+
+def set_drafts_policy(run_dir: Path, policy: str) -> None:
+    """Through the command users run: `pdspec drafts` (read by the engine every step)."""
+    argv = [sys.executable, "-m", "pdspec.cli", "drafts", "--role", "prefill", "--policy", policy,
+            "--run_dir", str(run_dir)]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"pdspec drafts failed: {done.stderr.strip() or done.stdout.strip()}")
+
+
+def first_model(url: str) -> str:
+    response = httpx.get(url + "/v1/models", timeout=30)
+    response.raise_for_status()
+    return response.json()["data"][0]["id"]
+
+
+class Progress:
+    """One bar over every request of the run (warm-up included)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="req", file=sys.stderr, dynamic_ncols=True)
+        self.failed = 0
+
+    def phase(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description(text)
+
+    def done(self, result) -> None:
+        self.failed += not result.ok
+        if self.bar is not None:
+            self.bar.update(1)
+            if self.failed:
+                self.bar.set_postfix(failed=self.failed)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run_benchmark(args: argparse.Namespace) -> dict:
+    defaults = local_stack_defaults()
+    prefill_url = None if args.no_worker_metrics else (args.prefill_url or defaults["prefill_url"])
+    decode_url = None if args.no_worker_metrics else (args.decode_url or defaults["decode_url"])
+    run_dir = Path(args.run_dir) if args.run_dir else defaults["run_dir"]
+    vocab = args.vocab_size or defaults["vocab_size"] or 4096
+    model = args.model or first_model(args.url)
+    slos = parse_slos(args.goodput or [])
+    loads = loads_from(args)
+    plan = plan_phases(loads, args.phases, args.ab)
+    if args.ab and prefill_url is None:
+        raise SystemExit("--ab needs the prefill worker's metrics (drop --no-worker-metrics)")
+
+    progress = Progress(args.warmup + len(plan) * args.num_prompts, not args.no_progress)
+    phases, skipped, longest = [], [], 0.0
+    with httpx.Client() as metrics_client:
+
+        def idle_counters() -> tuple[dict | None, dict | None]:
+            return tuple(
+                None if url is None else worker_metrics.scrape_when_idle(metrics_client, url)
+                for url in (prefill_url, decode_url)
+            )
+
+        try:
+            if args.warmup:
+                if args.ab:
+                    set_drafts_policy(run_dir, "auto")
+                progress.phase("warm-up")
+                prompts = random_prompts(args.warmup, args.input_len, vocab, seed=args.seed - 1)
+                bodies = [completion_body(model, p, args.output_len) for p in prompts]
+                asyncio.run(run_load(args.url, bodies, loads[0].concurrency, None, timeout_s=args.timeout,
+                                     on_done=progress.done))  # fmt: skip
+            for index, (load, rep, policy) in enumerate(plan):
+                if args.deadline and time.time() + longest > args.deadline:
+                    # It would not finish in time: skip it, and say so in the report.
+                    skipped.append({"index": index, "load": load.label, "policy": policy})
+                    continue
+                phase_started = time.time()
+                if policy is not None:
+                    set_drafts_policy(run_dir, policy)
+                progress.phase(f"phase {index + 1}/{len(plan)} {load.label}" + (f" {policy}" if policy else ""))
+                prompts = random_prompts(args.num_prompts, args.input_len, vocab, seed=args.seed + index)
+                bodies = [completion_body(model, p, args.output_len) for p in prompts]
+                before = idle_counters()
+                results, duration = asyncio.run(
+                    run_load(args.url, bodies, load.concurrency, load.request_rate, seed=args.seed + index,
+                             timeout_s=args.timeout, on_done=progress.done)
+                )  # fmt: skip
+                after = idle_counters()
+                worker_deltas = [None if b is None else worker_metrics.deltas(b, a) for b, a in zip(before, after)]
+                phase = {
+                    "index": index,
+                    "repetition": rep,
+                    "policy": policy,
+                    "concurrency": load.concurrency,
+                    "request_rate": load.request_rate,
+                    "load": load.label,
+                    **summarize(results, duration, slos),
+                    **worker_metrics.worker_figures(*worker_deltas, duration),
+                }
+                phases.append(phase)
+                longest = max(longest, time.time() - phase_started)
+        finally:
+            progress.close()
+            if args.ab:
+                set_drafts_policy(run_dir, "auto")  # leave the stack as pdspec starts it
+    return {
+        "label": args.label,
+        "command": "python -m loadtest.serve_bench " + " ".join(args.argv),
+        "url": args.url,
+        "model": model,
+        "prefill_url": prefill_url,
+        "decode_url": decode_url,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "num_prompts": args.num_prompts,
+        "vocab_size": vocab,
+        "ab": args.ab,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "phases": phases,
+        "skipped_phases": skipped,
+        "ab_summary": serve_report.ab_summary(phases) if args.ab else [],
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.serve_bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--url", required=True, help="OpenAI endpoint: the proxy, or one vLLM server")
+    parser.add_argument("--model", help="default: the first model of /v1/models")
+    parser.add_argument("--input-len", type=int, default=1024, help="prompt tokens (random ids)")
+    parser.add_argument("--output-len", type=int, default=64, help="max_tokens (ignore_eos)")
+    parser.add_argument("--num-prompts", type=int, default=64, help="requests per phase")
+    parser.add_argument("--concurrency", type=int, nargs="+", help="load levels: requests in flight (default 1)")
+    parser.add_argument("--request-rate", type=float, nargs="+",
+                        help="load levels: Poisson arrivals per second (--concurrency then caps in-flight)")  # fmt: skip
+    parser.add_argument("--phases", type=int, default=1, help="phases per load level (and per policy with --ab)")
+    parser.add_argument("--ab", action="store_true", help="interleave prefill drafts policy auto / always")
+    parser.add_argument("--warmup", type=int, default=0, help="requests sent first and not measured")
+    parser.add_argument("--goodput", nargs="+", metavar="NAME:MS", help="SLOs, e.g. ttft:2000 tpot:50 e2e:5000")
+    parser.add_argument("--prefill-url", help="prefill worker (default: local pdspec up's)")
+    parser.add_argument("--decode-url", help="decode worker (default: local pdspec up's)")
+    parser.add_argument("--run-dir", help="pdspec up's run folder, for --ab (default: pdspec's)")
+    parser.add_argument("--no-worker-metrics", action="store_true", help="client-side figures only")
+    parser.add_argument("--vocab-size", type=int, help="token ids drawn below this (default: the target's config)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")
+    parser.add_argument("--deadline", type=float,
+                        help="Unix time: a phase that would not end by then (longest phase so far) is skipped")  # fmt: skip
+    parser.add_argument("--label", default="", help="a name for this run in tables and plots")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("loadtest/results/serve_bench"))
+    return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = list(argv)
+    if args.num_prompts < 1 or args.phases < 1 or args.input_len < 1 or args.output_len < 1:
+        parser.error("--num-prompts, --phases, --input-len and --output-len must be positive")
+    if any(c < 1 for c in args.concurrency or []):
+        parser.error("--concurrency must be positive")
+    if any(not math.isfinite(r) or r <= 0 for r in args.request_rate or []):
+        parser.error("--request-rate must be positive and finite")
+    try:
+        parse_slos(args.goodput or [])
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    report = run_benchmark(args)
+    written = serve_report.write(report, args.out)
+    print(serve_report.markdown(report))
+    print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
+    return report
+
+
+def cli() -> None:
+    """The command: exits 1 when any phase had a failed request."""
+    report = main()
+    sys.exit(1 if any(phase["failed"] for phase in report["phases"]) else 0)
+
+
+if __name__ == "__main__":
+    cli()

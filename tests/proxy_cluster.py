@@ -1,0 +1,40 @@
+"""A real proxy in front of stand-in workers (two prefill, one decode), for the proxy's
+unit tests of failures, clients leaving and metrics."""
+
+from pdspec.settings import ProxySettings
+from proxy.app import create_app
+from tests.standin import StandinBehaviour, ThreadServer, create_standin
+
+BODY = {"model": "m", "prompt": "hello", "max_tokens": 5}
+
+
+class Cluster:
+    """Two prefill stand-ins and one decode stand-in behind a real proxy."""
+
+    def __init__(self, **settings):
+        self.p1, self.p2, self.d = StandinBehaviour(), StandinBehaviour(), StandinBehaviour()
+        self.settings = settings
+
+    def __enter__(self):
+        self.servers = [ThreadServer(create_standin(b)).__enter__() for b in (self.p1, self.p2, self.d)]
+        urls = [s.url for s in self.servers]
+        settings = ProxySettings(
+            prefill_urls=urls[:2], decode_urls=urls[2:], **{"prefill_policy": "round_robin", "retry_backoff_s": 0.01,
+                                                            **self.settings},
+        )  # fmt: skip
+        self.app = create_app(settings)
+        self.proxy = ThreadServer(self.app).__enter__()
+        self.url = self.proxy.url
+        return self
+
+    def __exit__(self, *exc):
+        self.proxy.__exit__(*exc)
+        for server in self.servers:
+            server.__exit__(*exc)
+
+
+def sample(metrics: str, name: str) -> float | None:
+    for line in metrics.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
