@@ -12,6 +12,7 @@ ROLE = RoleSpec(
     kv_role="kv_consumer",
     port=8200,
     side_channel_port=5700,
+    kv_events_port=5750,
     cpu_core="1",
     features=("k0_rule", "nixl_progress_delay", "kv_core_pinning"),
     hooks=("cpu_affinity",),

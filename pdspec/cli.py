@@ -44,14 +44,14 @@ def _proxy(cmd: s.ProxyCommand) -> int:
     return 0
 
 
-def _prefill(cmd: s.WorkerCommand) -> int:
+def _prefill(cmd: s.PrefillCommand) -> int:
     from prefill_worker.worker import run
 
     run(cmd)
     return 0
 
 
-def _decode(cmd: s.WorkerCommand) -> int:
+def _decode(cmd: s.DecodeCommand) -> int:
     from decode_worker.worker import run
 
     run(cmd)
@@ -88,8 +88,8 @@ def _drafts(cmd: s.DraftsCommand) -> int:
 COMMANDS: dict[str, tuple[type[s._Base], Callable]] = {
     "up": (s.UpCommand, _up),
     "proxy": (s.ProxyCommand, _proxy),
-    "prefill": (s.WorkerCommand, _prefill),
-    "decode": (s.WorkerCommand, _decode),
+    "prefill": (s.PrefillCommand, _prefill),
+    "decode": (s.DecodeCommand, _decode),
     "models": (s.ModelsCommand, _models),
     "drafts": (s.DraftsCommand, _drafts),
 }

@@ -17,8 +17,14 @@ from typing import Literal
 DraftsPolicy = Literal["auto", "always"]
 DRAFTS_POLICIES: tuple[str, ...] = typing.get_args(DraftsPolicy)
 
-RoutingPolicy = Literal["round_robin", "least_outstanding", "prefix_affinity"]
-DecodeRoutingPolicy = Literal["round_robin", "least_outstanding"]
+RoutingPolicy = Literal["round_robin", "least_outstanding", "prefix_affinity", "kv_aware"]
+DecodeRoutingPolicy = Literal["round_robin", "least_outstanding", "kv_aware"]
+# Whether every request is disaggregated, or only those whose uncached part is long.
+Disaggregation = Literal["always", "conditional"]
 
 WORKER_INFO_METRIC = "pdspec_worker_info"
+# Its labels that tell the proxy where the worker publishes its KV-cache events (empty: it
+# does not), and the topic pdspec's workers publish them under.
+KV_EVENTS_LABELS = ("kv_events_endpoint", "kv_events_replay_endpoint", "kv_events_topic")
+KV_EVENTS_TOPIC = "kv"
 ENGINE_FEATURE_METRIC = "pdspec_engine_feature"

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, Field
 
 from decode_worker.role import ROLE as DECODE_ROLE
-from pdspec.contract import DecodeRoutingPolicy, DraftsPolicy, RoutingPolicy
+from pdspec.contract import DecodeRoutingPolicy, Disaggregation, DraftsPolicy, RoutingPolicy
 from prefill_worker.role import ROLE as PREFILL_ROLE
 from pydantic_settings import (
     BaseSettings,
@@ -100,6 +100,18 @@ class WorkerSettings(BaseModel):
         ge=0,
         description="Sleep of NIXL's progress thread between polls; 0 busy-spins a core.",
     )
+    kv_events: bool = Field(
+        True, description="Publish vLLM's KV-cache events (ZMQ, with a replay endpoint) for the proxy's "
+        "cache-aware routing; the ports are in pdspec_worker_info, so the proxy needs no setting of its own.",
+    )
+    kv_events_port: int = Field(
+        5650, description="Port of the KV-event publisher; its replay endpoint is kv_events_port + "
+        "kv_events_replay_offset. With data parallelism vLLM adds the rank to both.",
+    )
+    kv_events_replay_offset: int = Field(
+        1, ge=1, description="Replay port minus publisher port; at least the data-parallel size, or the ranks' "
+        "ports collide.",
+    )
     drafts: DraftsPolicy = Field(
         "auto", description="auto: propose with K=0 when no request can use drafts."
     )
@@ -153,7 +165,36 @@ class ProxySettings(BaseModel):
         "rendezvous hash of the prompt's start, so repeated prefixes hit one worker's prefix cache.",
     )
     decode_policy: DecodeRoutingPolicy = Field(
-        "least_outstanding", description="How a decode worker is picked (proxy/pool.py)."
+        "least_outstanding", description="How a decode worker is picked (proxy/pool.py); kv_aware: the one "
+        "holding most of the prompt (a conversation's earlier turns) against its load.",
+    )
+    disaggregation: Disaggregation = Field(
+        "always", description="conditional: when the decode worker picked holds all but fewer than "
+        "local_prefill_max_tokens of the prompt, it prefills the rest itself (no prefill leg, no KV transfer).",
+    )
+    local_prefill_max_tokens: int = Field(
+        512, ge=0, description="conditional disaggregation: the most uncached prompt tokens a decode worker "
+        "prefills itself.",
+    )
+    kv_aware_load_tokens: int = Field(
+        1024, ge=0, description="kv_aware routing: one leg in flight on a worker costs as much as this many "
+        "prompt tokens it would have to prefill (the trade between cache hits and load).",
+    )
+    kv_index_max_blocks: int = Field(
+        1_000_000, ge=1, description="Most KV blocks the proxy's cache index keeps per worker (about 40 bytes "
+        "each); the oldest go first.",
+    )
+    kv_routed_ttl_s: float = Field(
+        2.0, ge=0, description="How long a routing decision counts as the worker holding the prompt's blocks, "
+        "before its KV events say so (a burst sharing a prefix then lands on one worker).",
+    )
+    routing_tokenize_timeout_s: float = Field(
+        0.5, gt=0, description="kv_aware routing of a text prompt or chat: the longest wait for a worker's "
+        "/tokenize; then the request is routed without cache knowledge.",
+    )
+    served_by_headers: bool = Field(
+        False, description="Replies carry X-Pdspec-Prefill-Worker and X-Pdspec-Decode-Worker (`local`: the "
+        "decode worker prefilled). Off by default: worker addresses are internal.",
     )
     prefill_failure_policy: Literal["error", "retry", "fallback"] = Field(
         "retry",
@@ -312,6 +353,7 @@ class PrefillWorkerSettings(WorkerSettings):
 
     port: int = PREFILL_ROLE.port
     side_channel_port: int = PREFILL_ROLE.side_channel_port
+    kv_events_port: int = PREFILL_ROLE.kv_events_port
     cpu_omp_threads_bind: str | None = PREFILL_ROLE.cpu_core
 
 
@@ -320,7 +362,20 @@ class DecodeWorkerSettings(WorkerSettings):
 
     port: int = DECODE_ROLE.port
     side_channel_port: int = DECODE_ROLE.side_channel_port
+    kv_events_port: int = DECODE_ROLE.kv_events_port
     cpu_omp_threads_bind: str | None = DECODE_ROLE.cpu_core
+
+
+class PrefillCommand(WorkerCommand):
+    """`pdspec prefill`: one prefill worker, on the prefill role's default ports."""
+
+    worker: PrefillWorkerSettings = Field(default_factory=PrefillWorkerSettings)
+
+
+class DecodeCommand(WorkerCommand):
+    """`pdspec decode`: one decode worker, on the decode role's default ports."""
+
+    worker: DecodeWorkerSettings = Field(default_factory=DecodeWorkerSettings)
 
 
 class ColocatedWorkerSettings(WorkerSettings):

@@ -13,6 +13,7 @@ ROLE = RoleSpec(
     kv_role="kv_producer",
     port=8100,
     side_channel_port=5600,
+    kv_events_port=5650,
     cpu_core="0",
     features=("k0_rule", "kv_only_pass", "nixl_progress_delay", "kv_core_pinning", "dp_idle_rank_vote"),
     hooks=("cpu_affinity", "kv_only", "dp_vote", "testing_hooks"),

@@ -24,11 +24,12 @@ from starlette.responses import JSONResponse, Response
 from pdspec.settings import ProxySettings
 from proxy.admission import Admission
 from proxy.asgi import DisconnectWatch, Reply, header, read_body, send_reply
-from proxy.auth import ApiKeys
+from proxy.auth import ApiKeys, worker_auth_headers
 from proxy.disagg import Disaggregator
 from proxy.errors import ProxyError, error_response
 from proxy.fanout import choice_count, prompts_of
 from proxy.health import HealthChecker
+from proxy.kv_routing import KvRouter
 from proxy.limits import ModelLimits
 from proxy.loop_lag import LoopLag
 from proxy.membership import Membership
@@ -176,6 +177,7 @@ def create_app(settings: ProxySettings) -> ProxyApp:
     metrics = ProxyMetrics.create()
     prefill_pool = WorkerPool.from_urls("prefill", [], settings.prefill_policy)
     decode_pool = WorkerPool.from_urls("decode", [], settings.decode_policy)
+    prefill_pool.load_tokens = decode_pool.load_tokens = settings.kv_aware_load_tokens
     membership = Membership(
         {prefill_pool: settings.prefill_urls, decode_pool: settings.decode_urls}, settings.dns_refresh_s
     )
@@ -186,7 +188,11 @@ def create_app(settings: ProxySettings) -> ProxyApp:
         settings.connect_timeout_s, settings.worker_idle_timeout_s,
         settings.worker_max_header_bytes, settings.worker_max_body_bytes,
     )  # fmt: skip
-    disaggregator = Disaggregator(client, prefill_pool, decode_pool, metrics, settings)
+    kv_router = (
+        KvRouter(settings, client, prefill_pool, decode_pool, metrics, worker_auth_headers(settings.worker_api_key))
+        if KvRouter.wanted(settings) else None
+    )  # fmt: skip
+    disaggregator = Disaggregator(client, prefill_pool, decode_pool, metrics, settings, kv_router)
     limits = ModelLimits(client, decode_pool, disaggregator.worker_headers)
     tracing = Tracing(settings.otlp_traces_endpoint)
     pairing = Pairing(
@@ -197,7 +203,7 @@ def create_app(settings: ProxySettings) -> ProxyApp:
     checker = HealthChecker(
         client, [prefill_pool, decode_pool], settings.health_interval_s, settings.health_timeout_s,
         settings.eject_after_failures, settings.readmit_after_successes, pairing, settings.worker_info_interval_s,
-        loop_lag, metrics.health_checks_discarded.inc,
+        loop_lag, metrics.health_checks_discarded.inc, after_round=kv_router.sync if kv_router else None,
     )  # fmt: skip
 
     @asynccontextmanager
@@ -222,6 +228,8 @@ def create_app(settings: ProxySettings) -> ProxyApp:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if kv_router is not None:
+                await kv_router.close()
             client.close()
             tracing.shutdown()
 

@@ -24,3 +24,8 @@ class ApiKeys:
         # Compare against every key in constant time, so timing leaks nothing.
         if not any(hmac.compare_digest(given, key) for key in self._keys):
             raise ProxyError(401, "Invalid API key.", code="invalid_api_key")
+
+
+def worker_auth_headers(worker_api_key: str | None) -> dict[str, str]:
+    """What the proxy sends workers: their own key (never a client's), or nothing."""
+    return {"Authorization": f"Bearer {worker_api_key}"} if worker_api_key else {}

@@ -30,8 +30,10 @@ import orjson
 
 from pdspec.settings import ProxySettings, port_range
 from proxy.asgi import Reply
+from proxy.auth import worker_auth_headers
 from proxy.errors import ProxyError, sse_error_event
 from proxy.fanout import choice_count, fan_out
+from proxy.kv_routing import KvRouter, RoutePlan
 from proxy.legs import decode_body, decode_only_reason, prefill_body, release_body
 from proxy.metrics import ProxyMetrics
 from proxy.pool import Lease, NoHealthyWorker, Worker, WorkerPool, affinity_key
@@ -82,15 +84,22 @@ def status_class(reason: str) -> str:
     return reason[:6] + "xx" if reason.startswith("http_") and len(reason) == 8 else reason
 
 
-def attempts(pool: WorkerPool, tries: int, affinity: str | None = None) -> Iterator[tuple[int, Worker]]:
+def attempts(
+    pool: WorkerPool, tries: int, affinity: str | None = None, cached: dict[str, int] | None = None,
+    first: Worker | None = None,
+) -> Iterator[tuple[int, Worker]]:  # fmt: skip
     """The workers a leg is tried on: up to `tries`, never the same one twice, picked by the
-    pool's policy when the attempt starts (so a retry sees health changes). Ends early
+    pool's policy when the attempt starts (so a retry sees health changes), the first one
+    `first` when it is still healthy (the decode worker a route plan chose). Ends early
     when no healthy worker is left to try; the caller stops once a try succeeds and pauses
     with `backoff` after a failure. A plain generator: left suspended, it is freed at once."""
     tried: set[str] = set()
     for attempt in range(tries):
         try:
-            worker = pool.pick(affinity_key=affinity, exclude=tried)
+            if attempt == 0 and first is not None and first in pool.healthy():
+                worker = first
+            else:
+                worker = pool.pick(affinity_key=affinity, exclude=tried, cached=cached)
         except NoHealthyWorker:
             return
         tried.add(worker.url)
@@ -110,6 +119,7 @@ class Prefilled:
     kv_transfer_params: dict[str, Any] | None  # None: decode-only fallback
     cached_tokens: int | None  # the prefill worker's prefix-cache hits
     decode_in_flight: bool = False  # a decode worker holds the request (it frees the KV if aborted)
+    worker_url: str | None = None  # the prefill worker (None: the decode worker prefills)
 
 
 class Disaggregator:
@@ -120,13 +130,15 @@ class Disaggregator:
         decode_pool: WorkerPool,
         metrics: ProxyMetrics,
         settings: ProxySettings,
+        kv_router: KvRouter | None = None,
     ) -> None:
         self.client = client
+        self.kv_router = kv_router  # cache-aware routing (proxy/kv_routing.py), when a setting asks for it
         self.prefill_pool = prefill_pool
         self.decode_pool = decode_pool
         self.metrics = metrics
         self.settings = settings
-        self.worker_headers = {"Authorization": f"Bearer {settings.worker_api_key}"} if settings.worker_api_key else {}
+        self.worker_headers = worker_auth_headers(settings.worker_api_key)
         # Children of the metrics every request touches, bound once (labels() costs a lock).
         self.prefill_seconds = metrics.leg_seconds.labels("prefill")
         self.decode_seconds = metrics.leg_seconds.labels("decode")
@@ -150,11 +162,22 @@ class Disaggregator:
         self, path: str, body: dict[str, Any], chat: bool, request_id: str, trace: NoTrace, decode_only: bool = False
     ) -> Reply:
         """One prefill and decode, or with `decode_only` the decode leg alone (no KV params:
-        the decode worker prefills, and there is no prefill KV to release)."""
+        the decode worker prefills, and there is no prefill KV to release). With cache-aware
+        routing the route is planned first: the decode worker, and whether it prefills
+        the prompt itself (conditional disaggregation)."""
+        plan = await self.kv_router.plan(body, chat) if self.kv_router is not None else None
+        if plan is not None and plan.local_prefill is not None and not decode_only:
+            self.metrics.local_prefills.labels(plan.local_prefill).inc()
+            decode_only = True
         try:
-            prefilled = Prefilled(None, None) if decode_only else await self._prefill(path, body, chat, request_id, trace)
+            prefilled = (
+                Prefilled(None, None) if decode_only else await self._prefill(path, body, chat, request_id, trace, plan)
+            )
             try:
-                return await self._decode(path, body, chat, prefilled, request_id, trace)
+                reply = await self._decode(path, body, chat, prefilled, request_id, trace, plan)
+                if self.settings.served_by_headers:
+                    reply.headers["X-Pdspec-Prefill-Worker"] = prefilled.worker_url or "local"
+                return reply
             except BaseException as exc:
                 # A decode worker that received the request frees the KV itself when
                 # it aborts or refuses it in its serving layer (vLLM's
@@ -169,13 +192,18 @@ class Disaggregator:
 
     # --- prefill ---------------------------------------------------------------------
 
-    async def _prefill(self, path: str, body: dict, chat: bool, request_id: str, trace: NoTrace) -> Prefilled:
+    async def _prefill(
+        self, path: str, body: dict, chat: bool, request_id: str, trace: NoTrace, plan: RoutePlan | None = None
+    ) -> Prefilled:
         policy = self.settings.prefill_failure_policy
         tries = 1 + (self.settings.prefill_retries if policy == "retry" else 0)
-        key = affinity_key(body) if self.prefill_pool.policy == "prefix_affinity" else None
+        key = affinity_key(body) if self.prefill_pool.policy in ("prefix_affinity", "kv_aware") else None
         leg = orjson.dumps(prefill_body(body, chat))
         failure: LegFailed | None = None
-        for attempt, worker in attempts(self.prefill_pool, tries, key):
+        cached = plan.prefill_cached if plan is not None else None
+        for attempt, worker in attempts(self.prefill_pool, tries, key, cached):
+            if self.kv_router is not None:
+                self.kv_router.routed(self.prefill_pool, worker, plan)
             span = trace.start("prefill", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
             try:
                 prefilled = await self._prefill_once(worker, path, leg, request_id, trace.headers(span))
@@ -224,7 +252,7 @@ class Disaggregator:
             # Without it the decode worker would silently recompute the prompt.
             raise LegFailed(502, "Prefill worker returned no kv_transfer_params; is it a kv_producer?", "no_kv_params")
         self._check_remote(params, worker)
-        return Prefilled(params, cached_tokens_of(reply))
+        return Prefilled(params, cached_tokens_of(reply), worker_url=worker.url)
 
     def _check_remote(self, params: dict, worker: Worker) -> None:
         """The decode worker will connect to (remote_host, remote_port) and pull KV from
@@ -309,7 +337,8 @@ class Disaggregator:
     # --- decode ----------------------------------------------------------------------
 
     async def _decode(
-        self, path: str, body: dict, chat: bool, prefilled: Prefilled, request_id: str, trace: NoTrace
+        self, path: str, body: dict, chat: bool, prefilled: Prefilled, request_id: str, trace: NoTrace,
+        plan: RoutePlan | None = None,
     ) -> Reply:
         headers = {"X-Request-Id": request_id}
         leg = orjson.dumps(decode_body(body, prefilled.kv_transfer_params))
@@ -318,7 +347,13 @@ class Disaggregator:
         handoff_started = time.perf_counter() if prefilled.kv_transfer_params else None
         failure: LegFailed | None = None
         tries = 1 + self.settings.decode_retries
-        for attempt, worker in attempts(self.decode_pool, tries):
+        cached, first = (plan.decode_cached, plan.decode_worker) if plan is not None else (None, None)
+        key = affinity_key(body) if self.decode_pool.policy == "kv_aware" else None
+        for attempt, worker in attempts(self.decode_pool, tries, key, cached, first):
+            if self.kv_router is not None:
+                self.kv_router.routed(self.decode_pool, worker, plan)
+            if self.settings.served_by_headers:
+                headers["X-Pdspec-Decode-Worker"] = worker.url
             span = trace.start("decode", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
             try:
                 resp, lease = await self._open_decode(worker, path, leg, request_id, trace.headers(span), prefilled)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from proxy.loop_lag import LoopLag
 from proxy.pairing import Pairing
@@ -35,6 +36,7 @@ class HealthChecker:
         info_interval_s: float = 30.0,
         loop_lag: LoopLag | None = None,
         on_discarded=lambda: None,
+        after_round: Callable[[], None] | None = None,
     ) -> None:
         self.client = client
         self.pools = pools
@@ -46,6 +48,7 @@ class HealthChecker:
         self.info_interval_s = info_interval_s
         self.loop_lag = loop_lag
         self.on_discarded = on_discarded
+        self.after_round = after_round  # sees each round's decisions (cache-aware routing's subscriptions)
 
     async def probe(self, worker: Worker) -> bool | None:
         """True: healthy; False: failed; None: timed out while the proxy's own event loop
@@ -120,14 +123,19 @@ class HealthChecker:
 
     async def check(self, pool: WorkerPool, worker: Worker) -> None:
         self.record(pool, worker, await self.probe(worker))
-        self.pairing.update(self.pools)
+        self._decided()
 
     async def check_all(self) -> None:
         checked = [(pool, w) for pool in self.pools for w in list(pool.workers)]
         results = await asyncio.gather(*(self.probe(w) for _, w in checked))
         for (pool, worker), ok in zip(checked, results):
             self.record(pool, worker, ok)
+        self._decided()
+
+    def _decided(self) -> None:
         self.pairing.update(self.pools)
+        if self.after_round is not None:
+            self.after_round()
 
     async def run(self) -> None:
         while True:

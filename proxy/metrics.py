@@ -12,6 +12,8 @@ PREFILL_OUTCOMES = ("ok", "retried_ok", "fallback", "error")
 DECODE_ONLY_REASONS = ("beam_search", "structured_output")
 # Why a client connection was refused (proxy/connections.py).
 REFUSAL_REASONS = ("header_too_large", "head_timeout", "body_timeout", "too_many_connections")
+# Why the decode worker prefilled a prompt itself (conditional disaggregation, proxy/kv_routing.py).
+LOCAL_PREFILL_REASONS = ("cached_on_decode", "short_prompt")
 
 
 @dataclass
@@ -33,6 +35,12 @@ class ProxyMetrics:
     decode_only: Counter
     loop_lag: Histogram
     health_checks_discarded: Counter
+    local_prefills: Counter
+    routing_decisions: Counter
+    predicted_hit_tokens: Counter
+    kv_events: Counter
+    kv_index_blocks: Gauge
+    kv_event_lag: Gauge
 
     @classmethod
     def create(cls) -> ProxyMetrics:
@@ -110,6 +118,34 @@ class ProxyMetrics:
                 "pdspec_proxy_health_checks_discarded", "Failed health checks not counted against a worker because "
                 "the proxy's own event loop was blocked while they ran.", registry=registry,
             ),
+            local_prefills=Counter(
+                "pdspec_proxy_local_prefills", "Requests the decode worker prefilled itself under conditional "
+                "disaggregation, by reason (cached_on_decode: it held all but a short part of the prompt; "
+                "short_prompt: the prompt is short and nothing of it was cached).", ["reason"], registry=registry,
+            ),
+            routing_decisions=Counter(
+                "pdspec_proxy_routing_decisions", "Cache-aware routing decisions by pool and reason (cache_hit: the "
+                "worker picked holds part of the prompt; no_cache_hit; no_token_ids: the prompt's ids could not be "
+                "read, routed by load).", ["pool", "reason"], registry=registry,
+            ),
+            predicted_hit_tokens=Counter(
+                "pdspec_proxy_predicted_hit_tokens", "Prompt tokens the proxy's index expected the worker it picked to "
+                "hold (compare with vllm:prefix_cache_hits_total).", ["pool", "worker"], registry=registry,
+            ),
+            kv_events=Counter(
+                "pdspec_proxy_kv_events", "The workers' KV events as the proxy's index took them, by kind: stored, "
+                "removed (blocks), cleared, orphans (parent never seen), skipped (other block size, LoRA, multimodal), "
+                "evicted (index bound), malformed_events, bad_messages, lost_batches, replays, restarts.",
+                ["kind"], registry=registry,
+            ),
+            kv_index_blocks=Gauge(
+                "pdspec_proxy_kv_index_blocks", "KV blocks the proxy's index holds per worker.", ["worker"],
+                registry=registry,
+            ),
+            kv_event_lag=Gauge(
+                "pdspec_proxy_kv_event_lag_seconds", "Age of the last KV event batch from each worker when it "
+                "arrived (publisher clock to proxy clock).", ["worker"], registry=registry,
+            ),
         )  # fmt: skip
         # Every outcome exported at 0 from the start: a counter's first scraped sample is
         # where its rate starts, so a series born at 3 (three fallbacks within one scrape
@@ -120,4 +156,6 @@ class ProxyMetrics:
             metrics.client_refusals.labels(reason)
         for reason in DECODE_ONLY_REASONS:
             metrics.decode_only.labels(reason)
+        for reason in LOCAL_PREFILL_REASONS:
+            metrics.local_prefills.labels(reason)
         return metrics

@@ -6,7 +6,13 @@ Prefill and decode workers are chosen independently. Policies:
   the true least-loaded worker, without herding every request onto one worker);
 - `prefix_affinity` (prefill only): rendezvous hashing of the prompt's first bytes, so
   requests sharing a prefix land on the worker whose prefix cache holds it; falls back
-  to least outstanding when that worker is much busier than the rest.
+  to least outstanding when that worker is much busier than the rest;
+- `kv_aware`: the worker whose prefix cache holds most of the prompt (the proxy's index
+  of the workers' KV events, proxy/kv_routing.py), each leg in flight on a worker
+  costing `load_tokens` cached tokens; ties go to the less loaded worker, then to the
+  prompt's rendezvous hash (so with nothing cached anywhere it is prefix affinity
+  among the least loaded). The same guard as prefix_affinity keeps a hot prefix from
+  piling onto one worker.
 Only healthy workers that the pairing check admitted are chosen (see `health.py` and
 `pairing.py`); membership can change at run time.
 """
@@ -86,6 +92,7 @@ class WorkerPool:
     name: str
     workers: list[Worker]
     policy: Policy = "round_robin"
+    load_tokens: int = 1024  # kv_aware: what one leg in flight costs, in cached prompt tokens
     _counter: itertools.count = field(default_factory=itertools.count, repr=False)
     _rng: random.Random = field(default_factory=lambda: random.Random(0), repr=False)
 
@@ -111,18 +118,31 @@ class WorkerPool:
             for url in urls
         ]
 
-    def pick(self, affinity_key: str | None = None, exclude: set[str] = frozenset()) -> Worker:
+    def pick(
+        self, affinity_key: str | None = None, exclude: set[str] = frozenset(), cached: dict[str, int] | None = None
+    ) -> Worker:
+        """`cached`: prompt tokens each worker holds (kv_aware; absent: none)."""
         candidates = self.healthy(exclude)
         if not candidates:
             raise NoHealthyWorker(self.name)
         if self.policy == "round_robin":
             return candidates[next(self._counter) % len(candidates)]
+        if self.policy == "kv_aware":
+            return self._kv_aware(candidates, cached or {}, affinity_key or "")
         least = self._power_of_two(candidates)
         if self.policy == "prefix_affinity" and affinity_key:
             preferred = max(candidates, key=lambda w: _rendezvous(affinity_key, w.url))
             if preferred.outstanding - least.outstanding < AFFINITY_MAX_EXTRA_LOAD:
                 return preferred
         return least
+
+    def _kv_aware(self, candidates: list[Worker], cached: dict[str, int], key: str) -> Worker:
+        def score(w: Worker) -> tuple:
+            return cached.get(w.url, 0) - self.load_tokens * w.outstanding, -w.outstanding, _rendezvous(key, w.url)
+
+        best = max(candidates, key=score)
+        least = min(candidates, key=lambda w: w.outstanding)
+        return best if best.outstanding - least.outstanding < AFFINITY_MAX_EXTRA_LOAD else least
 
     def _power_of_two(self, candidates: list[Worker]) -> Worker:
         if len(candidates) == 1:

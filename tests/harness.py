@@ -70,6 +70,8 @@ def start_stack(run_dir: Path, base_port: int, extra_args: list[str] = ()) -> St
         "--decode.port", str(decode_port),
         "--prefill.side_channel_port", str(base_port + 300),
         "--decode.side_channel_port", str(base_port + 400),
+        "--prefill.kv_events_port", str(base_port + 500),
+        "--decode.kv_events_port", str(base_port + 600),
         *extra_args,
     ]  # fmt: skip
     process = subprocess.Popen(
@@ -131,6 +133,9 @@ def start_worker(role: str, run_dir: Path, port: int, side_channel_port: int = 5
     from pdspec.worker.launch import launch_spec, prepare_run_dir
 
     prepare_run_dir(role, run_dir)
+    # KV-event ports apart from every other worker's: tests start workers on consecutive
+    # side-channel ports, so the replay port is 100 up rather than the next one.
+    worker = {"kv_events_port": side_channel_port + 1000, "kv_events_replay_offset": 100, **worker}
     settings = WorkerSettings(port=port, side_channel_port=side_channel_port, **worker)
     spec = launch_spec(role, ModelSettings(models_dir=models_dir()), settings, run_dir)
     log_path = run_dir / f"{role}-{port}.log"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pdspec.contract import KV_EVENTS_TOPIC
 from pdspec.settings import ModelSettings, WorkerSettings
 from pdspec.worker.engine.control import (
     DP_IDLE_RANK_VOTE_ENV,
@@ -99,6 +100,20 @@ def kv_transfer_config(role: Literal["prefill", "decode"], worker: WorkerSetting
 SERVER_OPTIONS = ("served_model_name", "host", "port", "enable_prompt_tokens_details")
 
 
+def kv_events_config(worker: WorkerSettings) -> dict:
+    """vLLM's KV-cache events for the proxy's cache-aware routing: a ZMQ publisher and its
+    replay endpoint (the last batches, for a subscriber that joins late or lost some),
+    bound on every address of the worker's host. The proxy learns the ports from
+    pdspec_worker_info."""
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{worker.kv_events_port}",
+        "replay_endpoint": f"tcp://*:{worker.kv_events_port + worker.kv_events_replay_offset}",
+        "topic": KV_EVENTS_TOPIC,
+    }
+
+
 def engine_options(role: Role, model: ModelSettings, worker: WorkerSettings, cpu: bool) -> dict[str, Any]:
     """The vLLM options of a worker, by vLLM's own names (EngineArgs fields and the OpenAI
     server's), in command-line order. The server's command line is made from them
@@ -121,6 +136,8 @@ def engine_options(role: Role, model: ModelSettings, worker: WorkerSettings, cpu
         options["dtype"] = dtype
     if role != "colocated":
         options["kv_transfer_config"] = kv_transfer_config(role, worker, cpu)
+        if worker.kv_events:
+            options["kv_events_config"] = kv_events_config(worker)
     spec = speculative_config(model, drafter)
     if spec is not None:
         options["speculative_config"] = spec

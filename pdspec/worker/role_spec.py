@@ -13,6 +13,7 @@ class RoleSpec:
     kv_role: str  # NixlConnector's role: kv_producer or kv_consumer
     port: int  # default HTTP port in `pdspec up`
     side_channel_port: int  # default NIXL side-channel port
+    kv_events_port: int  # default port of its KV-event publisher (the replay port is the next one up)
     cpu_core: str  # default VLLM_CPU_OMP_THREADS_BIND on the CPU build
     features: tuple[str, ...]  # engine features the role has (pdspec/worker/engine/features.py)
     # Engine hooks the vLLM plugin installs in every process of the role, by module of

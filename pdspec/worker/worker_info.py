@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from pdspec.contract import WORKER_INFO_METRIC
+from pdspec.contract import KV_EVENTS_LABELS, WORKER_INFO_METRIC
 
 log = logging.getLogger("pdspec.worker_info")
 
@@ -34,6 +34,7 @@ METRIC = WORKER_INFO_METRIC
 HELP = "1 per worker; labels: its role and the config its engine runs with."
 LABELS = (
     "role", "model", "drafter", "method", "num_speculative_tokens", "block_size", "vllm_version", "drafts_policy",
+    *KV_EVENTS_LABELS,
 )  # fmt: skip
 # `gauge_<mode>_<id>.db` is how prometheus-client's collector learns a gauge's mode.
 INFO_FILE = "gauge_mostrecent_pdspecinfo.db"
@@ -54,13 +55,22 @@ def labels_from_config(vllm_config: Any, role: str, drafts_policy: str) -> dict[
         "block_size": str(vllm_config.cache_config.block_size),
         "vllm_version": vllm.__version__,
         "drafts_policy": drafts_policy,
+        **kv_events_labels(getattr(vllm_config, "kv_events_config", None)),
     }
+
+
+def kv_events_labels(config: Any) -> dict[str, str]:
+    """Where the engine publishes its KV-cache events, as configured (`tcp://*:5650`: the
+    proxy reads the worker's own host for `*`); empty strings when it does not."""
+    on = config is not None and getattr(config, "enable_kv_cache_events", False) and config.publisher == "zmq"
+    values = (config.endpoint, config.replay_endpoint or "", config.topic) if on else ("", "", "")
+    return dict(zip(KV_EVENTS_LABELS, values))
 
 
 def publish(directory: Path, labels: dict[str, str]) -> None:
     """Replace the worker's info series (atomically: a scrape sees the old or the new)."""
     names = list(LABELS)
-    key = mmap_key(METRIC, METRIC, names, [labels[name] for name in names], HELP)
+    key = mmap_key(METRIC, METRIC, names, [labels.get(name, "") for name in names], HELP)
     # Not *.db, and one per process: the collector never reads a half-written file, and
     # two writers (several engine-core ranks, `pdspec drafts`) never share one.
     tmp = directory / f"pdspec-worker-info.{os.getpid()}.tmp"

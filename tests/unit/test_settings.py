@@ -68,3 +68,11 @@ def test_every_proxy_setting_is_described():
     from pdspec.settings import ProxySettings
 
     assert [name for name, field in ProxySettings.model_fields.items() if not field.description] == []
+
+
+def test_role_commands_default_to_their_roles_ports():
+    from pdspec.settings import DecodeCommand, PrefillCommand
+
+    prefill, decode = CliApp.run(PrefillCommand, cli_args=[]), CliApp.run(DecodeCommand, cli_args=[])
+    assert (prefill.worker.port, prefill.worker.side_channel_port, prefill.worker.kv_events_port) == (8100, 5600, 5650)
+    assert (decode.worker.port, decode.worker.side_channel_port, decode.worker.kv_events_port) == (8200, 5700, 5750)

@@ -16,6 +16,7 @@ from proxy.worker_info import PAIRING_FIELDS, parse_worker_info
 LABELS = {
     "role": "prefill", "model": "/m/target", "drafter": "/m/eagle3", "method": "eagle3",
     "num_speculative_tokens": "3", "block_size": "128", "vllm_version": "0.32.0", "drafts_policy": "auto",
+    "kv_events_endpoint": "tcp://*:5650", "kv_events_replay_endpoint": "tcp://*:5651", "kv_events_topic": "kv",
 }  # fmt: skip
 
 
@@ -76,6 +77,20 @@ def test_no_drafter_reads_as_method_none():
     )
     labels = worker_info.labels_from_config(config, "decode", "auto")
     assert (labels["method"], labels["drafter"], labels["num_speculative_tokens"]) == ("none", "", "0")
+    assert labels["kv_events_endpoint"] == labels["kv_events_replay_endpoint"] == ""  # no KV events config
+
+
+def test_kv_event_labels_follow_the_engine_config():
+    from vllm.config import KVEventsConfig
+
+    from pdspec.settings import PrefillWorkerSettings
+    from pdspec.worker.launch import kv_events_config
+
+    config = KVEventsConfig(**kv_events_config(PrefillWorkerSettings()))
+    assert worker_info.kv_events_labels(config) == {
+        "kv_events_endpoint": "tcp://*:5650", "kv_events_replay_endpoint": "tcp://*:5651", "kv_events_topic": "kv",
+    }  # fmt: skip
+    assert set(worker_info.kv_events_labels(KVEventsConfig()).values()) == {""}  # events off
 
 
 def test_pdspec_drafts_rewrites_a_running_workers_info(tmp_path):
