@@ -243,8 +243,8 @@ class ProxySettings(BaseModel):
     )
     max_inflight: int = Field(256, ge=1, description="Client requests served at once; more wait in the queue.")
     max_queue: int = Field(1024, ge=0, description="Requests waiting for a slot; beyond it, 429 with Retry-After.")
-    queue_timeout_s: float = Field(10.0, description="Longest wait in the queue; then 429.")
-    retry_after_s: int = Field(1, description="Retry-After of a 429.")
+    queue_timeout_s: float = Field(10.0, description="Longest wait in the queue; then 503.")
+    retry_after_s: int = Field(1, description="Retry-After of a 429 or 503.")
     max_body_bytes: int = Field(4 * 1024 * 1024, description="Largest request body; beyond it, 413.")
     # Client connections (proxy/connections.py): a head or a connection that would hold
     # the event loop or memory is refused before any of it reaches the app.

@@ -18,9 +18,11 @@ class ApiKeys:
     def check(self, authorization: str | None) -> None:
         if not self.enabled:
             return
-        if not authorization or not authorization.startswith("Bearer "):
+        # The scheme is case-insensitive (RFC 9110, 11.1), as vLLM's own key check takes it.
+        scheme, space, given_key = (authorization or "").partition(" ")
+        if not space or scheme.lower() != "bearer":
             raise ProxyError(401, "Missing API key: send 'Authorization: Bearer <key>'.", code="invalid_api_key")
-        given = authorization[len("Bearer ") :].strip().encode()
+        given = given_key.strip().encode()
         # Compare against every key in constant time, so timing leaks nothing.
         if not any(hmac.compare_digest(given, key) for key in self._keys):
             raise ProxyError(401, "Invalid API key.", code="invalid_api_key")
