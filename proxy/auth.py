@@ -23,7 +23,7 @@ class ApiKeys:
         if not space or scheme.lower() != "bearer":
             raise ProxyError(401, "Missing API key: send 'Authorization: Bearer <key>'.", code="invalid_api_key")
         given = given_key.strip().encode()
-        # Compare against every key in constant time, so timing leaks nothing.
+        # Compare against every key in constant time: timing tells nothing of a key's bytes.
         if not any(hmac.compare_digest(given, key) for key in self._keys):
             raise ProxyError(401, "Invalid API key.", code="invalid_api_key")
 

@@ -24,6 +24,8 @@ from proxy.kv_events import END_OF_REPLAY, Batch, BadMessage, EventStream, decod
 
 log = logging.getLogger("pdspec.proxy.kv_events")
 
+CATCH_UP_AFTER_MS = 500
+
 
 @dataclass(frozen=True)
 class EventSource:
@@ -84,6 +86,12 @@ class Subscriber:
         sub.connect(self.source.endpoint)
         try:
             await self._replay(context, 0)
+            # A SUB socket's subscription reaches the publisher a moment after connect():
+            # batches published meanwhile are lost to it, and an idle engine would not
+            # publish the next one that reveals the gap. So, if nothing came live by
+            # then, one catch-up replay once the subscription has surely arrived.
+            if not await sub.poll(CATCH_UP_AFTER_MS):
+                await self._replay(context, 0 if self.stream.last_seq is None else self.stream.last_seq + 1)
             while True:
                 self._take(context, await sub.recv_multipart(), live=True)
                 await self._pending_replay(context)

@@ -63,4 +63,7 @@ class Membership:
             return
         while True:
             await asyncio.sleep(self.refresh_s)
-            await self.refresh()
+            try:
+                await self.refresh()
+            except Exception:  # noqa: BLE001 (one bad round must not end re-resolution for good)
+                log.exception("membership refresh failed; the pools stay as they were")

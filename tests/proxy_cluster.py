@@ -38,3 +38,27 @@ def sample(metrics: str, name: str) -> float | None:
         if line.startswith(name + " "):
             return float(line.split()[-1])
     return None
+
+
+class Fleet:
+    """`prefill` prefill and `decode` decode stand-ins, each exporting `worker_info`, behind
+    a real proxy with `settings`."""
+
+    def __init__(self, prefill: int, decode: int, worker_info: dict | None = None, **settings):
+        self.prefills = [StandinBehaviour(worker_info=worker_info) for _ in range(prefill)]
+        self.decodes = [StandinBehaviour(worker_info=worker_info) for _ in range(decode)]
+        self.settings = settings
+
+    def __enter__(self):
+        self.servers = [ThreadServer(create_standin(b)).__enter__() for b in self.prefills + self.decodes]
+        urls = [s.url for s in self.servers]
+        n = len(self.prefills)
+        self.app = create_app(ProxySettings(prefill_urls=urls[:n], decode_urls=urls[n:], **self.settings))
+        self.proxy = ThreadServer(self.app).__enter__()
+        self.url = self.proxy.url
+        return self
+
+    def __exit__(self, *exc):
+        self.proxy.__exit__(*exc)
+        for server in self.servers:
+            server.__exit__(*exc)

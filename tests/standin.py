@@ -40,6 +40,8 @@ class StandinBehaviour:
     cancelled: int = 0  # legs whose client went away while they waited
     received: list[dict] = field(default_factory=list)
     headers: list[dict] = field(default_factory=list)
+    tokenize_status: int = 200
+    tokenized: list[dict] = field(default_factory=list)  # /tokenize requests
 
 
 def create_standin(behaviour: StandinBehaviour) -> FastAPI:
@@ -100,6 +102,16 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         return await handle(request, chat=True)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        # Like vLLM's, for routing: a prompt's bytes (or a chat's JSON) as its token ids.
+        body = await request.json()
+        behaviour.tokenized.append(body)
+        text = body["prompt"] if "prompt" in body else json.dumps(body["messages"])
+        tokens = list(text.encode())
+        return JSONResponse({"count": len(tokens), "max_model_len": 4096, "tokens": tokens},
+                            status_code=behaviour.tokenize_status)  # fmt: skip
 
     @app.get("/v1/models")
     async def models():

@@ -103,7 +103,8 @@ SERVER_OPTIONS = ("served_model_name", "host", "port", "enable_prompt_tokens_det
 def kv_events_config(worker: WorkerSettings) -> dict:
     """vLLM's KV-cache events for the proxy's cache-aware routing: a ZMQ publisher and its
     replay endpoint (the last batches, for a subscriber that joins late or lost some),
-    bound on every address of the worker's host. The proxy learns the ports from
+    bound on every address of the worker's host (`tcp://*`: with a host in the address
+    vLLM's publisher would connect instead of bind). The proxy learns the ports from
     pdspec_worker_info."""
     return {
         "enable_kv_cache_events": True,

@@ -1,0 +1,118 @@
+"""Cache-aware routing against stand-in workers: the kv_aware policies keep a prompt's
+prefix on the workers that hold it, conditional disaggregation lets the decode worker
+prefill what it (nearly) holds, and a prompt whose token ids cannot be read is routed
+by load. The stand-ins publish no KV events, so the index knows only the proxy's own
+routing notes (kv_routed_ttl_s); the events themselves are tested in test_kv_subscriber.py
+and with real workers in tests/e2e/test_kv_routing.py."""
+
+import httpx
+import pytest
+
+from proxy.pool import Worker, WorkerPool
+from tests.proxy_cluster import Fleet, sample
+from tests.standin import StandinBehaviour
+
+INFO = {"role": "x", "model": "/m/t", "drafter": "/m/eagle3", "method": "eagle3", "num_speculative_tokens": "3",
+        "block_size": "4", "vllm_version": "0.32.0", "drafts_policy": "auto"}  # fmt: skip
+KV_AWARE = {"prefill_policy": "kv_aware", "decode_policy": "kv_aware", "kv_routed_ttl_s": 600,
+            "health_interval_s": 0.05}  # fmt: skip
+LONG = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n" * 3
+
+
+def prefill_legs(b: StandinBehaviour) -> int:
+    return sum(1 for body in b.received if (body.get("kv_transfer_params") or {}).get("do_remote_decode"))
+
+
+def decode_legs(b: StandinBehaviour) -> list[dict]:
+    return [body for body in b.received if not (body.get("kv_transfer_params") or {}).get("do_remote_decode")]
+
+
+def complete(fleet: Fleet, prompt: str) -> httpx.Response:
+    response = httpx.post(fleet.url + "/v1/completions", json={"model": "m", "prompt": prompt, "max_tokens": 3})
+    assert response.status_code == 200, response.text
+    return response
+
+
+def metric(fleet: Fleet, name: str) -> float | None:
+    return sample(httpx.get(fleet.url + "/metrics").text, name)
+
+
+def test_a_shared_prefix_stays_on_the_workers_that_hold_it():
+    with Fleet(2, 2, INFO, **KV_AWARE) as fleet:
+        complete(fleet, LONG)
+        first_p = [prefill_legs(b) for b in fleet.prefills]
+        first_d = [len(decode_legs(b)) for b in fleet.decodes]
+        for question in ("# what does it print?", "# is it fast?", "# rewrite it"):
+            complete(fleet, LONG + question)
+        # Every later request went where the first one did.
+        assert [prefill_legs(b) for b in fleet.prefills] == [4 * n for n in first_p]
+        assert [len(decode_legs(b)) for b in fleet.decodes] == [4 * n for n in first_d]
+        assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="prefill",reason="cache_hit"}') == 3
+
+
+def test_conditional_disaggregation_prefills_on_the_decode_worker_that_holds_the_prompt():
+    settings = {**KV_AWARE, "disaggregation": "conditional", "local_prefill_max_tokens": 64,
+                "served_by_headers": True}  # fmt: skip
+    with Fleet(1, 1, INFO, **settings) as fleet:
+        first = complete(fleet, LONG)
+        assert prefill_legs(fleet.prefills[0]) == 1
+        assert first.headers["x-pdspec-prefill-worker"] == fleet.servers[0].url
+        follow_up = complete(fleet, LONG + "# next turn")  # 11 new tokens: under 64
+        assert prefill_legs(fleet.prefills[0]) == 1  # no second prefill leg
+        assert decode_legs(fleet.decodes[0])[-1].get("kv_transfer_params") is None  # the decode worker prefills
+        assert follow_up.headers["x-pdspec-prefill-worker"] == "local"
+        assert follow_up.headers["x-pdspec-decode-worker"] == fleet.servers[1].url
+        assert metric(fleet, 'pdspec_proxy_local_prefills_total{reason="cached_on_decode"}') == 1
+        complete(fleet, "x = 1")  # short and never seen
+        assert prefill_legs(fleet.prefills[0]) == 1
+        assert metric(fleet, 'pdspec_proxy_local_prefills_total{reason="short_prompt"}') == 1
+        complete(fleet, "y = 2\n" * 30)  # long and never seen: disaggregated
+        assert prefill_legs(fleet.prefills[0]) == 2
+
+
+def test_a_prompt_without_token_ids_is_routed_by_load_and_served():
+    with Fleet(2, 1, INFO, **{**KV_AWARE, "disaggregation": "conditional"}) as fleet:
+        fleet.decodes[0].tokenize_status = 500
+        complete(fleet, LONG)
+        assert sum(prefill_legs(b) for b in fleet.prefills) == 1  # always disaggregated without ids
+        assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="any",reason="no_token_ids"}') == 1
+
+
+def test_token_id_prompts_need_no_tokenize_call():
+    with Fleet(1, 1, INFO, **KV_AWARE) as fleet:
+        response = httpx.post(fleet.url + "/v1/completions", json={"model": "m", "prompt": list(range(40)),
+                                                                   "max_tokens": 2})  # fmt: skip
+        assert response.status_code == 200
+        assert fleet.decodes[0].tokenized == []
+
+
+def test_served_by_headers_are_off_by_default():
+    with Fleet(1, 1, INFO, **KV_AWARE) as fleet:
+        response = complete(fleet, LONG)
+        assert "x-pdspec-prefill-worker" not in response.headers
+        assert "x-pdspec-decode-worker" not in response.headers
+
+
+def pool(*outstanding: int) -> WorkerPool:
+    workers = [Worker(f"http://w{i}") for i in range(len(outstanding))]
+    for worker, n in zip(workers, outstanding):
+        worker.outstanding = n
+    return WorkerPool("prefill", workers, "kv_aware", load_tokens=100)
+
+
+@pytest.mark.parametrize("outstanding, cached, expected", [
+    ((0, 0, 0), {"http://w1": 400}, {1}),  # most cached
+    ((0, 3, 0), {"http://w1": 400}, {1}),  # 400 cached beats 3 legs at 100 each
+    ((0, 5, 0), {"http://w1": 400}, {0, 2}),  # not 5 legs: an idle one, by the prompt's hash
+    ((2, 2, 0), {}, {2}),  # nothing cached: the least loaded
+    ((0, 8, 0), {"http://w1": 10_000}, {0}),  # the load guard: 4 more in flight than the least loaded
+])  # fmt: skip
+def test_kv_aware_weighs_cache_against_load(outstanding, cached, expected):
+    assert pool(*outstanding).pick(affinity_key="k", cached=cached).url in {f"http://w{i}" for i in expected}
+
+
+def test_kv_aware_ties_go_to_the_prompts_rendezvous_hash():
+    picks = {pool(0, 0, 0).pick(affinity_key=f"prompt {i}", cached={}).url for i in range(30)}
+    assert len(picks) == 3  # spread over the workers by prompt
+    assert {pool(0, 0, 0).pick(affinity_key="same", cached={}).url for _ in range(5)} == \
+        {pool(0, 0, 0).pick(affinity_key="same").url}  # fmt: skip
