@@ -74,14 +74,18 @@ def _drafts(cmd: s.DraftsCommand) -> int:
     from pdspec.worker.launch import drafts_file, prometheus_dir
     from pdspec.worker.worker_info import follow_policy
 
-    path = drafts_file(cmd.run_dir, cmd.role)
-    if not path.parent.is_dir():
+    # Every worker of the role `pdspec up` started (replica i > 0 has its own run dir).
+    run_dirs = [cmd.run_dir, *sorted((cmd.run_dir / "replicas").glob(f"{cmd.role}-*"))]
+    run_dirs = [run_dir for run_dir in run_dirs if drafts_file(run_dir, cmd.role).parent.is_dir()]
+    if not run_dirs:
         print(f"pdspec drafts: no {cmd.role} worker has run in {cmd.run_dir}", file=sys.stderr)
         return 1
-    write_policy(path, cmd.policy)
-    # The worker's pdspec_worker_info follows at once, even while its engine is idle.
-    follow_policy(prometheus_dir(cmd.run_dir, cmd.role), cmd.policy)
-    print(f"{cmd.role} worker: drafts={cmd.policy} from its next engine step")
+    for run_dir in run_dirs:
+        write_policy(drafts_file(run_dir, cmd.role), cmd.policy)
+        # The worker's pdspec_worker_info follows at once, even while its engine is idle.
+        follow_policy(prometheus_dir(run_dir, cmd.role), cmd.policy)
+    workers = f"{len(run_dirs)} {cmd.role} workers" if len(run_dirs) > 1 else f"{cmd.role} worker"
+    print(f"{workers}: drafts={cmd.policy} from the next engine step")
     return 0
 
 

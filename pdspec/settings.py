@@ -139,6 +139,11 @@ class WorkerSettings(BaseModel):
         None, description="VLLM_CPU_OMP_THREADS_BIND on CPU builds (e.g. '0' or '0-3')."
     )
     extra_vllm_args: list[str] = Field(default_factory=list, description="Passed to vLLM as is.")
+    replicas: int = Field(
+        1, ge=1, le=16, description="`pdspec up`: workers of this role (xPyD). Replica i listens on port + i, "
+        "side_channel_port + 4i and kv_events_port + 2i; cpu_omp_threads_bind and cuda_visible_devices are split "
+        "among the replicas when they list enough cores or GPUs.",
+    )
     test_hooks: bool = Field(
         False,
         description="Tests only: a prefill worker skips writing drafter KV while "

@@ -1,4 +1,7 @@
-"""`pdspec up`: start a prefill worker, a decode worker and the proxy; stop them all.
+"""`pdspec up`: start the prefill workers, the decode workers and the proxy; stop them all.
+
+One worker of each role by default; `--prefill.replicas N --decode.replicas M` starts an
+xPyD fleet on one host (`replica_settings`: consecutive ports, cores or GPUs split).
 
 Each child runs in its own process group (vLLM starts an engine-core process and
 workers under it), so stopping a child means signalling its group, by the PID we got
@@ -18,7 +21,7 @@ from typing import IO
 
 import httpx
 
-from pdspec.settings import ProxySettings, UpCommand
+from pdspec.settings import ProxySettings, UpCommand, WorkerSettings
 
 STOP_GRACE_S = 20.0
 
@@ -97,18 +100,22 @@ def plan_children(settings: UpCommand) -> list[Child]:
     else:
         roles = (("prefill", settings.prefill), ("decode", settings.decode))
     children = []
-    for role, worker in roles:
-        prepare_run_dir(role, settings.run_dir)
-        spec = launch_spec(role, settings.model, worker, settings.run_dir)
-        children.append(
-            Child(
-                name=f"{role} worker",
-                argv=spec.argv,
-                env=spec.env,
-                health_url=f"http://{worker.host}:{worker.port}/health",
-                log_path=settings.run_dir / "logs" / f"{role}.log",
+    for role, base in roles:
+        replicas = replica_settings(base) if role != "colocated" else [base]
+        for index, worker in enumerate(replicas):
+            name = role if len(replicas) == 1 else f"{role}-{index}"
+            run_dir = replica_run_dir(settings.run_dir, role, index)
+            prepare_run_dir(role, run_dir)
+            spec = launch_spec(role, settings.model, worker, run_dir)
+            children.append(
+                Child(
+                    name=f"{name} worker",
+                    argv=spec.argv,
+                    env=spec.env,
+                    health_url=f"http://{worker.host}:{worker.port}/health",
+                    log_path=settings.run_dir / "logs" / f"{name}.log",
+                )
             )
-        )
     if settings.layout == "colocated":
         return children  # clients talk to the one server itself
     proxy = proxy_settings_for(settings)
@@ -125,13 +132,67 @@ def plan_children(settings: UpCommand) -> list[Child]:
     return children
 
 
+def replica_settings(base: WorkerSettings) -> list[WorkerSettings]:
+    """The settings of each replica of a role: replica i on port + i, side_channel_port
+    + 4i (NIXL adds the rank to it) and kv_events_port + 2i (the replay port is next);
+    the role's cores and GPUs split evenly when there are enough for each replica, else
+    shared."""
+    n = base.replicas
+    cores = _split(_expand(base.cpu_omp_threads_bind), n, "-")
+    gpus = _split((base.cuda_visible_devices or "").split(",") if base.cuda_visible_devices else [], n, ",")
+    return [
+        base.model_copy(update={
+            "replicas": 1,
+            "port": base.port + i,
+            "side_channel_port": base.side_channel_port + 4 * i,
+            "kv_events_port": base.kv_events_port + 2 * i,
+            "cpu_omp_threads_bind": cores[i] if cores else base.cpu_omp_threads_bind,
+            "cuda_visible_devices": gpus[i] if gpus else base.cuda_visible_devices,
+        })
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def replica_run_dir(run_dir: Path, role: str, index: int) -> Path:
+    """Replica 0 keeps the role's own place (so `pdspec drafts` finds a 1P1D worker as
+    before); replica i > 0 gets `<run_dir>/replicas/<role>-<i>`."""
+    return run_dir if index == 0 else run_dir / "replicas" / f"{role}-{index}"
+
+
+def _expand(spec: str | None) -> list[str]:
+    """'0-3' or '0,2,4' as a list of core numbers; [] for none or a form not split here."""
+    if not spec or "|" in spec:
+        return []
+    cores: list[str] = []
+    for part in spec.split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            return []
+        cores += [str(c) for c in range(int(low), int(high or low) + 1)]
+    return cores
+
+
+def _split(items: list[str], n: int, joiner: str) -> list[str]:
+    """`items` in n even consecutive groups (as VLLM_CPU_OMP_THREADS_BIND or
+    CUDA_VISIBLE_DEVICES values), or [] when there are fewer items than groups."""
+    if n == 1 or len(items) < n:
+        return []
+    size = len(items) // n
+    groups = [items[i * size : (i + 1) * size] for i in range(n)]
+    if joiner == "-":
+        return [f"{g[0]}-{g[-1]}" if len(g) > 1 else g[0] for g in groups]
+    return [joiner.join(g) for g in groups]
+
+
 def proxy_settings_for(settings: UpCommand) -> ProxySettings:
     """The proxy `up` starts talks to the workers `up` starts."""
+    prefills, decodes = replica_settings(settings.prefill), replica_settings(settings.decode)
+    first, last = prefills[0].side_channel_port, prefills[-1].side_channel_port
     return settings.proxy.model_copy(
         update={
-            "prefill_urls": [f"http://{settings.prefill.host}:{settings.prefill.port}"],
-            "decode_urls": [f"http://{settings.decode.host}:{settings.decode.port}"],
-            "kv_source_ports": [*settings.proxy.kv_source_ports, str(settings.prefill.side_channel_port)],
+            "prefill_urls": [f"http://{w.host}:{w.port}" for w in prefills],
+            "decode_urls": [f"http://{w.host}:{w.port}" for w in decodes],
+            "kv_source_ports": [*settings.proxy.kv_source_ports, str(first) if first == last else f"{first}-{last}"],
         }
     )
 

@@ -133,9 +133,9 @@ def start_worker(role: str, run_dir: Path, port: int, side_channel_port: int = 5
     from pdspec.worker.launch import launch_spec, prepare_run_dir
 
     prepare_run_dir(role, run_dir)
-    # KV-event ports apart from every other worker's: tests start workers on consecutive
-    # side-channel ports, so the replay port is 100 up rather than the next one.
-    worker = {"kv_events_port": side_channel_port + 1000, "kv_events_replay_offset": 100, **worker}
+    # KV-event ports apart from every other worker's: tests start a role's workers on
+    # consecutive side-channel ports and the roles 100 apart, so the replay port is 50 up.
+    worker = {"kv_events_port": side_channel_port + 1000, "kv_events_replay_offset": 50, **worker}
     settings = WorkerSettings(port=port, side_channel_port=side_channel_port, **worker)
     spec = launch_spec(role, ModelSettings(models_dir=models_dir()), settings, run_dir)
     log_path = run_dir / f"{role}-{port}.log"
