@@ -14,6 +14,9 @@ DECODE_ONLY_REASONS = ("beam_search", "structured_output")
 REFUSAL_REASONS = ("header_too_large", "head_timeout", "body_timeout", "too_many_connections")
 # Why the decode worker prefilled a prompt itself (conditional disaggregation, proxy/kv_routing.py).
 LOCAL_PREFILL_REASONS = ("cached_on_decode", "short_prompt")
+# What the cache index did with the workers' KV events (proxy/kv_index.py, kv_subscriber.py).
+KV_EVENT_KINDS = ("stored", "removed", "cleared", "orphans", "skipped", "evicted", "malformed_events", "bad_messages",
+                  "lost_batches", "replays", "restarts")  # fmt: skip
 
 
 @dataclass
@@ -158,4 +161,6 @@ class ProxyMetrics:
             metrics.decode_only.labels(reason)
         for reason in LOCAL_PREFILL_REASONS:
             metrics.local_prefills.labels(reason)
+        for kind in KV_EVENT_KINDS:
+            metrics.kv_events.labels(kind)
         return metrics

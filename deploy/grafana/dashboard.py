@@ -233,6 +233,27 @@ def build() -> dict:
           "reaches each target.",
           [("sum by (instance, pool) (pdspec_proxy_healthy_workers)", "{{instance}} healthy {{pool}}"),
            ('up{job=~"pdspec-.*"}', "up {{job}} {{instance}}")])
+    p.row("Cache-aware routing")
+    p.add("timeseries", "Predicted against real prefix-cache hits",
+          "Prompt tokens the proxy's index expected the worker it picked to hold, against the tokens vLLM's "
+          "prefix cache really hit on that worker. A wide gap: a stale index (lost events) or another block size.",
+          [(f"sum by (worker) (rate(pdspec_proxy_predicted_hit_tokens_total[{RATE}]))", "predicted {{worker}}"),
+           (by_role(f"sum by (instance) (rate(vllm:prefix_cache_hits_total[{RATE}]))"), "vLLM {{role}} {{instance}}")],
+          unit="short")
+    p.add("timeseries", "Routing decisions and local prefills",
+          "kv_aware picks that found part of the prompt cached (cache_hit) or not, prompts routed without token "
+          "ids, and requests the decode worker prefilled itself (conditional disaggregation).",
+          [(f"sum by (pool, reason) (rate(pdspec_proxy_routing_decisions_total[{RATE}]))", "{{pool}} {{reason}}"),
+           (f"sum by (reason) (rate(pdspec_proxy_local_prefills_total[{RATE}]))", "local prefill {{reason}}")],
+          unit="reqps")
+    p.add("timeseries", "KV index: blocks, event lag, event problems",
+          "Blocks the proxy's index holds per worker; how old each worker's last event batch was on arrival; "
+          "events the index could not use (orphans, malformed, lost batches, restarts).",
+          [("sum by (worker) (pdspec_proxy_kv_index_blocks)", "blocks {{worker}}"),
+           ("max by (worker) (pdspec_proxy_kv_event_lag_seconds)", "lag s {{worker}}"),
+           (f'sum by (kind) (increase(pdspec_proxy_kv_events_total{{kind=~"orphans|malformed_events|bad_messages|'
+            f'lost_batches|restarts"}}[{RATE}]))', "{{kind}}")])
+
     p.add("table", "Workers",
           "pdspec_worker_info of each worker: role, model, drafter, method, K, block size, vLLM version, "
           "drafts policy. Prefill and decode of one model must agree on all but K.",

@@ -25,6 +25,7 @@ class Query:
     legend: str = ""
     panel_type: str = ""
     unit: str = ""
+    row: str = ""  # the dashboard row a panel sits in
 
 
 def load_dashboard(path: Path = DASHBOARD) -> dict:
@@ -33,11 +34,14 @@ def load_dashboard(path: Path = DASHBOARD) -> dict:
 
 def panel_queries(dashboard: dict) -> list[Query]:
     queries = []
+    row = ""
     for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            row = panel["title"]
         for target in panel.get("targets", []):
             queries.append(Query(
                 "panel", f"{panel['title']} [{target['refId']}]", target["expr"], target.get("legendFormat", ""),
-                panel["type"], panel.get("fieldConfig", {}).get("defaults", {}).get("unit", ""),
+                panel["type"], panel.get("fieldConfig", {}).get("defaults", {}).get("unit", ""), row,
             ))  # fmt: skip
     return queries
 

@@ -116,3 +116,12 @@ def test_kv_aware_ties_go_to_the_prompts_rendezvous_hash():
     assert len(picks) == 3  # spread over the workers by prompt
     assert {pool(0, 0, 0).pick(affinity_key="same", cached={}).url for _ in range(5)} == \
         {pool(0, 0, 0).pick(affinity_key="same").url}  # fmt: skip
+
+
+def test_every_count_the_router_exports_is_a_declared_kind():
+    from proxy.kv_index import IndexCounts
+    from proxy.kv_subscriber import SubscriberCounts
+    from proxy.metrics import KV_EVENT_KINDS
+
+    exported = set(vars(IndexCounts())) | (set(vars(SubscriberCounts())) - {"batches"})
+    assert exported == set(KV_EVENT_KINDS)

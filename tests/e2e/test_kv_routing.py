@@ -1,0 +1,126 @@
+"""Cache-aware routing with real workers (2 prefill, 1 decode, vLLM's KV events over ZMQ,
+KV over NIXL): requests sharing a long prefix land on the prefill worker that holds it,
+as its own prefix-cache counter shows; the decode worker's events report the blocks it
+received over NIXL; a short follow-up turn is prefilled on the decode worker holding the
+conversation, with the same output as the disaggregated path."""
+
+import time
+
+import httpx
+import pytest
+
+from deploy.prometheus.promql import load_dashboard, panel_queries, substitute
+from tests import harness
+from tests.prometheus_server import PrometheusServer, free_port
+
+pytestmark = pytest.mark.after_stack  # three workers: not beside the shared stack
+
+BASE = 19500
+CONTEXT = "".join(f"def helper_{i}(value):\n    return value * {i} + {i % 7}\n\n" for i in range(40))
+# The local model's tokenizer makes CONTEXT about 720 tokens: 5 KV blocks of 128 on the CPU.
+# A follow-up turn adds about 110 uncached tokens (under local_prefill_max_tokens: prefilled
+# on the decode worker); a question repeated 12 times adds about 220 (disaggregated).
+QUESTIONS = ["# What does helper_3 return?\n", "# Which helper is the largest?\n", "# Rewrite helper_5.\n",
+             "# Is helper_9 pure?\n"]  # fmt: skip
+ROUTING = {"prefill_policy": "kv_aware", "decode_policy": "kv_aware", "disaggregation": "conditional",
+           "local_prefill_max_tokens": 160, "served_by_headers": True}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    run = tmp_path_factory.mktemp("kv-routing")
+    p1 = harness.start_worker("prefill", run / "p1", BASE + 101, BASE + 301, cpu_omp_threads_bind="0")
+    p2 = harness.start_worker("prefill", run / "p2", BASE + 102, BASE + 302, cpu_omp_threads_bind="0")
+    d = harness.start_worker("decode", run / "d", BASE + 201, BASE + 401, cpu_omp_threads_bind="1")
+    common = {"prefill_urls": [p1.url, p2.url], "decode_urls": [d.url], "health_interval_s": 0.5,
+              "kv_source_ports": [f"{BASE + 301}-{BASE + 302}"], "prefill_timeout_s": 60, "decode_timeout_s": 120}
+    routed = harness.start_proxy(BASE, **common, **ROUTING)
+    # The reference: every request disaggregated, routed by the prompt's hash.
+    plain = harness.start_proxy(BASE + 1, **common, prefill_policy="prefix_affinity")
+    servers = [routed, plain, p1, p2, d]
+    try:
+        for server in (p1, p2, d):
+            harness.wait_healthy(server.url, server.process)
+        for proxy in (routed, plain):
+            harness.wait_healthy(proxy.url, proxy.process, path="/ready")
+        yield {"routed": routed, "plain": plain, "p1": p1, "p2": p2, "d": d}
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def complete(proxy: str, prompt: str, client: httpx.Client) -> httpx.Response:
+    response = client.post(proxy + "/v1/completions", json={"model": "pdspec-tiny", "prompt": prompt,
+                                                            "max_tokens": 8, "temperature": 0})  # fmt: skip
+    assert response.status_code == 200, response.text
+    return response
+
+
+def index_blocks(proxy: str) -> dict[str, float]:
+    return {dict(labels)["worker"]: v for labels, v in
+            harness.scrape_labeled(proxy, "pdspec_proxy_kv_index_blocks").items()}  # fmt: skip
+
+
+def wait_for(condition, what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def prefix_hits(url: str) -> float:
+    return harness.scrape(url).get("vllm:prefix_cache_hits_total", 0.0)
+
+
+def test_shared_prefix_lands_where_it_is_cached_and_follow_ups_prefill_locally(fleet):
+    routed, plain = fleet["routed"].url, fleet["plain"].url
+    prefills = {fleet["p1"].url: "p1", fleet["p2"].url: "p2"}
+    with httpx.Client(timeout=180) as client:
+        first = complete(routed, CONTEXT + QUESTIONS[0], client)
+        holder = first.headers["x-pdspec-prefill-worker"]
+        assert holder in prefills
+        other = next(url for url in prefills if url != holder)
+        # The events of the prefill worker and of the decode worker (the blocks it pulled
+        # over NIXL are in its prefix cache too) reach the proxy's index.
+        wait_for(lambda: index_blocks(routed).get(holder, 0) > 0, "the prefill worker's KV events")
+        wait_for(lambda: index_blocks(routed).get(fleet["d"].url, 0) > 0, "the decode worker's KV events")
+        hits_before = {url: prefix_hits(url) for url in prefills}
+        served = []
+        for question in QUESTIONS[1:]:
+            response = complete(routed, CONTEXT + question * 12, client)
+            served.append(response.headers["x-pdspec-prefill-worker"])
+        assert served == [holder] * 3
+        assert prefix_hits(holder) - hits_before[holder] >= 3 * len(CONTEXT) // 8  # the context hit, each time
+        assert prefix_hits(other) == hits_before[other]
+
+        # A short follow-up turn: the decode worker holds all of the conversation but the new line.
+        conversation = CONTEXT + QUESTIONS[0] + first.json()["choices"][0]["text"]
+        follow_up = complete(routed, conversation + "\n# and?", client)
+        assert follow_up.headers["x-pdspec-prefill-worker"] == "local"
+        reference = complete(plain, conversation + "\n# and?", client)
+        assert follow_up.json()["choices"][0]["text"] == reference.json()["choices"][0]["text"]
+    local = harness.scrape_labeled(routed, "pdspec_proxy_local_prefills_total")
+    assert local[(("reason", "cached_on_decode"),)] >= 1
+    events = {dict(labels)["kind"]: v for labels, v in harness.scrape_labeled(routed, "pdspec_proxy_kv_events_total").items()}
+    assert events.get("stored", 0) > 0 and events.get("bad_messages", 0) == 0 and events.get("orphans", 0) == 0
+
+
+def test_the_dashboards_routing_row_on_a_real_prometheus(fleet, tmp_path_factory):
+    """The "Cache-aware routing" row (which the shared stack cannot fill) over this fleet."""
+    host = lambda server: server.url.removeprefix("http://")  # noqa: E731
+    prometheus = PrometheusServer(tmp_path_factory.mktemp("prometheus"), free_port(18971, 18990))
+    prometheus.start({"pdspec-proxy": [host(fleet["routed"])], "pdspec-prefill": [host(fleet["p1"]), host(fleet["p2"])],
+                      "pdspec-decode": [host(fleet["d"])]})  # fmt: skip
+    try:
+        with httpx.Client(timeout=180) as client:
+            for question in QUESTIONS:  # traffic inside Prometheus's window
+                complete(fleet["routed"].url, CONTEXT + question * 12, client)
+        prometheus.wait_for("sum(pdspec_proxy_predicted_hit_tokens_total)", bool, what="the routing counters scraped")
+        row = [q for q in panel_queries(load_dashboard()) if q.row == "Cache-aware routing"]
+        assert len(row) >= 5
+        # Rates need two samples of a counter after it moved: scraped every second.
+        prometheus.wait_for(substitute(row[0].expr, "2m", "10m"), bool, what="the first panel's rate")
+        empty = [q.name for q in row if not prometheus.api.query(substitute(q.expr, "2m", "10m"))]
+        assert not empty, f"routing panels with no data: {empty}"
+    finally:
+        prometheus.stop()
