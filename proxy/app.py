@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from pdspec.settings import ProxySettings
@@ -35,9 +36,10 @@ from proxy.loop_lag import LoopLag
 from proxy.membership import Membership
 from proxy.metrics import ProxyMetrics
 from proxy.pairing import Pairing
-from proxy.pool import NoHealthyWorker, WorkerPool
+from proxy.passthrough import add_passthrough_routes
+from proxy.pool import WorkerPool
 from proxy.tracing import NO_TRACE, Tracing
-from proxy.upstream import UpstreamClient, UpstreamError
+from proxy.upstream import UpstreamClient
 from proxy.validation import ChatCompletionRequest, CompletionRequest, parse_json_object, validate
 
 log = logging.getLogger("pdspec.proxy")
@@ -250,19 +252,15 @@ def create_app(settings: ProxySettings) -> ProxyApp:
     async def proxy_error_handler(request: Request, exc: ProxyError) -> Response:
         return error_response(exc)
 
-    @app.get("/v1/models")
-    async def models(request: Request) -> Response:
-        api_keys.check(request.headers.get("authorization"))
-        try:
-            worker = decode_pool.pick()
-        except NoHealthyWorker as exc:
-            raise ProxyError(503, str(exc)) from None
-        try:
-            resp = await client.request(worker.url, "GET", "/v1/models", headers=disaggregator.worker_headers,
-                                        timeout_s=settings.health_timeout_s)  # fmt: skip
-            return Response(await resp.read(), status_code=resp.status, media_type="application/json")
-        except UpstreamError as exc:
-            raise ProxyError(502, f"decode worker {worker.url} failed: {exc.reason}") from exc
+    add_passthrough_routes(app, client, decode_pool, api_keys, disaggregator.worker_headers,
+                           settings.health_timeout_s, settings.max_body_bytes)  # fmt: skip
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error_handler(request: Request, exc: StarletteHTTPException) -> Response:
+        # Unknown paths (404) and methods (405, with its Allow header) in OpenAI's format too.
+        message = {404: f"No route {request.url.path}.",
+                   405: f"Method {request.method} is not allowed on {request.url.path}."}.get(exc.status_code, exc.detail)
+        return error_response(ProxyError(exc.status_code, str(message)), headers=dict(exc.headers or {}))
 
     @app.get("/health")
     async def health() -> JSONResponse:

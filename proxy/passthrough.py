@@ -1,0 +1,50 @@
+"""Endpoints the proxy passes whole to one healthy decode worker: `/v1/models`, vLLM's
+`/tokenize` and `/detokenize` (token counting for clients and gateways). Every decode
+worker serves the same model with the same tokenizer (the pairing check), so any one
+answers for all. The client's API key is checked as for generation; the worker gets the
+proxy's own worker key.
+
+Failure policy: no healthy decode worker is a 503; a worker that cannot be reached or
+times out is a 502 (not retried elsewhere: these calls are cheap to repeat); the worker's
+own status and body (a 400 for a bad body included) go back as they are.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from proxy.auth import ApiKeys
+from proxy.errors import ProxyError
+from proxy.pool import NoHealthyWorker, WorkerPool
+from proxy.upstream import UpstreamClient, UpstreamError
+
+PASSED = (("GET", "/v1/models"), ("POST", "/tokenize"), ("POST", "/detokenize"))
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+def add_passthrough_routes(
+    app: FastAPI, client: UpstreamClient, pool: WorkerPool, api_keys: ApiKeys, worker_headers: dict[str, str],
+    timeout_s: float, max_body_bytes: int = MAX_BODY_BYTES,
+) -> None:  # fmt: skip
+    async def passthrough(request: Request) -> Response:
+        api_keys.check(request.headers.get("authorization"))
+        body = await request.body() if request.method == "POST" else None
+        if body is not None and len(body) > max_body_bytes:
+            raise ProxyError(413, f"Request body over {max_body_bytes} bytes.")
+        try:
+            worker = pool.pick()
+        except NoHealthyWorker as exc:
+            raise ProxyError(503, str(exc)) from None
+        headers = dict(worker_headers)
+        if body is not None:
+            headers["Content-Type"] = request.headers.get("content-type", "application/json")
+        try:
+            resp = await client.request(worker.url, request.method, request.url.path, body, headers, timeout_s)
+            data = await resp.read()
+        except UpstreamError as exc:
+            raise ProxyError(502, f"decode worker {worker.url} failed: {exc.reason}") from None
+        return Response(data, status_code=resp.status, media_type=resp.headers.get("content-type", "application/json"))
+
+    for method, path in PASSED:
+        app.add_api_route(path, passthrough, methods=[method], include_in_schema=True)

@@ -1,0 +1,66 @@
+"""/tokenize, /detokenize and /v1/models pass to one healthy decode worker, behind the
+API key; unknown paths and methods answer in OpenAI's error format."""
+
+import httpx
+import pytest
+
+from pdspec.settings import ProxySettings
+from proxy.app import create_app
+from tests.standin import StandinBehaviour, ThreadServer, create_standin
+
+
+@pytest.fixture
+def fleet():
+    prefill, decode = StandinBehaviour(), StandinBehaviour()
+    with ThreadServer(create_standin(prefill)) as p, ThreadServer(create_standin(decode)) as d:
+        settings = ProxySettings(prefill_urls=[p.url], decode_urls=[d.url], api_keys=["k"], worker_api_key="w",
+                                 health_interval_s=0.05)  # fmt: skip
+        with ThreadServer(create_app(settings)) as proxy:
+            yield proxy.url, prefill, decode
+
+
+KEY = {"Authorization": "Bearer k"}
+
+
+def test_tokenize_and_detokenize_reach_a_decode_worker_with_the_worker_key(fleet):
+    url, prefill, decode = fleet
+    tokens = httpx.post(url + "/tokenize", json={"model": "m", "prompt": "hi"}, headers=KEY)
+    assert tokens.status_code == 200 and tokens.json()["tokens"] == list(b"hi")
+    assert decode.tokenized == [{"model": "m", "prompt": "hi"}] and prefill.tokenized == []
+    text = httpx.post(url + "/detokenize", json={"model": "m", "tokens": list(b"hi")}, headers=KEY)
+    assert text.json() == {"prompt": "hi"}
+    assert httpx.get(url + "/v1/models", headers=KEY).status_code == 200
+
+
+def test_the_worker_status_goes_back_as_is(fleet):
+    url, _, decode = fleet
+    decode.tokenize_status = 400
+    assert httpx.post(url + "/tokenize", json={"model": "m", "prompt": "x"}, headers=KEY).status_code == 400
+
+
+@pytest.mark.parametrize("path", ["/tokenize", "/detokenize"])
+def test_the_client_key_is_checked(fleet, path):
+    url, _, decode = fleet
+    refused = httpx.post(url + path, json={"prompt": "x"})
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert decode.tokenized == []
+
+
+def test_no_healthy_decode_worker_is_a_503():
+    with ThreadServer(create_standin(StandinBehaviour())) as p:
+        settings = ProxySettings(prefill_urls=[p.url], decode_urls=["http://127.0.0.1:9"], health_interval_s=0.05)
+        with ThreadServer(create_app(settings)) as proxy:
+            response = httpx.post(proxy.url + "/tokenize", json={"prompt": "x"})
+    assert response.status_code == 503 and response.json()["error"]["type"] == "server_error"
+
+
+def test_unknown_paths_and_methods_answer_in_openai_format(fleet):
+    url, _, _ = fleet
+    missing = httpx.post(url + "/v1/embeddings", json={}, headers=KEY)
+    assert missing.status_code == 404
+    assert missing.json()["error"] == {"message": "No route /v1/embeddings.", "type": "not_found_error",
+                                       "param": None, "code": "not_found"}  # fmt: skip
+    wrong = httpx.get(url + "/tokenize", headers=KEY)
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    assert wrong.json()["error"]["type"] == "invalid_request_error"
+    assert httpx.delete(url + "/health").status_code == 405
