@@ -15,5 +15,5 @@ ROLE = RoleSpec(
     kv_events_port=5750,
     cpu_core="1",
     features=("k0_rule", "nixl_progress_delay", "kv_core_pinning"),
-    hooks=("cpu_affinity",),
+    hooks=("cpu_affinity", "testing_hooks"),  # tests only: nothing unless `test_hooks` is on
 )

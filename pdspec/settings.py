@@ -147,7 +147,8 @@ class WorkerSettings(BaseModel):
     test_hooks: bool = Field(
         False,
         description="Tests only: a prefill worker skips writing drafter KV while "
-        "<run_dir>/prefill/test-skip-drafter-prefill exists (negative control).",
+        "<run_dir>/prefill/test-skip-drafter-prefill exists (negative control); a decode worker saves the "
+        "drafter KV it received over NIXL into <run_dir>/decode/test-drafter-kv-dump while that folder exists.",
     )
 
 

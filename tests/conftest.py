@@ -71,17 +71,9 @@ def reference_outputs(tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def stack(reference_outputs, tmp_path_factory):
     # Depends on reference_outputs only for ordering: the reference server is gone
-    # before the stack starts.
-    # A small prefill budget, so long prompts arrive in several chunks (as in the seed);
-    # no prefix caching, so a prompt sent twice is prefilled and transferred twice (the
-    # drafter-KV negative control re-sends the same prompts).
-    no_cache = '["--no-enable-prefix-caching"]'
-    running = harness.start_stack(
-        tmp_path_factory.mktemp("stack"),
-        STACK_BASE_PORT,
-        ["--prefill.max_num_batched_tokens", "512", "--prefill.test_hooks",
-         "--prefill.extra_vllm_args", no_cache, "--decode.extra_vllm_args", no_cache],
-    )  # fmt: skip
+    # before the stack starts. harness.TEST_STACK_ARGS: chunked prefill, no prefix caching
+    # (the drafter-KV negative control re-sends the same prompts), the test hooks on.
+    running = harness.start_stack(tmp_path_factory.mktemp("stack"), STACK_BASE_PORT, harness.TEST_STACK_ARGS)
     yield running
     running.stop()
 

@@ -58,6 +58,17 @@ class Stack:
         return self.process.wait(timeout=timeout_s)
 
 
+# The shared test stack's settings (tests/conftest.py), for tests that start a stack of
+# their own to compare with it: a small prefill budget, so long prompts arrive in several
+# chunks (as in the seed); no prefix caching on either worker, so a prompt sent twice is
+# prefilled and transferred twice; the test hooks on (pdspec/worker/engine/testing_hooks.py).
+NO_PREFIX_CACHE = '["--no-enable-prefix-caching"]'
+TEST_STACK_ARGS = [
+    "--prefill.max_num_batched_tokens", "512", "--prefill.test_hooks", "--decode.test_hooks",
+    "--prefill.extra_vllm_args", NO_PREFIX_CACHE, "--decode.extra_vllm_args", NO_PREFIX_CACHE,
+]  # fmt: skip
+
+
 def start_stack(run_dir: Path, base_port: int, extra_args: list[str] = ()) -> Stack:
     """`pdspec up` on test ports; returns once it printed its ready line."""
     proxy_port, prefill_port, decode_port = base_port, base_port + 100, base_port + 200

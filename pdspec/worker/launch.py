@@ -21,6 +21,7 @@ from pdspec.worker.engine.control import (
     DRAFTS_FILE_ENV,
     KV_ONLY_ENV,
     ROLE_ENV,
+    TEST_DUMP_DRAFTER_KV_DIR_ENV,
     TEST_SKIP_DRAFTER_FILE_ENV,
 )
 from pdspec.worker.nixl_progress import PROGRESS_DELAY_ENV
@@ -37,6 +38,12 @@ SCHEDULER_CLS = "pdspec.worker.engine.k0_scheduler.K0Scheduler"
 def skip_drafter_file(run_dir: Path, role: Role) -> Path:
     """Tests only: while this file exists, the worker does not write drafter KV."""
     return run_dir / role / "test-skip-drafter-prefill"
+
+
+def drafter_kv_dump_dir(run_dir: Path, role: Role) -> Path:
+    """Tests only: while this folder exists, the decode worker saves the drafter KV it
+    received over NIXL in it (pdspec/worker/engine/testing_hooks.py)."""
+    return run_dir / role / "test-drafter-kv-dump"
 
 
 def drafts_file(run_dir: Path, role: Role) -> Path:
@@ -195,8 +202,10 @@ def worker_env(role: Role, worker: WorkerSettings, run_dir: Path, cpu: bool) -> 
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
     }
-    if worker.test_hooks:
+    if worker.test_hooks and role == "prefill":
         env[TEST_SKIP_DRAFTER_FILE_ENV] = str(skip_drafter_file(run_dir, role))
+    if worker.test_hooks and role == "decode":
+        env[TEST_DUMP_DRAFTER_KV_DIR_ENV] = str(drafter_kv_dump_dir(run_dir, role))
     if worker.cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = worker.cuda_visible_devices
     if cpu:
@@ -222,6 +231,7 @@ def prepare_run_dir(role: Role, run_dir: Path) -> None:
     # A policy left by an earlier run must not override this run's `drafts` setting.
     drafts_file(run_dir, role).unlink(missing_ok=True)
     skip_drafter_file(run_dir, role).unlink(missing_ok=True)
+    shutil.rmtree(drafter_kv_dump_dir(run_dir, role), ignore_errors=True)
 
 
 def exec_worker(role: Role, model: ModelSettings, worker: WorkerSettings, run_dir: Path) -> None:

@@ -20,8 +20,9 @@ def register() -> None:
     """Installs, in this vLLM process, what the worker's role uses (the one place that maps
     a role to its engine hooks, as its role package lists them): every P/D worker gets the
     NIXL progress delay and the CPU KV-core pinning; a prefill worker also the KV-only
-    drafter pass, the DP idle-rank vote and, in tests, the drafter-KV switch. The K=0 rule
-    comes in through `--scheduler-cls`."""
+    drafter pass, the DP idle-rank vote and, in tests, the drafter-KV switch; a decode worker,
+    in tests, the dump of the drafter KV it received. The K=0 rule comes in through
+    `--scheduler-cls`."""
     delay = os.environ.get(PROGRESS_DELAY_ENV)
     if delay is not None:
         applied = apply_progress_delay(int(delay))

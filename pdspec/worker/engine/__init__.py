@@ -7,7 +7,7 @@
 - dp_vote.py: an idle data-parallel rank's vote (V2 runner)
 - kv_only_kernels.py, kv_only.py, connector_hooks.py: the KV-only drafter pass and where it runs
 - cpu_affinity.py: NixlConnector's KV core on CPU builds
-- testing_hooks.py: the drafter-KV tests' negative control
+- testing_hooks.py: the drafter-KV tests' negative control and the decode worker's dump of received drafter KV
 pdspec/worker/plugin.py, vLLM's general-plugin entry point, maps a worker's role to what is
 installed in each process.
 """

@@ -8,7 +8,8 @@ benchmarks import this module, never the engine hooks).
   `PDSPEC_KV_ONLY_DRAFTER_FILE` (`on` / `off`; tests and benchmarks);
 - `PDSPEC_ROLE` names the worker's role for the plugin; `PDSPEC_DP_IDLE_RANK_VOTE` picks
   pdspec's or vLLM's vote of an idle data-parallel rank; the test-only switch names a file
-  whose presence stops a prefill worker writing drafter KV.
+  whose presence stops a prefill worker writing drafter KV, and the test-only dump folder,
+  while it exists, receives the drafter KV a decode worker pulled over NIXL.
 A file that cannot be read, or holds an unknown value, keeps the last good value (logged).
 """
 
@@ -31,6 +32,7 @@ KV_ONLY_ENV = "PDSPEC_KV_ONLY_DRAFTER"  # "1" (default) or "0": the start-up set
 KV_ONLY_FILE_ENV = "PDSPEC_KV_ONLY_DRAFTER_FILE"  # live switch ("on"/"off"), for tests and benchmarks
 
 TEST_SKIP_DRAFTER_FILE_ENV = "PDSPEC_TEST_SKIP_DRAFTER_PREFILL_FILE"
+TEST_DUMP_DRAFTER_KV_DIR_ENV = "PDSPEC_TEST_DUMP_DRAFTER_KV_DIR"  # decode worker, tests only
 
 class WatchedFile:
     """A small settings file, read again only when it changes (one stat per call)."""

@@ -1,18 +1,26 @@
-"""Test-only: a prefill worker that does not write the drafter's KV (the negative control of
-the drafter-KV tests). Installed only when the test-only environment variable names a file."""
+"""Test-only engine hooks, each installed only when its test-only environment variable is set
+(`test_hooks` in the worker settings):
+
+- a prefill worker that does not write the drafter's KV (the negative control of the
+  drafter-KV tests);
+- a decode worker that saves the drafter KV it received over NIXL, before its own drafter
+  writes anything, so a test can compare it with what a full drafter pass writes
+  (tests/e2e/test_nixl_drafter_kv.py)."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 from pathlib import Path
 from typing import Any
 
-from pdspec.worker.engine.control import TEST_SKIP_DRAFTER_FILE_ENV
+from pdspec.worker.engine.control import TEST_DUMP_DRAFTER_KV_DIR_ENV, TEST_SKIP_DRAFTER_FILE_ENV
 from pdspec.worker.engine.wrap_once import wrap_once
 
 log = logging.getLogger("pdspec.engine")
+
 
 def install_skip_drafter_prefill(runner_cls: type, switch_file: Path) -> None:
     """Negative control for the drafter-KV tests: while `switch_file` exists, the model
@@ -54,12 +62,76 @@ def _zero_drafter_kv(runner: Any) -> int:
     return count
 
 
+def prompt_key(prompt_token_ids: list[int]) -> str:
+    """The file name stem a prompt's drafter-KV dump is saved under."""
+    return hashlib.sha256(",".join(map(str, prompt_token_ids)).encode()).hexdigest()[:16]
+
+
+def install_dump_received_drafter_kv(runner_cls: type, dump_dir: Path) -> None:
+    """While `dump_dir` exists, every request that enters the model runner with tokens
+    already computed (on a decode worker without prefix caching: the KV pulled over NIXL)
+    has its drafter layers' KV blocks saved, at the start of its first step, before this
+    worker's target or drafter runs. Only the blocks the received tokens fill completely:
+    the block holding the last prompt token (which the decode worker recomputes) and any
+    later one are left out. Saved to `<dump_dir>/<prompt_key>.pt` (the latest request of a
+    prompt wins) as {"prompt_token_ids", "num_computed_tokens", "block_size", "layers":
+    {layer name: tensor [blocks, ...]}}."""
+    wrap_once(runner_cls, "execute_model", "dump_received_drafter_kv", lambda original: _dumping(original, dump_dir))
+
+
+def _dumping(original: Any, dump_dir: Path) -> Any:
+    @functools.wraps(original)
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        if dump_dir.is_dir():
+            try:
+                _dump_received_drafter_kv(self, scheduler_output, dump_dir)
+            except Exception:  # a test hook must not take the worker down; the test sees no dump
+                log.exception("pdspec test hook: drafter KV dump failed")
+        return original(self, scheduler_output, *args, **kwargs)
+
+    return execute_model
+
+
+def _dump_received_drafter_kv(runner: Any, scheduler_output: Any, dump_dir: Path) -> None:
+    import torch
+
+    names = sorted(getattr(getattr(runner, "drafter", None), "_draft_attn_layer_names", None) or ())
+    context = runner.vllm_config.compilation_config.static_forward_context
+    groups = runner.kv_cache_config.kv_cache_groups
+    for new in scheduler_output.scheduled_new_reqs:
+        if not new.num_computed_tokens or new.prompt_token_ids is None:
+            continue  # computed here from the start: nothing was received
+        layers, block_size = {}, None
+        for name in names:
+            group = next(i for i, g in enumerate(groups) if name in g.layer_names)
+            block_size = groups[group].kv_cache_spec.block_size
+            full = new.num_computed_tokens // block_size
+            cache = context[name].kv_cache
+            cache = cache[0] if isinstance(cache, (list, tuple)) else cache  # per virtual engine
+            if cache.shape[0] != runner.kv_cache_config.num_blocks:
+                raise RuntimeError(f"{name}: KV cache {tuple(cache.shape)} is not indexed by block first")
+            layers[name] = cache.index_select(0, torch.tensor(new.block_ids[group][:full], dtype=torch.long))
+        if not layers:
+            continue  # no drafter
+        dump = {"prompt_token_ids": list(new.prompt_token_ids), "num_computed_tokens": new.num_computed_tokens,
+                "block_size": block_size, "layers": layers}  # fmt: skip
+        path = dump_dir / f"{prompt_key(new.prompt_token_ids)}.pt"
+        tmp = path.with_suffix(".tmp")
+        torch.save(dump, tmp)
+        os.replace(tmp, path)  # a reader never sees half a file
+
+
 def install_test_hooks() -> None:
+    """The hooks whose environment variable the launcher set (`test_hooks`)."""
     switch = os.environ.get(TEST_SKIP_DRAFTER_FILE_ENV)
-    if not switch:
+    dump_dir = os.environ.get(TEST_DUMP_DRAFTER_KV_DIR_ENV)
+    if not switch and not dump_dir:
         return
     try:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     except ImportError:
         return
-    install_skip_drafter_prefill(GPUModelRunner, Path(switch))
+    if switch:
+        install_skip_drafter_prefill(GPUModelRunner, Path(switch))
+    if dump_dir:
+        install_dump_received_drafter_kv(GPUModelRunner, Path(dump_dir))

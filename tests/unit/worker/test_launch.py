@@ -56,3 +56,14 @@ def test_environment_sets_side_channel_caches_and_idle_fix(tmp_path):
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     assert env["VLLM_CACHE_ROOT"].startswith(str(tmp_path))
     assert env["PROMETHEUS_MULTIPROC_DIR"].startswith(str(tmp_path))
+
+
+def test_test_hooks_give_each_role_its_own_switch(tmp_path):
+    hooks = WorkerSettings(test_hooks=True)
+    prefill = launch.worker_env("prefill", hooks, tmp_path, cpu=True)
+    decode = launch.worker_env("decode", hooks, tmp_path, cpu=True)
+    assert prefill["PDSPEC_TEST_SKIP_DRAFTER_PREFILL_FILE"] == str(launch.skip_drafter_file(tmp_path, "prefill"))
+    assert decode["PDSPEC_TEST_DUMP_DRAFTER_KV_DIR"] == str(launch.drafter_kv_dump_dir(tmp_path, "decode"))
+    assert "PDSPEC_TEST_DUMP_DRAFTER_KV_DIR" not in prefill and "PDSPEC_TEST_SKIP_DRAFTER_PREFILL_FILE" not in decode
+    plain = launch.worker_env("decode", WorkerSettings(), tmp_path, cpu=True)
+    assert not any(name.startswith("PDSPEC_TEST_") for name in plain)
