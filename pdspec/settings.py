@@ -83,6 +83,16 @@ class ModelSettings(BaseModel):
         default_factory=lambda: default_home() / "models",
         description="Where `pdspec models` installs the local model pair.",
     )
+    tool_call_parser: str | None = Field(
+        None, description="vLLM's --tool-call-parser on both workers (e.g. hermes for Qwen3): tool calls in "
+        "replies, and tool_choice='auto'. The prefill worker needs it too, or it refuses such requests.",
+    )
+    enable_auto_tool_choice: bool = Field(
+        False, description="vLLM's --enable-auto-tool-choice on both workers (needs tool_call_parser)."
+    )
+    reasoning_parser: str | None = Field(
+        None, description="vLLM's --reasoning-parser on both workers (e.g. qwen3): thinking in reasoning_content."
+    )
 
 
 class WorkerSettings(BaseModel):
@@ -183,8 +193,9 @@ class ProxySettings(BaseModel):
         "prefills itself.",
     )
     kv_aware_load_tokens: int = Field(
-        1024, ge=0, description="kv_aware routing: one leg in flight on a worker costs as much as this many "
-        "prompt tokens it would have to prefill (the trade between cache hits and load).",
+        256, ge=0, description="kv_aware routing: one leg in flight on a worker costs as much as this many "
+        "prompt tokens it would have to prefill (the trade between cache hits and load; 1024 sent a shared "
+        "prefix away from its holder whenever one leg ran there: loadtest/results/routing/).",
     )
     kv_index_max_blocks: int = Field(
         1_000_000, ge=1, description="Most KV blocks the proxy's cache index keeps per worker (about 40 bytes "

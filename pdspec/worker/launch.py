@@ -104,7 +104,10 @@ def kv_transfer_config(role: Literal["prefill", "decode"], worker: WorkerSetting
 
 
 # Server-only options: the OpenAI server takes them, an in-process engine does not.
-SERVER_OPTIONS = ("served_model_name", "host", "port", "enable_prompt_tokens_details")
+SERVER_OPTIONS = (
+    "served_model_name", "host", "port", "enable_prompt_tokens_details", "tool_call_parser",
+    "enable_auto_tool_choice",
+)  # fmt: skip
 
 
 def kv_events_config(worker: WorkerSettings) -> dict:
@@ -139,6 +142,14 @@ def engine_options(role: Role, model: ModelSettings, worker: WorkerSettings, cpu
         # worker's prefix-cache hits to clients (see proxy/usage.py).
         "enable_prompt_tokens_details": True,
     }
+    # Output parsers: the same on both workers, so a request either worker would refuse
+    # without them (tool_choice='auto' needs a tool parser) passes both legs.
+    if model.tool_call_parser:
+        options["tool_call_parser"] = model.tool_call_parser
+    if model.enable_auto_tool_choice:
+        options["enable_auto_tool_choice"] = True
+    if model.reasoning_parser:
+        options["reasoning_parser"] = model.reasoning_parser
     dtype = model.dtype or ("float32" if model.target is None else None)
     if dtype is not None:
         options["dtype"] = dtype

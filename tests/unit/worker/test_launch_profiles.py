@@ -1,12 +1,13 @@
 """The ready-made GPU profiles load and give the seed workloads' vLLM settings."""
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
 from pydantic_settings import CliApp
 
-from pdspec.settings import UpCommand
+from pdspec.settings import UpCommand, WorkerSettings
 from pdspec.worker.launch import KV_ROLES, SCHEDULER_CLS, vllm_argv, worker_env
 
 PROFILES = Path(__file__).resolve().parents[3] / "deploy" / "profiles"
@@ -118,3 +119,15 @@ def test_dp2_prefill_profile_spans_both_gpus_with_the_vote_switch(monkeypatch, t
     assert drafter["hidden_size"] == drafter["target_hidden_size"] == target["hidden_size"]
     assert max(drafter["eagle_aux_hidden_state_layer_ids"]) < target["num_hidden_layers"]
     assert target["vocab_size"] == drafter["vocab_size"] == 4096
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES.glob("qwen3-8b-*.toml")))
+def test_qwen3_profiles_parse_tool_calls_and_thinking_on_every_worker(profile):
+    from pdspec.settings import ModelSettings
+    from pdspec.worker.launch import engine_options, option_flags
+
+    model = ModelSettings(**tomllib.loads(profile.read_text())["model"])
+    assert (model.tool_call_parser, model.enable_auto_tool_choice, model.reasoning_parser) == ("hermes", True, "qwen3")
+    for role in ("prefill", "decode"):
+        flags = option_flags(engine_options(role, model, WorkerSettings(), cpu=False))
+        assert "--tool-call-parser" in flags and "--enable-auto-tool-choice" in flags and "--reasoning-parser" in flags
