@@ -403,7 +403,7 @@ class ColocatedWorkerSettings(WorkerSettings):
 
 
 class UpCommand(_Base):
-    """`pdspec up`: one prefill worker, one decode worker and the proxy."""
+    """`pdspec up`: the prefill and decode workers (one each, or `replicas`) and the proxy, supervised."""
 
     layout: Literal["1p1d", "colocated"] = Field(
         "1p1d", description="1p1d: prefill worker, decode worker, proxy; colocated: one vLLM server doing both."
@@ -415,6 +415,23 @@ class UpCommand(_Base):
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     run_dir: Path = Field(default_factory=lambda: default_home() / "run")
     ready_timeout_s: float = Field(600.0, description="Give up if a child is not ready by then.")
+    restart: Literal["on-failure", "never"] = Field(
+        "on-failure", description="on-failure: a worker or the proxy that exits is started again, with backoff "
+        "(the proxy readmits a worker once its health and pairing checks pass); never: the stack stops at the "
+        "first exit (fail fast).",
+    )
+    max_restarts: int = Field(
+        5, ge=0, description="Exits of one child within restart_window_s it is restarted after; one more stops "
+        "the stack with an error naming the child and its log's tail.",
+    )
+    restart_window_s: float = Field(600.0, gt=0, description="The window max_restarts counts exits in.")
+    restart_backoff_s: float = Field(
+        1.0, gt=0, description="Pause before a child's restart; doubles with each exit in the window (60 s at most)."
+    )
+    metrics_port: int | None = Field(
+        None, description="Serve the supervisor's /metrics (pdspec_supervisor_restarts_total{child}) on this port "
+        "of 127.0.0.1; unset: off.",
+    )
 
 
 class DraftsCommand(_Base):

@@ -6,6 +6,12 @@ xPyD fleet on one host (`replica_settings`: consecutive ports, cores or GPUs spl
 Each child runs in its own process group (vLLM starts an engine-core process and
 workers under it), so stopping a child means signalling its group, by the PID we got
 from starting it, never by name. Readiness is each child's own health endpoint.
+
+Supervision (`supervise`, pdspec/restarts.py): a child that exits is started again after
+a backoff, its group's leftovers killed first (an orphaned engine core would hold the
+worker's ports), its log appended to; too many exits in the window, or `restart =
+"never"`, stop the stack with an error naming the child and the tail of its log. The
+proxy takes a restarted worker back by itself, once its health and pairing checks pass.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import IO
 
 import httpx
 
+from pdspec.restarts import RestartPolicy
 from pdspec.settings import ProxySettings, UpCommand, WorkerSettings
 
 STOP_GRACE_S = 20.0
@@ -40,9 +47,9 @@ class Child:
     process: subprocess.Popen | None = None
     _log: IO[bytes] | None = field(default=None, repr=False)
 
-    def start(self) -> None:
+    def start(self, append: bool = False) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "ab" if append else "wb")
         self.process = subprocess.Popen(
             self.argv,
             env={**os.environ, **self.env},
@@ -90,6 +97,7 @@ class Child:
             pass
         if self._log is not None:
             self._log.close()
+            self._log = None
 
 
 def plan_children(settings: UpCommand) -> list[Child]:
@@ -231,6 +239,49 @@ def wait_ready(children: list[Child], timeout_s: float, say) -> None:
                 time.sleep(0.5)  # poll interval between health checks, not a readiness guess
 
 
+def supervise(
+    children: list[Child], policy: RestartPolicy, say, on_restart=lambda name: None, tick_s: float = 1.0,
+    clock=time.monotonic, sleep=time.sleep,
+) -> None:  # fmt: skip
+    """Watch the running children until the process is told to stop; raises StartupError
+    when a child exited and may not be restarted."""
+    due: dict[str, float] = {}  # child name -> when it starts again
+    while True:
+        now = clock()
+        for child in children:
+            if child.name in due:
+                if now >= due[child.name]:
+                    del due[child.name]
+                    child.start(append=True)
+                    on_restart(child.name)
+                    say(f"restarted {child.name} (pid {child.pid})")
+                continue
+            code = child.exited()
+            if code is None:
+                continue
+            pause = policy.after_exit(child.name, now)
+            if pause is None:
+                times = f" {policy.exits_in_window(child.name)} times in {policy.window_s:.0f}s" if policy.enabled else ""
+                raise StartupError(f"{child.name} exited with code {code}{times}:\n{child.log_tail()}")
+            child.stop(0)  # what it started goes with it
+            say(f"{child.name} exited with code {code}; restarting it in {pause:.0f}s")
+            due[child.name] = now + pause
+        sleep(tick_s)  # supervision tick
+
+
+def restart_counter(port: int | None):
+    """pdspec_supervisor_restarts_total{child}, served on 127.0.0.1:`port`; None: not served."""
+    if port is None:
+        return lambda name: None
+    from prometheus_client import CollectorRegistry, Counter, start_http_server
+
+    registry = CollectorRegistry()
+    restarts = Counter("pdspec_supervisor_restarts", "Children `pdspec up` started again after they exited.",
+                       ["child"], registry=registry)  # fmt: skip
+    start_http_server(port, addr="127.0.0.1", registry=registry)
+    return lambda name: restarts.labels(name).inc()
+
+
 class _Stop(Exception):
     pass
 
@@ -265,12 +316,9 @@ def run_up(settings: UpCommand) -> int:
             say(f"started {child.name} (pid {child.pid}, log {child.log_path})")
         wait_ready(children, settings.ready_timeout_s, say)
         say(f"ready: {client_url(settings)}")
-        while True:
-            for child in children:
-                code = child.exited()
-                if code is not None:
-                    raise StartupError(f"{child.name} exited with code {code}:\n{child.log_tail()}")
-            time.sleep(1.0)  # supervision tick
+        policy = RestartPolicy(settings.restart == "on-failure", settings.max_restarts, settings.restart_window_s,
+                               settings.restart_backoff_s)  # fmt: skip
+        supervise(children, policy, say, restart_counter(settings.metrics_port))
     except _Stop:
         say("stopping")
         return 0

@@ -2,6 +2,9 @@
 replicas (ports apart, cores and GPUs split, a run dir and a log each), and a proxy that
 knows every worker."""
 
+import subprocess
+import sys
+
 import pytest
 
 from pdspec.settings import PrefillWorkerSettings, UpCommand
@@ -49,3 +52,74 @@ def test_replicas_split_cores_and_gpus(cores, gpus, expected):
              for w in replicas}  # fmt: skip
     assert ports == {(8100, 5600, 5650, 5651), (8101, 5604, 5652, 5653)}
     assert all(w.replicas == 1 for w in replicas)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def fake_child(tmp_path, name: str, code: str):
+    from pdspec.supervisor import Child
+
+    return Child(name, [sys.executable, "-c", code], {}, "http://127.0.0.1:9/health", tmp_path / f"{name}.log")
+
+
+def drive(children, policy, ticks: int):
+    """Run the supervision loop for `ticks` ticks of 1 s (waiting for children to exit for real)."""
+    from pdspec.supervisor import supervise
+
+    clock, said, restarted = Clock(), [], []
+
+    def sleep(_):
+        for child in children:
+            if child.process is not None and child.process.poll() is None:
+                try:
+                    child.process.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    pass
+        clock.now += 1
+        if clock.now > ticks:
+            raise StopIteration
+
+    try:
+        supervise(children, policy, said.append, restarted.append, clock=clock, sleep=sleep)
+    except StopIteration:
+        pass
+    return said, restarted
+
+
+def test_a_child_that_exits_is_restarted_and_its_log_kept(tmp_path):
+    from pdspec.restarts import RestartPolicy
+
+    crash = fake_child(tmp_path, "decode worker", "print('run'); raise SystemExit(3)")
+    steady = fake_child(tmp_path, "proxy", "import time; time.sleep(60)")
+    for child in (crash, steady):
+        child.start()
+    try:
+        said, restarted = drive([crash, steady], RestartPolicy(max_restarts=10, window_s=1000, backoff_s=1), ticks=6)
+    finally:
+        for child in (crash, steady):
+            child.stop(1)
+    assert restarted and set(restarted) == {"decode worker"}
+    assert any("exited with code 3; restarting it in 1s" in line for line in said)
+    assert crash.log_path.read_text().count("run") == 1 + len(restarted)  # appended, not truncated
+
+
+def test_too_many_exits_or_fail_fast_stop_the_stack_naming_the_child(tmp_path):
+    from pdspec.restarts import RestartPolicy
+    from pdspec.supervisor import StartupError
+
+    for policy, expected in ((RestartPolicy(max_restarts=1, window_s=1000, backoff_s=1), "2 times in 1000s"),
+                             (RestartPolicy(enabled=False), "exited with code 4:")):  # fmt: skip
+        child = fake_child(tmp_path, "prefill worker", "print('boom'); raise SystemExit(4)")
+        child.start()
+        try:
+            with pytest.raises(StartupError, match=expected) as error:
+                drive([child], policy, ticks=20)
+        finally:
+            child.stop(1)
+        assert "prefill worker" in str(error.value) and "boom" in str(error.value)
