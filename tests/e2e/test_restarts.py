@@ -53,3 +53,20 @@ def test_a_killed_decode_worker_is_restarted_readmitted_and_serves_with_kv_trans
     assert harness.scrape(stack.decode_url)["vllm:nixl_bytes_transferred_sum"] > 0
     assert harness.worker_pids(stack)["decode"] == new
     assert harness.wait_idle(stack.prefill_url) == (0, 0)  # nothing left pinned on the prefill worker
+
+
+@pytest.mark.stops_stack
+def test_a_hung_prefill_worker_is_ejected_then_readmitted_after_sigcont(stack):
+    """SIGSTOP: the process is there and nothing answers. The health checks eject it (the
+    proxy is not ready: its only prefill worker), SIGCONT brings it back, and it serves."""
+    pid = harness.worker_pids(stack)["prefill"]
+    os.killpg(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: not ready(stack), "the proxy ejects the hung prefill worker", timeout_s=60)
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+    wait_for(lambda: ready(stack), "the proxy readmits it after SIGCONT", timeout_s=120)
+    with httpx.Client(timeout=180) as client:
+        response = client.post(stack.proxy_url + "/v1/completions", json=completion_body(unique_prompt(120)))
+    assert response.status_code == 200, response.text
+    assert harness.worker_pids(stack)["prefill"] == pid  # the same process: not restarted
