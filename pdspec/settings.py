@@ -198,7 +198,7 @@ class ProxySettings(BaseModel):
         "prefix away from its holder whenever one leg ran there: loadtest/results/routing/).",
     )
     kv_index_max_blocks: int = Field(
-        1_000_000, ge=1, description="Most KV blocks the proxy's cache index keeps per worker (about 40 bytes "
+        200_000, ge=1, description="Most KV blocks the proxy's cache index keeps per worker (about 230 bytes "
         "each); the oldest go first.",
     )
     kv_routed_ttl_s: float = Field(

@@ -153,7 +153,7 @@ def replica_settings(base: WorkerSettings) -> list[WorkerSettings]:
             "replicas": 1,
             "port": base.port + i,
             "side_channel_port": base.side_channel_port + 4 * i,
-            "kv_events_port": base.kv_events_port + 2 * i,
+            "kv_events_port": base.kv_events_port + (base.kv_events_replay_offset + 1) * i,
             "cpu_omp_threads_bind": cores[i] if cores else base.cpu_omp_threads_bind,
             "cuda_visible_devices": gpus[i] if gpus else base.cuda_visible_devices,
         })
@@ -187,9 +187,32 @@ def _split(items: list[str], n: int, joiner: str) -> list[str]:
         return []
     size = len(items) // n
     groups = [items[i * size : (i + 1) * size] for i in range(n)]
-    if joiner == "-":
-        return [f"{g[0]}-{g[-1]}" if len(g) > 1 else g[0] for g in groups]
+    if joiner == "-":  # a contiguous group as a range, any other as a list
+        return [f"{g[0]}-{g[-1]}" if int(g[-1]) - int(g[0]) == len(g) - 1 and len(g) > 1 else ",".join(g)
+                for g in groups]  # fmt: skip
     return [joiner.join(g) for g in groups]
+
+
+def check_ports(settings: UpCommand) -> None:
+    """No two ports of the fleet the same: HTTP, NIXL side channels (with 4 for DP ranks),
+    KV-event publishers and their replay endpoints, the proxy."""
+    used: dict[int, str] = {}
+
+    def claim(port: int, what: str) -> None:
+        if port in used:
+            raise StartupError(f"port {port} is both {used[port]} and {what}: move a base port or use fewer replicas")
+        used[port] = what
+
+    claim(settings.proxy.port, "the proxy's")
+    for role, base in (("prefill", settings.prefill), ("decode", settings.decode)):
+        for i, worker in enumerate(replica_settings(base)):
+            name = f"{role}-{i}"
+            claim(worker.port, f"{name}'s HTTP port")
+            for rank in range(4):
+                claim(worker.side_channel_port + rank, f"{name}'s NIXL side channel (+{rank})")
+            if worker.kv_events:
+                claim(worker.kv_events_port, f"{name}'s KV events")
+                claim(worker.kv_events_port + worker.kv_events_replay_offset, f"{name}'s KV-event replay")
 
 
 def proxy_settings_for(settings: UpCommand) -> ProxySettings:
@@ -308,6 +331,12 @@ def run_up(settings: UpCommand) -> int:
             say(f"installing the local model pair in {settings.model.models_dir}")
         install_models(settings.model.models_dir)
 
+    try:
+        if settings.layout != "colocated":
+            check_ports(settings)
+    except StartupError as exc:
+        say(f"error: {exc}")
+        return 1
     children = plan_children(settings)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

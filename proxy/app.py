@@ -247,6 +247,7 @@ def create_app(settings: ProxySettings) -> ProxyApp:
     app.state.metrics = metrics
     app.state.pools = (prefill_pool, decode_pool)
     app.state.admission = admission
+    app.state.kv_router = kv_router
 
     @app.exception_handler(ProxyError)
     async def proxy_error_handler(request: Request, exc: ProxyError) -> Response:

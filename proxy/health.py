@@ -135,7 +135,10 @@ class HealthChecker:
     def _decided(self) -> None:
         self.pairing.update(self.pools)
         if self.after_round is not None:
-            self.after_round()
+            try:
+                self.after_round()
+            except Exception:  # noqa: BLE001 (routing state must never stop the health checks)
+                log.exception("after a health round")
 
     async def run(self) -> None:
         while True:

@@ -117,12 +117,24 @@ def decode_event(raw: Any) -> Event | None:
             raise ValueError("bad BlockStored")
         if len(tokens) != len(hashes) * block_size:
             raise ValueError("token_ids do not fill the blocks")
+        if not all(_is_hash(h) for h in hashes) or not (fields.get("parent_block_hash") is None
+                                                         or _is_hash(fields["parent_block_hash"])):  # fmt: skip
+            raise ValueError("block hashes are integers or bytes")
         return Stored(hashes, fields.get("parent_block_hash"), tokens, block_size, _special(fields))
     if kind == "BlockRemoved":
-        return Removed(tuple(fields["block_hashes"]))
+        hashes = tuple(fields["block_hashes"])
+        if not all(_is_hash(h) for h in hashes):
+            raise ValueError("block hashes are integers or bytes")
+        if fields.get("group_idx") not in (None, 0):
+            return Removed(())  # another KV group's blocks: never indexed
+        return Removed(hashes)
     if kind == "AllBlocksCleared":
         return Cleared()
     return None
+
+
+def _is_hash(value: Any) -> bool:
+    return (type(value) is int and value >= 0) or type(value) is bytes
 
 
 def _special(fields: dict) -> str | None:
@@ -143,16 +155,24 @@ class EventStream:
 
     APPLY, DROP, GAP, RESTART = "apply", "drop", "gap", "restart"
 
+    # Old seqs dropped while syncing before they are taken for a new publisher after all
+    # (more than a SUB socket's default queue of 1,000 could hold from before a replay).
+    MAX_SYNC_DROPS = 2000
+
     def __init__(self) -> None:
         self.last_seq: int | None = None  # the last batch applied
         self.syncing = True  # replaying: older or repeated seqs are expected and dropped
+        self._sync_drops = 0
 
     def on_batch(self, seq: int) -> str:
         if self.last_seq is None or seq == self.last_seq + 1:
             self.last_seq = seq
             return self.APPLY
         if seq <= self.last_seq:
-            return self.DROP if self.syncing else self.RESTART
+            if self.syncing and self._sync_drops < self.MAX_SYNC_DROPS:
+                self._sync_drops += 1
+                return self.DROP
+            return self.RESTART
         return self.GAP  # the caller replays from last_seq + 1, then calls synced()
 
     def skip_to(self, seq: int) -> None:
@@ -161,8 +181,8 @@ class EventStream:
         self.last_seq = seq
 
     def synced(self) -> None:
-        """A replay ended: from now on an old seq means a new publisher."""
-        self.syncing = False
+        """The next batch in order came live: from now on an old seq means a new publisher."""
+        self.syncing, self._sync_drops = False, 0
 
     def restart(self) -> None:
-        self.last_seq, self.syncing = None, True
+        self.last_seq, self.syncing, self._sync_drops = None, True, 0

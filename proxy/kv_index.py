@@ -12,7 +12,8 @@ Routing asks `matched_blocks(keys)`: per worker, how many of the prompt's leadin
 it holds. A routing decision is noted at once (`note_routed`) for a short while, so a
 burst of requests sharing a prefix does not all miss before the worker's events arrive.
 
-Memory is bounded per worker (`max_blocks_per_worker`, oldest stored first out: vLLM
+Memory is bounded per worker (`max_blocks_per_worker`, about 230 bytes a block in
+CPython; oldest stored first out: vLLM
 evicts least recently used blocks, and a re-stored block moves to the back).
 `forget(worker)` drops everything of a worker (AllBlocksCleared, a restart, ejection,
 leaving the pool).
@@ -58,6 +59,7 @@ class _WorkerCache:
     by_engine_hash: OrderedDict = field(default_factory=OrderedDict)  # engine hash -> key, oldest first
     holders: dict[bytes, int] = field(default_factory=dict)  # key -> engine hashes naming it
     routed: dict[bytes, float] = field(default_factory=dict)  # key -> until when a routing note holds
+    swept_at: float = float("-inf")
 
     def drop_engine_hash(self, engine_hash) -> None:
         key = self.by_engine_hash.pop(engine_hash, None)
@@ -85,7 +87,7 @@ class IndexCounts:
 class KvIndex:
     def __init__(
         self,
-        max_blocks_per_worker: int = 1_000_000,
+        max_blocks_per_worker: int = 200_000,
         routed_ttl_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -150,13 +152,15 @@ class KvIndex:
         cache = self._workers.setdefault(worker, _WorkerCache())
         now = self.clock()
         until = now + self.routed_ttl_s
-        if len(cache.routed) > 4 * len(keys) + 1024:
+        if now - cache.swept_at >= max(self.routed_ttl_s, 1.0):  # expired notes go, at most once per TTL
             cache.routed = {k: t for k, t in cache.routed.items() if t > now}
+            cache.swept_at = now
         for key in keys:
             cache.routed[key] = until
 
-    def matched_blocks(self, keys: Sequence[bytes], workers: Iterable[str]) -> dict[str, int]:
-        """Per worker, how many leading blocks of the prompt it holds (or was just sent)."""
+    def matched_blocks(self, keys: Sequence[bytes], workers: Iterable[str], routed: bool = True) -> dict[str, int]:
+        """Per worker, how many leading blocks of the prompt it holds (or, with `routed`,
+        was just sent)."""
         now = self.clock()
         matched = {}
         for worker in workers:
@@ -164,7 +168,7 @@ class KvIndex:
             count = 0
             if cache is not None:
                 for key in keys:
-                    if key in cache.holders or cache.routed.get(key, 0.0) > now:
+                    if key in cache.holders or (routed and cache.routed.get(key, 0.0) > now):
                         count += 1
                     else:
                         break

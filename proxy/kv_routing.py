@@ -28,7 +28,7 @@ from pdspec.settings import ProxySettings
 from proxy.kv_index import KvIndex, block_keys
 from proxy.kv_subscriber import EventSource, Subscriber
 from proxy.metrics import ProxyMetrics
-from proxy.pool import NoHealthyWorker, Worker, WorkerPool
+from proxy.pool import NoHealthyWorker, Worker, WorkerPool, affinity_key
 from proxy.routing_tokens import prompt_token_ids
 from proxy.upstream import UpstreamClient
 
@@ -70,6 +70,7 @@ class KvRouter:
         self.index = KvIndex(settings.kv_index_max_blocks, settings.kv_routed_ttl_s)
         self.subscriptions: dict[str, _Subscription] = {}
         self._counted: dict[str, int] = {}  # what the metrics have of the index's counts
+        self._retired: dict[str, int] = {}  # counts of subscriptions that ended
 
     @staticmethod
     def wanted(settings: ProxySettings) -> bool:
@@ -97,7 +98,17 @@ class KvRouter:
         self._export()
 
     def _subscribe(self, url: str, source: EventSource) -> None:
-        subscriber = Subscriber(url, source, self._apply, self.index.forget)
+        # A cancelled subscriber may still be finishing a step: only the current one of
+        # a worker writes to the index.
+        def apply(worker: str, batch) -> None:
+            if self.subscriptions.get(worker) is not None and self.subscriptions[worker].subscriber is subscriber:
+                self.index.apply(worker, batch.events)
+
+        def reset(worker: str) -> None:
+            if self.subscriptions.get(worker) is not None and self.subscriptions[worker].subscriber is subscriber:
+                self.index.forget(worker)
+
+        subscriber = Subscriber(url, source, apply, reset)
         task = asyncio.ensure_future(subscriber.run())
         task.add_done_callback(lambda t, url=url: _log_end(url, t))
         self.subscriptions[url] = _Subscription(source, subscriber, task)
@@ -106,6 +117,8 @@ class KvRouter:
     def _unsubscribe(self, url: str) -> None:
         subscription = self.subscriptions.pop(url)
         subscription.task.cancel()
+        for name, value in vars(subscription.subscriber.counts).items():  # its counts stay in the totals
+            self._retired[name] = self._retired.get(name, 0) + value
         self.index.forget(url)
         for gauge in (self.metrics.kv_index_blocks, self.metrics.kv_event_lag):
             try:
@@ -113,19 +126,16 @@ class KvRouter:
             except KeyError:  # never exported
                 pass
 
-    def _apply(self, url: str, batch) -> None:
-        self.index.apply(url, batch.events)
-
     async def close(self) -> None:
         for url in list(self.subscriptions):
             self._unsubscribe(url)
 
     def _export(self) -> None:
         counts = dict(vars(self.index.counts))
-        for subscription in self.subscriptions.values():
-            sub = subscription.subscriber.counts
+        subscribers = [dict(self._retired)] + [vars(s.subscriber.counts) for s in self.subscriptions.values()]
+        for sub in subscribers:
             for name in ("malformed_events", "bad_messages", "lost_batches", "replays", "restarts"):
-                counts[name] = counts.get(name, 0) + sub.__dict__[name]
+                counts[name] = counts.get(name, 0) + sub.get(name, 0)
         for kind, total in counts.items():
             delta = total - self._counted.get(kind, 0)
             if delta > 0:
@@ -152,12 +162,15 @@ class KvRouter:
         prefill_cached = self.cached_tokens(keys, block_size, self.prefill_pool)
         decode_cached = self.cached_tokens(keys, block_size, self.decode_pool)
         try:
-            decode_worker = self.decode_pool.pick(cached=decode_cached)
+            decode_worker = self.decode_pool.pick(affinity_key=affinity_key(body), cached=decode_cached)
         except NoHealthyWorker:  # the decode leg will say so
             return None
         local = None
         if self.settings.disaggregation == "conditional":
-            cached = min(decode_cached.get(decode_worker.url, 0), len(ids))
+            # What the worker's events say it holds, not routing notes: a burst of one new
+            # prompt is noted on the worker before its KV is there.
+            held = self.cached_tokens(keys, block_size, self.decode_pool, routed=False)
+            cached = min(held.get(decode_worker.url, 0), len(ids))
             if len(ids) - cached < self.settings.local_prefill_max_tokens:
                 local = "cached_on_decode" if cached else "short_prompt"
         return RoutePlan(
@@ -167,8 +180,10 @@ class KvRouter:
             decode_worker, local,
         )  # fmt: skip
 
-    def cached_tokens(self, keys: list[bytes], block_size: int, pool: WorkerPool) -> dict[str, int]:
-        matched = self.index.matched_blocks(keys, [w.url for w in pool.healthy()])
+    def cached_tokens(
+        self, keys: list[bytes], block_size: int, pool: WorkerPool, routed: bool = True
+    ) -> dict[str, int]:
+        matched = self.index.matched_blocks(keys, [w.url for w in pool.healthy()], routed=routed)
         return {url: blocks * block_size for url, blocks in matched.items()}
 
     def routed(self, pool: WorkerPool, worker: Worker, plan: RoutePlan | None) -> None:

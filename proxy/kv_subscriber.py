@@ -25,6 +25,7 @@ from proxy.kv_events import END_OF_REPLAY, Batch, BadMessage, EventStream, decod
 log = logging.getLogger("pdspec.proxy.kv_events")
 
 CATCH_UP_AFTER_MS = 500
+YIELD_EVERY = 64  # live messages handled before the event loop gets a turn
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class Subscriber:
         sub = context.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
         sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.IPV6, 1)  # a worker host may be an IPv6 address
         sub.connect(self.source.endpoint)
         try:
             await self._replay(context, 0)
@@ -92,9 +94,13 @@ class Subscriber:
             # then, one catch-up replay once the subscription has surely arrived.
             if not await sub.poll(CATCH_UP_AFTER_MS):
                 await self._replay(context, 0 if self.stream.last_seq is None else self.stream.last_seq + 1)
+            taken = 0
             while True:
                 self._take(context, await sub.recv_multipart(), live=True)
                 await self._pending_replay(context)
+                taken += 1
+                if taken % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # a backlog must not hold the proxy's event loop
         finally:
             sub.close(0)
 
@@ -118,7 +124,11 @@ class Subscriber:
             if live and self.source.replay_endpoint is not None and not self.replay_failed:
                 self._replay_from = self.stream.last_seq + 1
                 return  # this batch comes again in the replay
+            # Lost for good (the engine's replay buffer has moved on): the removals in
+            # them too, so what the index holds of this worker may be stale. It starts
+            # again from what comes now.
             self.counts.lost_batches += batch.seq - self.stream.last_seq - 1
+            self.on_reset(self.worker)
             self.stream.skip_to(batch.seq)
             verdict = EventStream.APPLY
         elif verdict == EventStream.RESTART:
@@ -143,20 +153,29 @@ class Subscriber:
         import zmq
 
         self.counts.replays += 1
+        # Batches still queued on the SUB socket were replayed too: until the next one in
+        # order comes live, an old seq is one of those, not a new publisher.
+        self.stream.syncing = True
         dealer = context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.IPV6, 1)
         dealer.connect(self.source.replay_endpoint)
         try:
             await dealer.send_multipart([b"", start.to_bytes(8, "big")])
             while True:
-                frames = await asyncio.wait_for(dealer.recv_multipart(), self.replay_timeout_s)
+                # poll, not wait_for: a cancel during a long replay must stop it (Python
+                # 3.11's wait_for drops a cancel when the message is already there).
+                if not await dealer.poll(int(self.replay_timeout_s * 1000)):
+                    # Later gaps are skipped rather than replayed (each try would stall
+                    # the stream) until a replay answers again.
+                    self.replay_failed = True
+                    log.warning("KV event replay from %s got no answer in %.1f s; gaps are skipped until one does",
+                                self.worker, self.replay_timeout_s)  # fmt: skip
+                    return
+                frames = await dealer.recv_multipart()
                 if len(frames) >= 3 and frames[2] == END_OF_REPLAY:
-                    break
+                    self.replay_failed = False
+                    return
                 self._take(context, frames[1:], live=False)  # frames[0] is the empty delimiter
-        except asyncio.TimeoutError:
-            # Later gaps are skipped rather than replayed (each try would stall the stream).
-            self.replay_failed = True
-            log.warning("KV event replay from %s got no answer in %.1f s; gaps are skipped from now on",
-                        self.worker, self.replay_timeout_s)  # fmt: skip
         finally:
             dealer.close(0)

@@ -29,9 +29,7 @@ def add_passthrough_routes(
 ) -> None:  # fmt: skip
     async def passthrough(request: Request) -> Response:
         api_keys.check(request.headers.get("authorization"))
-        body = await request.body() if request.method == "POST" else None
-        if body is not None and len(body) > max_body_bytes:
-            raise ProxyError(413, f"Request body over {max_body_bytes} bytes.")
+        body = await _bounded_body(request, max_body_bytes) if request.method == "POST" else None
         try:
             worker = pool.pick()
         except NoHealthyWorker as exc:
@@ -48,3 +46,14 @@ def add_passthrough_routes(
 
     for method, path in PASSED:
         app.add_api_route(path, passthrough, methods=[method], include_in_schema=True)
+
+
+async def _bounded_body(request: Request, limit: int) -> bytes:
+    """The body, read no further than `limit` bytes (then 413)."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ProxyError(413, f"Request body over {limit} bytes.")
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -41,6 +41,7 @@ def test_xpyd_fleet(tmp_path):
 @pytest.mark.parametrize("cores, gpus, expected", [
     ("0-3", "0,1,2,3", [("0-1", "0,1"), ("2-3", "2,3")]),
     ("0,2", None, [("0", None), ("2", None)]),
+    ("0,2,4,6", None, [("0,2", None), ("4,6", None)]),  # not a range: core 1 is the decode worker's
     ("0", None, [("0", None), ("0", None)]),  # fewer cores than replicas: shared
     ("0-3|4-7", None, [("0-3|4-7", None)] * 2),  # vLLM's per-rank form: left alone
 ])  # fmt: skip
@@ -123,3 +124,16 @@ def test_too_many_exits_or_fail_fast_stop_the_stack_naming_the_child(tmp_path):
         finally:
             child.stop(1)
         assert "prefill worker" in str(error.value) and "boom" in str(error.value)
+
+
+def test_port_clashes_are_refused_before_anything_starts():
+    from pdspec.supervisor import StartupError, check_ports
+
+    check_ports(UpCommand(prefill={"replicas": 8}, decode={"replicas": 8}))
+    with pytest.raises(StartupError, match="port 5650 is both prefill-0's KV events and prefill-12's NIXL"):
+        check_ports(UpCommand(prefill={"replicas": 14}))
+    with pytest.raises(StartupError, match="8100"):
+        check_ports(UpCommand(proxy={"port": 8100}))
+    # A wider replay offset spreads the replicas' KV-event ports as far.
+    replicas = replica_settings(PrefillWorkerSettings(replicas=2, kv_events_replay_offset=4))
+    assert [w.kv_events_port for w in replicas] == [5650, 5655]

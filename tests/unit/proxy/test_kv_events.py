@@ -113,3 +113,34 @@ def test_stream_in_order_gap_and_restart():
     assert stream.on_batch(5) == "restart"  # or from wherever we first hear it
     stream.restart()
     assert stream.on_batch(5) == "apply" and stream.syncing
+
+
+def test_after_a_gap_replay_the_queued_old_batches_are_not_a_restart():
+    stream = EventStream()
+    for seq in range(5):
+        stream.on_batch(seq)
+    stream.synced()
+    assert stream.on_batch(8) == "gap"
+    stream.syncing = True  # what a replay does (proxy/kv_subscriber.py)
+    for seq in (5, 6, 7, 8):  # the replay
+        assert stream.on_batch(seq) == "apply"
+    assert [stream.on_batch(seq) for seq in (6, 7, 8)] == ["drop"] * 3  # still queued live from before
+    assert stream.on_batch(9) == "apply"
+    stream.synced()
+    assert stream.on_batch(3) == "restart"
+
+
+def test_a_new_publisher_is_noticed_even_while_syncing():
+    stream = EventStream()
+    for seq in range(3):
+        stream.on_batch(seq)
+    verdicts = [stream.on_batch(0) for _ in range(EventStream.MAX_SYNC_DROPS + 1)]
+    assert verdicts[-1] == "restart" and set(verdicts[:-1]) == {"drop"}
+
+
+def test_events_with_odd_hashes_are_malformed_not_fatal():
+    odd = [{"type": "BlockStored", "block_hashes": [[1]], "parent_block_hash": None, "token_ids": [1], "block_size": 1},
+           {"type": "BlockRemoved", "block_hashes": [-5]},
+           {"type": "BlockRemoved", "block_hashes": [7], "group_idx": 1}]  # fmt: skip
+    batch = decode_payload(0, msgspec.msgpack.encode([0.0, odd]))
+    assert batch.malformed == 2 and batch.events == [Removed(())]

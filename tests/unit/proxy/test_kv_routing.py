@@ -8,6 +8,7 @@ and with real workers in tests/e2e/test_kv_routing.py."""
 import httpx
 import pytest
 
+from proxy.kv_events import Stored
 from proxy.pool import Worker, WorkerPool
 from tests.proxy_cluster import Fleet, sample
 from tests.standin import StandinBehaviour
@@ -57,17 +58,31 @@ def test_conditional_disaggregation_prefills_on_the_decode_worker_that_holds_the
         first = complete(fleet, LONG)
         assert prefill_legs(fleet.prefills[0]) == 1
         assert first.headers["x-pdspec-prefill-worker"] == fleet.servers[0].url
+        # A routing note alone is no reason to prefill locally: the KV may not be there yet.
+        complete(fleet, LONG + "# again")
+        assert prefill_legs(fleet.prefills[0]) == 2
+        # The decode worker's events say it holds the prompt's blocks (it pulled them).
+        publish_held(fleet, fleet.servers[1].url, LONG)
         follow_up = complete(fleet, LONG + "# next turn")  # 11 new tokens: under 64
-        assert prefill_legs(fleet.prefills[0]) == 1  # no second prefill leg
+        assert prefill_legs(fleet.prefills[0]) == 2  # no prefill leg this time
         assert decode_legs(fleet.decodes[0])[-1].get("kv_transfer_params") is None  # the decode worker prefills
         assert follow_up.headers["x-pdspec-prefill-worker"] == "local"
         assert follow_up.headers["x-pdspec-decode-worker"] == fleet.servers[1].url
         assert metric(fleet, 'pdspec_proxy_local_prefills_total{reason="cached_on_decode"}') == 1
         complete(fleet, "x = 1")  # short and never seen
-        assert prefill_legs(fleet.prefills[0]) == 1
+        assert prefill_legs(fleet.prefills[0]) == 2
         assert metric(fleet, 'pdspec_proxy_local_prefills_total{reason="short_prompt"}') == 1
         complete(fleet, "y = 2\n" * 30)  # long and never seen: disaggregated
-        assert prefill_legs(fleet.prefills[0]) == 2
+        assert prefill_legs(fleet.prefills[0]) == 3
+
+
+def publish_held(fleet: Fleet, worker_url: str, text: str) -> None:
+    """As the worker's KV events would: the full blocks of `text` (the stand-ins' token
+    ids are its bytes, 4 to a block) stored, in one BlockStored."""
+    tokens = list(text.encode())
+    blocks = len(tokens) // 4
+    fleet.app.state.kv_router.index.apply(worker_url, [Stored(tuple(range(1, blocks + 1)), None,
+                                                                tuple(tokens[: blocks * 4]), 4)])  # fmt: skip
 
 
 def test_a_prompt_without_token_ids_is_routed_by_load_and_served():

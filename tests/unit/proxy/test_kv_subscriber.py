@@ -133,3 +133,24 @@ def test_event_source_from_worker_info():
         "tcp://10.1.1.1:6000"  # fmt: skip
     assert EventSource.from_info({"kv_events_endpoint": ""}, "h") is None
     assert EventSource.from_info(None, "h") is None
+
+
+async def test_a_cancelled_subscriber_stops_even_mid_replay(ports):
+    index = KvIndex()
+    source = EventSource(f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}", "kv")
+    subscriber = Subscriber("w", source, lambda w, b: index.apply(w, b.events), index.forget)
+    pub = publisher(ports)
+    try:
+        for i in range(3000):  # a long replay buffer
+            pub.publish(stored(i + 1, [i % 50] * BS))
+        task = asyncio.ensure_future(subscriber.run())
+        await until(lambda: subscriber.counts.batches >= 50)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        stopped_at = subscriber.counts.batches
+        assert stopped_at < 3000
+        for _ in range(20):
+            await asyncio.sleep(0.01)  # the loop runs on: nothing more arrives from the cancelled task
+        assert subscriber.counts.batches == stopped_at
+    finally:
+        pub.shutdown()
