@@ -1,9 +1,10 @@
 """The proxy's app factory: `create_app(settings)` returns a configured FastAPI app.
 
-The two OpenAI generation endpoints are plain ASGI (`OpenAIEndpoint`), served ahead of
-FastAPI's middleware and routing (`ProxyApp`): they are the hot path, and FastAPI's
-per-request machinery cost more than both worker legs together (profiled under
-loadtest/micro/proxy_bench.py). Everything else (/v1/models, /health, /ready, /metrics) is
+The generation endpoints (proxy/apis.py: completions, chat, responses, messages) are plain
+ASGI (`OpenAIEndpoint`), served ahead of FastAPI's middleware and routing (`ProxyApp`):
+they are the hot path, and FastAPI's per-request machinery cost more than both worker
+legs together (profiled under loadtest/micro/proxy_bench.py). Everything else
+(/v1/models, /health, /ready, /metrics, the stored-response routes that answer 404) is
 ordinary FastAPI.
 """
 
@@ -24,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 
 from pdspec.settings import ProxySettings
 from proxy.admission import Admission
+from proxy.apis import APIS, Api
 from proxy.asgi import DisconnectWatch, Reply, header, read_body, send_reply
 from proxy.auth import ApiKeys, worker_auth_headers
 from proxy.disagg import Disaggregator
@@ -40,18 +42,18 @@ from proxy.passthrough import add_passthrough_routes
 from proxy.pool import WorkerPool
 from proxy.tracing import NO_TRACE, Tracing
 from proxy.upstream import UpstreamClient
-from proxy.validation import ChatCompletionRequest, CompletionRequest, parse_json_object, validate
+from proxy.validation import parse_json_object
 
 log = logging.getLogger("pdspec.proxy")
 
 
 class OpenAIEndpoint:
-    """POST /v1/completions or /v1/chat/completions, as plain ASGI."""
+    """POST one of proxy/apis.py's APIs (/v1/completions, /v1/chat/completions,
+    /v1/responses, /v1/messages), as plain ASGI."""
 
     def __init__(
         self,
-        path: str,
-        chat: bool,
+        api: Api,
         settings: ProxySettings,
         api_keys: ApiKeys,
         admission: Admission,
@@ -60,10 +62,9 @@ class OpenAIEndpoint:
         metrics: ProxyMetrics,
         tracing: Tracing,
     ) -> None:
-        self.path = path
-        self.chat = chat
-        self.endpoint = "chat" if chat else "completions"
-        self.schema = ChatCompletionRequest if chat else CompletionRequest
+        self.api = api
+        self.path = api.path
+        self.endpoint = api.name
         self.settings = settings
         self.api_keys = api_keys
         self.admission = admission
@@ -84,9 +85,13 @@ class OpenAIEndpoint:
             self.api_keys.check(header(scope, b"authorization"))
             check_content_type(header(scope, b"content-type"))
             body = parse_json_object(await read_body(scope, receive, self.settings.max_body_bytes))
-            validate(body, self.schema)
-            check_choices(body, self.settings.max_choices)
-            await self.limits.check(body)
+            self.api.validate(body)
+            if self.api.fans_out:
+                check_choices(body, self.settings.max_choices)
+            if self.api.limit_fields:
+                await self.limits.check(body, self.api.limit_fields)
+            if self.api.prepare is not None:
+                self.api.prepare(body, request_id)
             # Watched from here on: a client that leaves while queued gives up its place
             # (no prefill is sent), and one that leaves later cancels its legs.
             watch = DisconnectWatch(receive, send)
@@ -139,7 +144,7 @@ class OpenAIEndpoint:
         """Both legs and the reply; a client gone meanwhile cancels them (status 499)."""
         reply = None
         try:
-            reply = await self.disaggregator.serve(self.path, body, self.chat, request_id, trace)
+            reply = await self.disaggregator.serve(self.api, body, request_id, trace)
             await send_reply(watch.send, reply)
             return reply.status
         finally:
@@ -236,8 +241,8 @@ def create_app(settings: ProxySettings) -> ProxyApp:
             tracing.shutdown()
 
     endpoints = {
-        path: OpenAIEndpoint(path, chat, settings, api_keys, admission, limits, disaggregator, metrics, tracing)
-        for path, chat in (("/v1/completions", False), ("/v1/chat/completions", True))
+        api.path: OpenAIEndpoint(api, settings, api_keys, admission, limits, disaggregator, metrics, tracing)
+        for api in APIS
     }
     # FastAPI's /docs, /redoc and /openapi.json describe the proxy's routes to anyone who
     # asks; a browser's docs page cannot send a Bearer key, so with API keys set they are
@@ -262,6 +267,15 @@ def create_app(settings: ProxySettings) -> ProxyApp:
         message = {404: f"No route {request.url.path}.",
                    405: f"Method {request.method} is not allowed on {request.url.path}."}.get(exc.status_code, exc.detail)
         return error_response(ProxyError(exc.status_code, str(message)), headers=dict(exc.headers or {}))
+
+    @app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
+    @app.api_route("/v1/responses/{response_id}/{action}", methods=["GET", "POST"])
+    async def stored_response(request: Request, response_id: str, action: str | None = None) -> Response:
+        """Retrieve, delete, cancel, input items: none applies, since no response is stored
+        through the proxy (proxy/responses.py says why)."""
+        api_keys.check(request.headers.get("authorization"))
+        raise ProxyError(404, f"Response {response_id!r} is not stored: through this P/D proxy responses are never "
+                              "stored (one would live only on the decode worker that produced it).")  # fmt: skip
 
     @app.get("/health")
     async def health() -> JSONResponse:

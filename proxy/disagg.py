@@ -1,5 +1,8 @@
 """One disaggregated request: prefill leg, KV hand-off, decode leg, relay to the client.
 
+The same for every API the proxy serves; what differs between them (validation, legs,
+usage, stream framing) is their entry in proxy/apis.py.
+
 Failure handling, in order of the request's life:
 - prefill leg: a worker's 4xx goes back to the client as is (its fault, no retry);
   a 5xx, connection error or timeout follows `prefill_failure_policy`: `error` returns
@@ -29,17 +32,16 @@ from typing import Any
 import orjson
 
 from pdspec.settings import ProxySettings, port_range
+from proxy.apis import Api
 from proxy.asgi import Reply
 from proxy.auth import worker_auth_headers
 from proxy.errors import ProxyError, sse_error_event
 from proxy.fanout import choice_count, fan_out
 from proxy.kv_routing import KvRouter, RoutePlan
-from proxy.legs import decode_body, decode_only_reason, prefill_body, release_body
 from proxy.metrics import ProxyMetrics
 from proxy.pool import Lease, NoHealthyWorker, Worker, WorkerPool, affinity_key
 from proxy.tracing import NO_TRACE, NoTrace
 from proxy.upstream import UpstreamClient, UpstreamError, UpstreamResponse
-from proxy.usage import cached_tokens_of, patch_body, patch_stream
 
 log = logging.getLogger("pdspec.proxy")
 
@@ -147,34 +149,32 @@ class Disaggregator:
         self._releases: set[asyncio.Task] = set()
         self.kv_source_ports = [port_range(spec) for spec in settings.kv_source_ports]
 
-    async def serve(
-        self, path: str, body: dict[str, Any], chat: bool, request_id: str, trace: NoTrace = NO_TRACE
-    ) -> Reply:
-        reason = decode_only_reason(body)
+    async def serve(self, api: Api, body: dict[str, Any], request_id: str, trace: NoTrace = NO_TRACE) -> Reply:
+        reason = api.decode_only_reason(body)
         if reason is not None:
             self.metrics.decode_only.labels(reason).inc()
-            return await self._serve_one(path, body, chat, request_id, trace, decode_only=True)
-        if choice_count(body) > 1:  # one prefill + decode per choice: see proxy/fanout.py
-            return await fan_out(lambda sub, rid: self._serve_one(path, sub, chat, rid, trace), body, request_id)
-        return await self._serve_one(path, body, chat, request_id, trace)
+            return await self._serve_one(api, body, request_id, trace, decode_only=True)
+        if api.fans_out and choice_count(body) > 1:  # one prefill + decode per choice: see proxy/fanout.py
+            return await fan_out(lambda sub, rid: self._serve_one(api, sub, rid, trace), body, request_id)
+        return await self._serve_one(api, body, request_id, trace)
 
     async def _serve_one(
-        self, path: str, body: dict[str, Any], chat: bool, request_id: str, trace: NoTrace, decode_only: bool = False
+        self, api: Api, body: dict[str, Any], request_id: str, trace: NoTrace, decode_only: bool = False
     ) -> Reply:
         """One prefill and decode, or with `decode_only` the decode leg alone (no KV params:
         the decode worker prefills, and there is no prefill KV to release). With cache-aware
         routing the route is planned first: the decode worker, and whether it prefills
         the prompt itself (conditional disaggregation)."""
-        plan = await self.kv_router.plan(body, chat) if self.kv_router is not None else None
+        plan = await self.kv_router.plan(body, api.chat) if self.kv_router is not None and api.token_routing else None
         if plan is not None and plan.local_prefill is not None and not decode_only:
             self.metrics.local_prefills.labels(plan.local_prefill).inc()
             decode_only = True
         try:
             prefilled = (
-                Prefilled(None, None) if decode_only else await self._prefill(path, body, chat, request_id, trace, plan)
+                Prefilled(None, None) if decode_only else await self._prefill(api, body, request_id, trace, plan)
             )
             try:
-                reply = await self._decode(path, body, chat, prefilled, request_id, trace, plan)
+                reply = await self._decode(api, body, prefilled, request_id, trace, plan)
                 if self.settings.served_by_headers:
                     reply.headers["X-Pdspec-Prefill-Worker"] = prefilled.worker_url or "local"
                 return reply
@@ -184,7 +184,7 @@ class Disaggregator:
                 # `_with_kv_transfer_rejection_cleanup`); in every other case nothing
                 # would free it before the prefill worker's KV lease ends.
                 if prefilled.kv_transfer_params is not None and not prefilled.decode_in_flight:
-                    self._release_kv(path, body, chat, prefilled, request_id, release_reason(exc))
+                    self._release_kv(api, body, prefilled, request_id, release_reason(exc))
                 raise
         except PassThrough as passthrough:
             passthrough.reply.headers["X-Request-Id"] = request_id
@@ -193,12 +193,12 @@ class Disaggregator:
     # --- prefill ---------------------------------------------------------------------
 
     async def _prefill(
-        self, path: str, body: dict, chat: bool, request_id: str, trace: NoTrace, plan: RoutePlan | None = None
+        self, api: Api, body: dict, request_id: str, trace: NoTrace, plan: RoutePlan | None = None
     ) -> Prefilled:
         policy = self.settings.prefill_failure_policy
         tries = 1 + (self.settings.prefill_retries if policy == "retry" else 0)
         key = affinity_key(body) if self.prefill_pool.policy in ("prefix_affinity", "kv_aware") else None
-        leg = orjson.dumps(prefill_body(body, chat))
+        leg = orjson.dumps(api.prefill_body(body))
         failure: LegFailed | None = None
         cached = plan.prefill_cached if plan is not None else None
         for attempt, worker in attempts(self.prefill_pool, tries, key, cached):
@@ -206,7 +206,7 @@ class Disaggregator:
                 self.kv_router.routed(self.prefill_pool, worker, plan)
             span = trace.start("prefill", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
             try:
-                prefilled = await self._prefill_once(worker, path, leg, request_id, trace.headers(span))
+                prefilled = await self._prefill_once(worker, api, leg, request_id, trace.headers(span))
             except LegFailed as exc:
                 trace.end(span, exc.message)
                 failure = exc
@@ -228,12 +228,12 @@ class Disaggregator:
         self.metrics.prefill_outcomes.labels("error").inc()
         raise ProxyError(failure.status, failure.message)
 
-    async def _prefill_once(self, worker: Worker, path: str, leg: bytes, request_id: str, trace_headers) -> Prefilled:
+    async def _prefill_once(self, worker: Worker, api: Api, leg: bytes, request_id: str, trace_headers) -> Prefilled:
         started = time.perf_counter()
         with worker.lease():
             try:
                 resp = await self.client.request(
-                    worker.url, "POST", path, leg,
+                    worker.url, "POST", api.path, leg,
                     {"X-Request-Id": request_id, **self.worker_headers, **trace_headers},
                     self.settings.prefill_timeout_s,
                 )  # fmt: skip
@@ -252,7 +252,7 @@ class Disaggregator:
             # Without it the decode worker would silently recompute the prompt.
             raise LegFailed(502, "Prefill worker returned no kv_transfer_params; is it a kv_producer?", "no_kv_params")
         self._check_remote(params, worker)
-        return Prefilled(params, cached_tokens_of(reply), worker_url=worker.url)
+        return Prefilled(params, api.cached_tokens_of(reply), worker_url=worker.url)
 
     def _check_remote(self, params: dict, worker: Worker) -> None:
         """The decode worker will connect to (remote_host, remote_port) and pull KV from
@@ -283,9 +283,7 @@ class Disaggregator:
 
     # --- a prefill whose decode will never come ---------------------------------------
 
-    def _release_kv(
-        self, path: str, body: dict, chat: bool, prefilled: Prefilled, request_id: str, reason: str
-    ) -> None:
+    def _release_kv(self, api: Api, body: dict, prefilled: Prefilled, request_id: str, reason: str) -> None:
         """The prefill worker holds the prompt's KV for a decode that will never come
         (the client left between the legs, or the decode leg failed), and would keep it
         until its KV lease ends (`kv_lease_duration`, 30 s by default in vLLM 0.32),
@@ -294,8 +292,8 @@ class Disaggregator:
         answer thrown away (counted in pdspec_proxy_kv_releases_total by reason and
         outcome). Sent once per prefill: `kv_transfer_params` is cleared."""
         params, prefilled.kv_transfer_params = prefilled.kv_transfer_params, None
-        leg = orjson.dumps(release_body(body, chat, params))
-        task = asyncio.ensure_future(self._release_once(path, leg, request_id, reason))
+        leg = orjson.dumps(api.release_body(body, params))
+        task = asyncio.ensure_future(self._release_once(api.path, leg, request_id, reason))
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
 
@@ -337,11 +335,11 @@ class Disaggregator:
     # --- decode ----------------------------------------------------------------------
 
     async def _decode(
-        self, path: str, body: dict, chat: bool, prefilled: Prefilled, request_id: str, trace: NoTrace,
+        self, api: Api, body: dict, prefilled: Prefilled, request_id: str, trace: NoTrace,
         plan: RoutePlan | None = None,
     ) -> Reply:
         headers = {"X-Request-Id": request_id}
-        leg = orjson.dumps(decode_body(body, prefilled.kv_transfer_params))
+        leg = orjson.dumps(api.decode_body(body, prefilled.kv_transfer_params))
         handoff = trace.start("handoff") if prefilled.kv_transfer_params else None
         # Timed apart from the span, which is None when tracing is off.
         handoff_started = time.perf_counter() if prefilled.kv_transfer_params else None
@@ -356,7 +354,7 @@ class Disaggregator:
                 headers["X-Pdspec-Decode-Worker"] = worker.url
             span = trace.start("decode", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
             try:
-                resp, lease = await self._open_decode(worker, path, leg, request_id, trace.headers(span), prefilled)
+                resp, lease = await self._open_decode(worker, api.path, leg, request_id, trace.headers(span), prefilled)
             except LegFailed as exc:
                 trace.end(span, exc.message)
                 failure = exc
@@ -371,12 +369,14 @@ class Disaggregator:
             if body.get("stream"):
                 if prefilled.kv_transfer_params is not None:
                     # Headers came before the decode worker read the KV: if the stream
-                    # breaks before its first event, the KV may still be waiting.
-                    relay.on_lost = lambda reason: self._release_kv(path, body, chat, prefilled, request_id, reason)
-                stream = patch_stream(relay.chunks(), prefilled.cached_tokens)
+                    # breaks before its first event (after the API's preamble), the KV may
+                    # still be waiting.
+                    relay.on_lost = lambda reason: self._release_kv(api, body, prefilled, request_id, reason)
+                relay.preamble_events = api.preamble_events
+                stream, relay.error_event = api.stream(relay.chunks(), prefilled.cached_tokens)
                 return Reply(200, content_type="text/event-stream", stream=stream, headers=headers, closer=relay)
             data = await relay.read()
-            return Reply(200, patch_body(data, prefilled.cached_tokens), headers=headers)
+            return Reply(200, api.patch_body(data, prefilled.cached_tokens), headers=headers)
         trace.end(handoff, "no decode")
         raise DecodeFailed(failure or LegFailed(503, "no healthy decode worker", "no_healthy_worker"))
 
@@ -419,7 +419,7 @@ class Relay:
     chunk, and a stream that did not finish drops its connection so vLLM aborts."""
 
     __slots__ = ("owner", "resp", "worker", "lease", "trace", "span", "handoff", "handoff_started", "started",
-                 "closed", "on_lost")  # fmt: skip
+                 "closed", "on_lost", "preamble_events", "preamble", "error_event")  # fmt: skip
 
     def __init__(self, owner: Disaggregator, resp: UpstreamResponse, worker: Worker, lease: Lease, trace: NoTrace,
                  span, handoff, handoff_started: float | None = None):  # fmt: skip
@@ -434,6 +434,12 @@ class Relay:
         self.started = time.perf_counter()
         self.closed = False
         self.on_lost = None  # called with a reason if the stream breaks before its first event
+        # Events the decode worker sends before it has read the KV (the Responses API's
+        # two; chat's first event comes after the engine's first output): the hand-off is
+        # done only when the event after them begins.
+        self.preamble_events = 0
+        self.preamble = b""  # what came of them so far
+        self.error_event = sse_error_event  # (status, message) -> the event ending a broken stream
 
     def _first_byte(self) -> None:
         self.on_lost = None  # the decode worker has read the KV
@@ -459,10 +465,24 @@ class Relay:
         self.close()
         return data
 
+    def _past_preamble(self, chunk: bytes) -> bool:
+        self.preamble += chunk
+        at = 0
+        for _ in range(self.preamble_events):
+            at = self.preamble.find(b"\n\n", at)
+            if at == -1:
+                return False
+            at += 2
+        if len(self.preamble) == at:  # the next event has not begun
+            return False
+        self.preamble_events, self.preamble = 0, b""
+        return True
+
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
             async for chunk in self.resp.iter_chunks():
-                self._first_byte()
+                if not self.preamble_events or self._past_preamble(chunk):
+                    self._first_byte()
                 yield chunk
         except UpstreamError as exc:
             if self.closed:  # the proxy dropped the stream itself: its client is gone
@@ -474,7 +494,7 @@ class Relay:
             if self.on_lost is not None:  # no event yet
                 self.on_lost(status_class(exc.reason))
             self.close(error=exc.reason)
-            yield sse_error_event(502, f"decode worker failed mid-stream: {exc.reason}")
+            yield self.error_event(502, f"decode worker failed mid-stream: {exc.reason}")
         finally:
             self.close()
 

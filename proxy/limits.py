@@ -10,6 +10,8 @@ from proxy.errors import ProxyError
 from proxy.pool import WorkerPool
 from proxy.upstream import UpstreamClient, UpstreamError
 
+LIMITED_FIELDS = ("max_tokens", "max_completion_tokens", "min_tokens")  # completions and chat
+
 
 class ModelLimits:
     def __init__(self, client: UpstreamClient, pool: WorkerPool, headers: dict[str, str]) -> None:
@@ -31,13 +33,14 @@ class ModelLimits:
             except (UpstreamError, ValueError, KeyError, TypeError, AttributeError):
                 continue
 
-    async def check(self, body: dict) -> None:
+    async def check(self, body: dict, fields: tuple[str, ...] = LIMITED_FIELDS) -> None:
+        """`fields` of `body` (the API's: proxy/apis.py) must stay below the model's context."""
         if not self.known:  # no worker was up when the proxy started
             await self.fetch()
         max_len = self.max_model_len.get(body.get("model"))
         if max_len is None:
             return
-        for field in ("max_tokens", "max_completion_tokens", "min_tokens"):
+        for field in fields:
             value = body.get(field)
             if isinstance(value, int) and value >= max_len:
                 raise ProxyError(

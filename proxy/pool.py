@@ -165,4 +165,7 @@ def affinity_key(body: dict) -> str | None:
     messages = body.get("messages")
     if isinstance(messages, list):
         return repr(messages)[:AFFINITY_PREFIX_CHARS]
+    responses_input = body.get("input")  # the Responses API: rendered after its `instructions`
+    if isinstance(responses_input, (str, list)):
+        return repr((body.get("instructions"), responses_input))[:AFFINITY_PREFIX_CHARS]
     return None

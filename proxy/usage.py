@@ -9,6 +9,20 @@ its own local hits, 0 when the KV came over NIXL. The proxy copies the prefill l
 number into the decode reply, whole or streamed, so the client gets the right number
 whichever vLLM the decode workers run. Workers report it with vLLM's
 `--enable-prompt-tokens-details`.
+
+The Responses API reports it as `usage.input_tokens_details.cached_tokens` (always, no
+flag needed), in the whole reply and in the `response.completed` event of a stream (whose
+framing, with `event:` lines, is proxy/responses_stream.py's). When vLLM ran several
+generation turns on the decode worker (built-in tools), `cached_tokens` is their sum and
+`cached_tokens_per_turn` lists them: only the first turn's prompt came from the prefill
+worker, so only that turn's share is replaced. `cache_write_tokens` stays the decode
+worker's, as chat's `created_cache_tokens` does.
+
+The Anthropic Messages API reports it as `usage.cache_read_input_tokens` (with
+`--enable-prompt-tokens-details`), with `input_tokens` counting only the tokens neither
+read from nor written to a cache, so `input_tokens` moves by the difference. It is in
+the whole reply, and in a stream's `message_start` (`message.usage`) and final
+`message_delta` (`usage`) events (proxy/messages_stream.py).
 """
 
 from __future__ import annotations
@@ -18,6 +32,8 @@ from collections.abc import AsyncIterator
 import orjson
 
 _MARKER = b'"prompt_tokens_details"'
+RESPONSES_MARKER = b'"input_tokens_details"'
+MESSAGES_MARKER = b'"cache_read_input_tokens"'
 
 
 def cached_tokens_of(reply: dict) -> int | None:
@@ -79,3 +95,74 @@ async def patch_stream(chunks: AsyncIterator[bytes], cached_tokens: int | None) 
         yield b"".join(_patch_event(event, cached_tokens) + b"\n\n" for event in events)
     if pending:
         yield _patch_event(pending, cached_tokens)
+
+
+# --- the Responses API: usage.input_tokens_details ---------------------------------------
+
+
+def responses_cached_tokens_of(reply: dict) -> int | None:
+    """The prefill leg's `cached_tokens` in a Responses reply, if it reported one."""
+    usage = reply.get("usage")
+    details = usage.get("input_tokens_details") if isinstance(usage, dict) else None
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    return value if isinstance(value, int) else None
+
+
+def patch_responses_usage(usage: object, cached_tokens: int) -> bool:
+    """`usage` (a Responses usage object) with the prefill's count for the first turn."""
+    details = usage.get("input_tokens_details") if isinstance(usage, dict) else None
+    if not isinstance(details, dict):
+        return False
+    per_turn = details.get("cached_tokens_per_turn")
+    total = details.get("cached_tokens")
+    if isinstance(per_turn, list) and per_turn and all(isinstance(t, int) for t in per_turn) \
+            and isinstance(total, int):  # fmt: skip
+        details["cached_tokens"] = total - per_turn[0] + cached_tokens
+        per_turn[0] = cached_tokens
+    else:
+        details["cached_tokens"] = cached_tokens
+    return True
+
+
+def patch_responses_body(body: bytes, cached_tokens: int | None) -> bytes:
+    """A whole Responses reply with the prefill leg's `cached_tokens`."""
+    if cached_tokens is None or RESPONSES_MARKER not in body:
+        return body
+    try:
+        reply = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    if not isinstance(reply, dict) or not patch_responses_usage(reply.get("usage"), cached_tokens):
+        return body
+    return orjson.dumps(reply)
+
+
+# --- the Anthropic Messages API: usage.cache_read_input_tokens ----------------------------
+
+
+def messages_cached_tokens_of(reply: dict) -> int | None:
+    usage = reply.get("usage")
+    value = usage.get("cache_read_input_tokens") if isinstance(usage, dict) else None
+    return value if isinstance(value, int) else None
+
+
+def patch_messages_usage(usage: object, cached_tokens: int) -> bool:
+    if not isinstance(usage, dict) or not isinstance(usage.get("cache_read_input_tokens"), int):
+        return False
+    if isinstance(usage.get("input_tokens"), int):
+        usage["input_tokens"] = max(0, usage["input_tokens"] + usage["cache_read_input_tokens"] - cached_tokens)
+    usage["cache_read_input_tokens"] = cached_tokens
+    return True
+
+
+def patch_messages_body(body: bytes, cached_tokens: int | None) -> bytes:
+    """A whole Messages reply with the prefill leg's `cache_read_input_tokens`."""
+    if cached_tokens is None or MESSAGES_MARKER not in body:
+        return body
+    try:
+        reply = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    if not isinstance(reply, dict) or not patch_messages_usage(reply.get("usage"), cached_tokens):
+        return body
+    return orjson.dumps(reply)

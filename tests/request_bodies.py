@@ -53,6 +53,40 @@ CHAT_FIELDS = {
     "echo": BOOLS,
 }  # fmt: skip
 
+# The Responses API: `n`, `max_tokens` and `stream_options` are not its fields (vLLM ignores
+# them); `previous_response_id` and `background` are refused by the proxy (stateful), and by
+# vLLM too while nothing is stored (no VLLM_ENABLE_RESPONSES_API_STORE).
+RESPONSES_FIELDS = {
+    "model": st.sampled_from(["m", "", None, 7]),
+    "input": st.sampled_from([None, "", "Say hi.", [{"role": "user", "content": "hi"}], [], 5, {"a": 1}]),
+    "stream": BOOLS,
+    "store": BOOLS,
+    "background": BOOLS,
+    "previous_response_id": st.sampled_from([None, "resp_1", 5]),
+    "max_output_tokens": INTS,
+    "seed": INTS,
+    "temperature": FLOATS,
+    "top_p": FLOATS,
+    "top_logprobs": INTS,
+    "include": st.sampled_from([None, [], ["message.output_text.logprobs"], ["bogus"], "x"]),
+    "request_id": st.sampled_from([None, "resp_mine", 5]),
+    "n": INTS,
+    "max_tokens": INTS,
+    "stream_options": STREAM_OPTIONS,
+}
+
+MESSAGES_FIELDS = {  # Anthropic's Messages
+    "model": st.sampled_from(["m", "", None, 7]),
+    "messages": st.sampled_from([[{"role": "user", "content": "hi"}], [{"role": "wizard", "content": "x"}], [], "x"]),
+    "max_tokens": INTS,
+    "stream": BOOLS,
+    "temperature": FLOATS,
+    "top_k": INTS,
+    "thinking": st.sampled_from([None, {"type": "enabled", "budget_tokens": 2048}, {"type": "enabled",
+                                 "budget_tokens": 100}, {"type": "disabled"}, {"type": "bogus"}, "x"]),  # fmt: skip
+    "n": INTS,
+}
+
 
 def bodies(fields: dict, required: str):
     """A body with `required` always present and any subset of the other fields."""

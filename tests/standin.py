@@ -1,7 +1,11 @@
 """A stand-in vLLM worker for unit tests of proxy logic (never the only test of a feature).
 
 It answers the prefill leg with `kv_transfer_params`, the decode leg with text that
-shows what it received, and can be told to fail in chosen ways.
+shows what it received, and can be told to fail in chosen ways. `/v1/responses` answers
+as vLLM 0.32's Responses API does: a response object with `kv_transfer_params` at its top
+level and usage in `input_tokens_details`; a stream of `event:`/`data:` events, numbered,
+opening with `response.created` and `response.in_progress` and closing with
+`response.completed`. `/v1/messages` answers as vLLM's Anthropic Messages API does.
 """
 
 from __future__ import annotations
@@ -42,12 +46,13 @@ class StandinBehaviour:
     headers: list[dict] = field(default_factory=list)
     tokenize_status: int = 200
     tokenized: list[dict] = field(default_factory=list)  # /tokenize requests
+    cached_tokens: int = 0  # the prefix-cache hits it reports in a Responses reply's usage
 
 
 def create_standin(behaviour: StandinBehaviour) -> FastAPI:
     app = FastAPI()
 
-    async def handle(request: Request, chat: bool):
+    async def handle(request: Request, chat: bool, responses: bool = False, messages: bool = False):
         body = await request.json()
         behaviour.received.append(body)
         behaviour.headers.append(dict(request.headers))
@@ -72,8 +77,20 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
                 "remote_engine_id": "standin", "remote_block_ids": [[1]], "remote_host": behaviour.remote_host,
                 "remote_port": behaviour.remote_port, "remote_request_id": request.headers.get("x-request-id"),
             }  # fmt: skip
+            if responses:
+                return JSONResponse(response_object(body, "x", behaviour.cached_tokens, params))
+            if messages:
+                return JSONResponse(message_object(request, "x", behaviour.cached_tokens, params))
             return JSONResponse({"choices": [{"text": "x"}], "kv_transfer_params": params})
         text = f"decoded with {json.dumps(kv, sort_keys=True)}"
+        if responses:
+            if not body.get("stream"):
+                return JSONResponse(response_object(body, text, behaviour.cached_tokens))
+            return StreamingResponse(response_events(body, text, behaviour), media_type="text/event-stream")
+        if messages:
+            if not body.get("stream"):
+                return JSONResponse(message_object(request, text, behaviour.cached_tokens))
+            return StreamingResponse(message_events(request, text, behaviour), media_type="text/event-stream")
         if not body.get("stream"):
             key = "message" if chat else "text"
             value = {"role": "assistant", "content": text} if chat else text
@@ -102,6 +119,14 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         return await handle(request, chat=True)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        return await handle(request, chat=True, responses=True)
+
+    @app.post("/v1/messages")
+    async def messages(request: Request):
+        return await handle(request, chat=True, messages=True)
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
@@ -137,6 +162,76 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
         return JSONResponse({}, status_code=200 if behaviour.healthy else 503)
 
     return app
+
+
+def response_object(body: dict, text: str, cached_tokens: int, kv_transfer_params: dict | None = None,
+                    status: str = "completed") -> dict:  # fmt: skip
+    """A Responses API reply as vLLM 0.32 writes one (the fields the proxy and clients read)."""
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+               "content": [{"type": "output_text", "text": text, "annotations": []}]}  # fmt: skip
+    usage = {
+        "input_tokens": 40, "output_tokens": len(text.split()), "total_tokens": 40 + len(text.split()),
+        "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0, "input_tokens_per_turn": [],
+                                 "cached_tokens_per_turn": []},
+        "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0},
+    }  # fmt: skip
+    return {
+        "id": body.get("request_id", "resp_standin"), "object": "response", "created_at": 0, "model": body.get("model"),
+        "output": [message] if status != "in_progress" else [], "status": status,
+        "usage": usage if status != "in_progress" else None, "kv_transfer_params": kv_transfer_params,
+    }  # fmt: skip
+
+
+async def response_events(body: dict, text: str, behaviour: StandinBehaviour):
+    """A Responses event stream: the two events vLLM sends before its engine has the
+    request, one delta per word, then `response.completed` with usage."""
+    opening = response_object(body, "", 0, status="in_progress")
+    events = [("response.created", {"response": opening}), ("response.in_progress", {"response": opening})]
+    delta = {"item_id": "msg_1", "output_index": 0, "content_index": 0, "logprobs": []}
+    events += [("response.output_text.delta", {**delta, "delta": word + " "}) for word in text.split(" ")]
+    events.append(("response.completed", {"response": response_object(body, text, behaviour.cached_tokens)}))
+    finished = False
+    try:
+        for number, (kind, payload) in enumerate(events):
+            if behaviour.break_stream_after is not None and number >= behaviour.break_stream_after:
+                raise RuntimeError("stand-in stream broken on purpose")
+            data = json.dumps({**payload, "sequence_number": number, "type": kind})
+            yield f"event: {kind}\ndata: {data}\n\n".encode()
+            await asyncio.sleep(behaviour.stream_event_delay_s)
+        finished = True
+    finally:
+        if not finished and behaviour.break_stream_after is None:
+            behaviour.streams_abandoned += 1
+
+
+def message_object(request: Request, text: str, cached_tokens: int, kv_transfer_params: dict | None = None) -> dict:
+    """An Anthropic Messages reply as vLLM writes one (its id is chat's)."""
+    return {
+        "id": f"chatcmpl-{request.headers.get('x-request-id')}", "type": "message", "role": "assistant",
+        "content": [{"type": "text", "text": text}], "model": "m", "stop_reason": "end_turn",
+        "usage": {"input_tokens": 40 - cached_tokens, "output_tokens": len(text.split()),
+                  "cache_read_input_tokens": cached_tokens},
+        "kv_transfer_params": kv_transfer_params,
+    }  # fmt: skip
+
+
+async def message_events(request: Request, text: str, behaviour: StandinBehaviour):
+    """A Messages event stream: message_start (with usage), one text delta per word,
+    message_delta (with usage), message_stop."""
+    start = message_object(request, "", behaviour.cached_tokens)
+    events = [("message_start", {"message": {**start, "content": []}}),
+              ("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})]  # fmt: skip
+    events += [("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": word + " "}})
+               for word in text.split(" ")]  # fmt: skip
+    events += [("content_block_stop", {"index": 0}),
+               ("message_delta", {"delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                                  "usage": message_object(request, text, behaviour.cached_tokens)["usage"]}),
+               ("message_stop", {})]  # fmt: skip
+    for number, (kind, payload) in enumerate(events):
+        if behaviour.break_stream_after is not None and number >= behaviour.break_stream_after:
+            raise RuntimeError("stand-in stream broken on purpose")
+        yield f"event: {kind}\ndata: {json.dumps({'type': kind, **payload})}\n\n".encode()
+        await asyncio.sleep(behaviour.stream_event_delay_s)
 
 
 def metrics_text(worker_info: dict | None, features_off: dict[str, str] | None = None) -> str:

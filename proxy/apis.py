@@ -1,0 +1,102 @@
+"""The generation APIs the proxy serves through P/D (OpenAI completions, chat and
+responses, Anthropic messages), each as a table of what differs.
+
+Disaggregator (proxy/disagg.py) runs every API the same way (prefill leg, hand-off,
+decode leg, release, failure handling, metrics); what it needs to know about one API is
+here: how to validate a body, build its legs, tell what cannot be disaggregated, find
+and patch `cached_tokens`, and relay its event stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from proxy import legs, messages, responses
+from proxy.errors import sse_error_event
+from proxy.limits import LIMITED_FIELDS
+from proxy.messages_stream import MessagesStream
+from proxy.responses_stream import PREAMBLE_EVENTS, ResponsesStream
+from proxy.usage import (
+    cached_tokens_of, messages_cached_tokens_of, patch_body, patch_messages_body, patch_responses_body, patch_stream,
+    responses_cached_tokens_of,
+)  # fmt: skip
+from proxy.validation import ChatCompletionRequest, CompletionRequest, validate
+from proxy.validation_messages import validate_messages
+from proxy.validation_responses import validate_responses
+
+Body = dict[str, Any]
+
+
+def _default_stream(chunks: AsyncIterator[bytes], cached_tokens: int | None):
+    """The stream to send, and the event that ends it when the decode stream breaks."""
+    return patch_stream(chunks, cached_tokens), sse_error_event
+
+
+def _responses_stream(chunks: AsyncIterator[bytes], cached_tokens: int | None):
+    stream = ResponsesStream(cached_tokens)
+    return stream.relay(chunks), stream.error_event
+
+
+def _messages_stream(chunks: AsyncIterator[bytes], cached_tokens: int | None):
+    stream = MessagesStream(cached_tokens)
+    return stream.relay(chunks), stream.error_event
+
+
+@dataclass(frozen=True, slots=True)
+class Api:
+    name: str  # the `endpoint` label of pdspec_proxy_requests_total, and the trace's
+    path: str
+    validate: Callable[[Body], Any]  # ProxyError 400, or the body coerced in place
+    prefill_body: Callable[[Body], Body]
+    decode_body: Callable[[Body, Body | None], Body]
+    release_body: Callable[[Body, Body], Body]
+    decode_only_reason: Callable[[Body], str | None]
+    cached_tokens_of: Callable[[Body], int | None]
+    patch_body: Callable[[bytes, int | None], bytes]
+    # (decode chunks, cached_tokens) -> (stream for the client, error_event(status, message))
+    stream: Callable = _default_stream
+    chat: bool = False  # the prompt is `messages` (for routing tokens)
+    fans_out: bool = True  # `n` and lists of prompts: one prefill and decode per choice (proxy/fanout.py)
+    # Fields refused beyond the model's context, as vLLM refuses them (proxy/limits.py).
+    limit_fields: tuple[str, ...] = LIMITED_FIELDS
+    token_routing: bool = True  # cache-aware routing can learn the prompt's token ids (proxy/routing_tokens.py)
+    preamble_events: int = 0  # stream events a decode worker sends before it reads the KV
+    prepare: Callable[[Body, str], None] | None = None  # (body, request id), after validation
+
+
+COMPLETIONS = Api(
+    "completions", "/v1/completions", partial(validate, schema=CompletionRequest),
+    partial(legs.prefill_body, chat=False), legs.decode_body,
+    lambda body, params: legs.release_body(body, False, params),
+    legs.decode_only_reason, cached_tokens_of, patch_body,
+)  # fmt: skip
+CHAT = Api(
+    "chat", "/v1/chat/completions", partial(validate, schema=ChatCompletionRequest),
+    partial(legs.prefill_body, chat=True), legs.decode_body,
+    lambda body, params: legs.release_body(body, True, params),
+    legs.decode_only_reason, cached_tokens_of, patch_body, chat=True,
+)  # fmt: skip
+# No fan-out (the API has no `n`), no context check (vLLM caps `max_output_tokens` at what
+# the context leaves instead of refusing it), and no token routing (its `input` items
+# render through vLLM's Responses renderer, which /tokenize does not offer): routed by
+# the pools' policies, prefix affinity keyed on `instructions` and `input`.
+RESPONSES = Api(
+    "responses", "/v1/responses", validate_responses, responses.prefill_body, responses.responses_decode_body,
+    responses.release_body, responses.decode_only_reason, responses_cached_tokens_of, patch_responses_body,
+    stream=_responses_stream, fans_out=False, limit_fields=(), token_routing=False,
+    preamble_events=PREAMBLE_EVENTS, prepare=responses.with_request_id,
+)  # fmt: skip
+
+# Anthropic's Messages: no fan-out (no `n`), the context check on its `max_tokens` (vLLM's
+# chat serving refuses one beyond the context), no token routing (its messages and
+# `system` render through vLLM's own conversion to chat, which /tokenize does not offer).
+MESSAGES = Api(
+    "messages", "/v1/messages", validate_messages, messages.prefill_body, legs.decode_body, messages.release_body,
+    messages.decode_only_reason, messages_cached_tokens_of, patch_messages_body, stream=_messages_stream,
+    fans_out=False, limit_fields=("max_tokens",), token_routing=False,
+)  # fmt: skip
+
+APIS = (COMPLETIONS, CHAT, RESPONSES, MESSAGES)
