@@ -110,6 +110,10 @@ class WorkerSettings(BaseModel):
         ge=0,
         description="Sleep of NIXL's progress thread between polls; 0 busy-spins a core.",
     )
+    kv_load_failure_policy: Literal["recompute", "fail"] = Field(
+        "recompute", description="Decode worker: a KV pull that fails (its prefill worker died or restarted) is "
+        "recomputed here (recompute), or ends the request with an error (fail, vLLM's default).",
+    )
     kv_events: bool = Field(
         True, description="Publish vLLM's KV-cache events (ZMQ, with a replay endpoint) for the proxy's "
         "cache-aware routing; the ports are in pdspec_worker_info, so the proxy needs no setting of its own.",

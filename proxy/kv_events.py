@@ -163,17 +163,23 @@ class EventStream:
         self.last_seq: int | None = None  # the last batch applied
         self.syncing = True  # replaying: older or repeated seqs are expected and dropped
         self._sync_drops = 0
+        self._replayed_from = 0  # seqs from here on may come twice (replayed, and queued live)
 
     def on_batch(self, seq: int) -> str:
         if self.last_seq is None or seq == self.last_seq + 1:
             self.last_seq = seq
             return self.APPLY
         if seq <= self.last_seq:
-            if self.syncing and self._sync_drops < self.MAX_SYNC_DROPS:
+            if self.syncing and seq >= self._replayed_from and self._sync_drops < self.MAX_SYNC_DROPS:
                 self._sync_drops += 1
                 return self.DROP
             return self.RESTART
         return self.GAP  # the caller replays from last_seq + 1, then calls synced()
+
+    def begin_replay(self, start: int) -> None:
+        """A replay from `start` begins: until the next batch in order comes live, a seq
+        from `start` on may be a live copy of a replayed one; one below it cannot be."""
+        self.syncing, self._replayed_from = True, start
 
     def skip_to(self, seq: int) -> None:
         """Accept `seq` after a gap that cannot be filled (the engine's replay buffer no
@@ -185,4 +191,4 @@ class EventStream:
         self.syncing, self._sync_drops = False, 0
 
     def restart(self) -> None:
-        self.last_seq, self.syncing, self._sync_drops = None, True, 0
+        self.last_seq, self.syncing, self._sync_drops, self._replayed_from = None, True, 0, 0

@@ -6,7 +6,9 @@ On start it replays from seq 0 (the engine's buffer of recent batches), so block
 before the proxy subscribed are known too, then applies live batches in order
 (`kv_events.EventStream`): after a gap it replays the missing batches; when the engine's
 sequence starts again (the worker restarted in place) it forgets the worker's blocks and
-replays from 0. A message that is not a batch, or a batch with malformed events, is
+replays from 0; so it does when the publisher's connection drops and comes back (caught
+with a socket monitor: a restarted engine's first batches may be lost to the reconnecting
+socket, and its seqs could then pass for the old one's). A message that is not a batch, or a batch with malformed events, is
 counted and skipped. The task runs until cancelled (the worker left, or was ejected);
 a replay that gets no answer within `replay_timeout_s` is given up (the index then
 knows only what arrives live).
@@ -85,6 +87,10 @@ class Subscriber:
         sub.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.IPV6, 1)  # a worker host may be an IPv6 address
+        monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
         sub.connect(self.source.endpoint)
         try:
             await self._replay(context, 0)
@@ -96,13 +102,44 @@ class Subscriber:
                 await self._replay(context, 0 if self.stream.last_seq is None else self.stream.last_seq + 1)
             taken = 0
             while True:
-                self._take(context, await sub.recv_multipart(), live=True)
+                ready = dict(await poller.poll())
+                if monitor in ready:
+                    self._connection_event(await monitor.recv_multipart())
+                if sub not in ready:
+                    continue
+                frames = await sub.recv_multipart()
+                if self._publisher_gone:
+                    self._new_publisher()  # this batch comes again in the replay from 0
+                else:
+                    self._take(context, frames, live=True)
                 await self._pending_replay(context)
                 taken += 1
                 if taken % YIELD_EVERY == 0:
                     await asyncio.sleep(0)  # a backlog must not hold the proxy's event loop
         finally:
+            sub.disable_monitor()
+            monitor.close(0)
             sub.close(0)
+
+    # The publisher's TCP connection dropped (its engine stopped): whatever answers once
+    # the SUB socket has reconnected is another process, whatever its seqs say.
+    _publisher_gone: bool = False
+
+    def _connection_event(self, frames: list[bytes]) -> None:
+        import zmq
+        from zmq.utils.monitor import parse_monitor_message
+
+        if parse_monitor_message(frames)["event"] == zmq.EVENT_DISCONNECTED:
+            self._publisher_gone = True
+
+    def _new_publisher(self) -> None:
+        self._publisher_gone = False
+        self.counts.restarts += 1
+        log.info("KV events of %s: the publisher reconnected (its engine restarted); its cache is read anew",
+                 self.worker)  # fmt: skip
+        self.on_reset(self.worker)
+        self.stream.restart()
+        self._replay_from = 0
 
     # A replay needs awaiting; _take only notes that one is due.
     _replay_from: int | None = None
@@ -154,8 +191,8 @@ class Subscriber:
 
         self.counts.replays += 1
         # Batches still queued on the SUB socket were replayed too: until the next one in
-        # order comes live, an old seq is one of those, not a new publisher.
-        self.stream.syncing = True
+        # order comes live, an old seq from `start` on is one of those, not a new publisher.
+        self.stream.begin_replay(start)
         dealer = context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.IPV6, 1)

@@ -100,7 +100,12 @@ def kv_transfer_config(role: Literal["prefill", "decode"], worker: WorkerSetting
     device = worker.kv_buffer_device
     if device == "auto":
         device = "cpu" if cpu else "cuda"
-    return {"kv_connector": "NixlConnector", "kv_role": KV_ROLES[role], "kv_buffer_device": device}
+    config = {"kv_connector": "NixlConnector", "kv_role": KV_ROLES[role], "kv_buffer_device": device}
+    if role == "decode":
+        # A KV pull that fails (the prefill worker died or restarted under it) is
+        # recomputed here, not a 500 for the client.
+        config["kv_load_failure_policy"] = worker.kv_load_failure_policy
+    return config
 
 
 # Server-only options: the OpenAI server takes them, an in-process engine does not.

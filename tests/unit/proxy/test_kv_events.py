@@ -121,13 +121,19 @@ def test_after_a_gap_replay_the_queued_old_batches_are_not_a_restart():
         stream.on_batch(seq)
     stream.synced()
     assert stream.on_batch(8) == "gap"
-    stream.syncing = True  # what a replay does (proxy/kv_subscriber.py)
+    stream.begin_replay(5)  # what a replay from 5 does (proxy/kv_subscriber.py)
     for seq in (5, 6, 7, 8):  # the replay
         assert stream.on_batch(seq) == "apply"
     assert [stream.on_batch(seq) for seq in (6, 7, 8)] == ["drop"] * 3  # still queued live from before
     assert stream.on_batch(9) == "apply"
     stream.synced()
     assert stream.on_batch(3) == "restart"
+    stream.restart()
+    for seq in range(6):
+        stream.on_batch(seq)
+    stream.begin_replay(4)
+    assert stream.on_batch(4) == "drop"  # may be a copy of a replayed batch
+    assert stream.on_batch(0) == "restart"  # below the replay's start: a new publisher
 
 
 def test_a_new_publisher_is_noticed_even_while_syncing():

@@ -17,8 +17,10 @@ def option(argv, name):
 def test_roles_get_their_nixl_role_and_the_same_drafter(role, kv_role):
     model = ModelSettings(models_dir=Path("/m"))
     argv = launch.vllm_argv(role, model, WorkerSettings(), cpu=True)
+    # A decode worker recomputes a prompt whose KV pull failed (its prefill worker died).
+    recompute = {"kv_load_failure_policy": "recompute"} if role == "decode" else {}
     assert json.loads(option(argv, "--kv-transfer-config")) == {
-        "kv_connector": "NixlConnector", "kv_role": kv_role, "kv_buffer_device": "cpu",
+        "kv_connector": "NixlConnector", "kv_role": kv_role, "kv_buffer_device": "cpu", **recompute,
     }  # fmt: skip
     assert json.loads(option(argv, "--speculative-config")) == {
         "method": "eagle3", "num_speculative_tokens": 3, "model": "/m/eagle3",
