@@ -41,6 +41,7 @@ from loadtest.serving.soak import check_stream, check_whole, request_mix
 
 MODEL = "pdspec-tiny"
 ROLES = ("prefill-0", "prefill-1", "decode")
+ERROR_PAUSE_S = 1.0
 
 
 @dataclass
@@ -183,8 +184,10 @@ async def load(fleet: Fleet, mix: list, texts: dict, until: float, concurrency: 
                 kind, body = rng.choice(mix)
                 greedy = body.get("temperature") == 0
                 leave = bool(body.get("stream")) and rng.random() < 0.1
-                records.append(await one(client, fleet.proxy, kind, body, texts.get(key(body)) if greedy else None,
-                                         leave))  # fmt: skip
+                record = await one(client, fleet.proxy, kind, body, texts.get(key(body)) if greedy else None, leave)
+                records.append(record)
+                if record.outcome not in ("ok", "left"):
+                    await asyncio.sleep(ERROR_PAUSE_S)  # as a client would, not a tight loop of errors
 
         await asyncio.gather(*(client_loop() for _ in range(concurrency)))
     return records
@@ -224,10 +227,12 @@ def classify(record: Record, faults: list[Fault], health: list) -> str:
     if record.outcome in ("ok", "left"):
         return record.outcome
     if record.outcome == "error":
-        no_decode = any(record.started - 1 <= at <= record.ended + 1 and (h or {}).get("decode", 0) == 0
+        # No healthy worker of a role while it ran (both prefill workers down, or the one
+        # decode worker), or its decode worker faulted under it: nothing could serve it.
+        role_down = any(record.started - 1 <= at <= record.ended + 1 and h is not None and min(h.values()) == 0
                         for at, h in health)  # fmt: skip
         decode_fault = any(f.worker == "decode" and record.started - 1 <= f.at <= record.ended + 1 for f in faults)
-        if no_decode or decode_fault:
+        if role_down or decode_fault:
             return "failed_clean"
     return "lost"
 
