@@ -39,12 +39,15 @@ def test_both_workers_export_the_config_they_run(stack):
     import vllm
 
     models = harness.models_dir()
+    # Where each publishes its KV events: the stack's ports (tests/harness.py), replay next.
+    kv_ports = {"prefill": harness.STACK_BASE_PORT + 500, "decode": harness.STACK_BASE_PORT + 600}
     for role, url in (("prefill", stack.prefill_url), ("decode", stack.decode_url)):
         info = worker_info(url)
         assert info == {
             "role": role, "model": str(models / "target"), "drafter": str(models / "eagle3"), "method": "eagle3",
             "num_speculative_tokens": "3", "block_size": vllm_block_size(url), "vllm_version": vllm.__version__,
-            "drafts_policy": "auto",
+            "drafts_policy": "auto", "kv_events_endpoint": f"tcp://*:{kv_ports[role]}",
+            "kv_events_replay_endpoint": f"tcp://*:{kv_ports[role] + 1}", "kv_events_topic": "kv",
         }  # fmt: skip
     ready = httpx.get(stack.proxy_url + "/ready").json()
     assert ready["pairing"]["refused"] == [] and ready["pairing"]["unverified"] == []
