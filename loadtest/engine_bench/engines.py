@@ -3,14 +3,18 @@
 The drafts policy is switched on the running engine (`auto` / `always`) through the
 plugin's policy file, so both modes run on the same engine, interleaved.
 Counters come from prometheus-client's multiprocess files: the plugin's counters live
-in vLLM's engine-core process, vLLM's spec-decode counters in this one.
+in vLLM's engine-core process, vLLM's spec-decode counters in this one. Every engine of
+a process writes into one folder (`process_metrics_dir`); an engine's own files are those
+of the processes that appeared while it started, plus this process's.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections import defaultdict
@@ -31,6 +35,29 @@ COUNTERS = (
 )
 
 
+_METRICS_DIR: Path | None = None
+_PID_FILE = re.compile(r"_(\d+)\.db$")
+
+
+def process_metrics_dir() -> Path:
+    """The one Prometheus multiprocess folder of every engine this process builds, set in
+    the environment once, before the first engine (and prometheus-client) starts. A folder
+    per engine, set in the environment before each, lost the second engine's engine-core
+    files on the H200 (loadtest/results/kv_only/h200-prefill-worker: its counters read 0),
+    while a folder that never changes is the one every child process sees."""
+    global _METRICS_DIR
+    if _METRICS_DIR is None:
+        _METRICS_DIR = Path(tempfile.mkdtemp(prefix="pdspec-engine-metrics-"))
+        atexit.register(shutil.rmtree, _METRICS_DIR, True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(_METRICS_DIR)
+    return _METRICS_DIR
+
+
+def metrics_pids(metrics_dir: Path) -> set[int]:
+    """The processes that have written metrics files into `metrics_dir` (`counter_<pid>.db`)."""
+    return {int(m.group(1)) for p in metrics_dir.iterdir() if (m := _PID_FILE.search(p.name))}
+
+
 @dataclass
 class EngineHandle:
     llm: Any
@@ -40,6 +67,20 @@ class EngineHandle:
     # Requests go in as a P/D prefill worker gets them (do_remote_decode), so the KV
     # connector keeps and then releases their KV as it does for a decode worker's pull.
     kv_transfer_params: dict | None = None
+    # The engine's own processes (its engine core): those whose metrics files appeared
+    # while it started. This process's files are read for every engine.
+    engine_pids: frozenset[int] = frozenset()
+
+    def metrics_files(self) -> list[str]:
+        own = self.engine_pids | {os.getpid()}
+        return sorted(str(p) for p in self.metrics_dir.iterdir()
+                      if (m := _PID_FILE.search(p.name)) and int(m.group(1)) in own)  # fmt: skip
+
+    def collect(self):
+        """This engine's metric families, merged over its processes' files."""
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        return MultiProcessCollector.merge(self.metrics_files(), accumulate=True)
 
     def set_kv_only(self, on: bool) -> None:
         from pdspec.worker.engine.control import write_policy
@@ -52,13 +93,8 @@ class EngineHandle:
         write_policy(self.policy_file, policy)  # read by the scheduler at its next step
 
     def counters(self) -> dict[str, float]:
-        from prometheus_client import CollectorRegistry
-        from prometheus_client.multiprocess import MultiProcessCollector
-
-        registry = CollectorRegistry()
-        MultiProcessCollector(registry, path=str(self.metrics_dir))
         values: dict[str, float] = defaultdict(float)
-        for family in registry.collect():
+        for family in self.collect():
             for sample in family.samples:
                 if sample.name in COUNTERS:
                     values[sample.name] += sample.value
@@ -82,11 +118,10 @@ def plugin_engine(
     worker's engine (K=0 proposals, KV-only drafter pass). `method="none"`: a plain
     engine with no drafter and no plugin (the benchmarks' baseline)."""
     work = Path(tempfile.mkdtemp(prefix="pdspec-engine-"))
-    metrics_dir = work / "prometheus"
-    metrics_dir.mkdir()
-    policy_file = work / "drafts-policy"
     # Must be set before vLLM (and prometheus-client) are imported in this process.
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    metrics_dir = process_metrics_dir()
+    pids_before = metrics_pids(metrics_dir) - {os.getpid()}
+    policy_file = work / "drafts-policy"
     os.environ["PDSPEC_DRAFTS"] = "auto"
     os.environ["PDSPEC_DRAFTS_FILE"] = str(policy_file)
     # pdspec's vLLM plugin sets up a prefill worker's engine (the KV-only drafter pass).
@@ -118,8 +153,9 @@ def plugin_engine(
         enable_prefix_caching=False,
         **engine_kwargs,
     )
+    engine_pids = frozenset(metrics_pids(metrics_dir) - pids_before - {os.getpid()})
     try:
-        yield EngineHandle(llm, policy_file, metrics_dir, work / "kv-only-drafter", kv_transfer_params)
+        yield EngineHandle(llm, policy_file, metrics_dir, work / "kv-only-drafter", kv_transfer_params, engine_pids)
     finally:
         del llm
         shutil.rmtree(work, ignore_errors=True)
@@ -151,6 +187,8 @@ def prefill_worker_engine(
     worker = PrefillWorkerSettings(
         max_num_batched_tokens=mbt, enforce_eager=args.eager, gpu_memory_utilization=args.gpu_memory_utilization,
         side_channel_port=side_channel_port,
+        # Its own KV-event ports too (a worker publishes them): two engines run in one benchmark.
+        kv_events_port=side_channel_port + 50,
     )  # fmt: skip
     options = {k: v for k, v in engine_options("prefill", model, worker, cpu).items() if k not in SERVER_OPTIONS}
     options["kv_transfer_config"] = {**options["kv_transfer_config"],

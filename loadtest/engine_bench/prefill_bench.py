@@ -36,13 +36,8 @@ from loadtest.engine_bench.engines import add_engine_arguments, delta, engine_ar
 def engine_features(engine) -> dict[str, str]:
     """The engine's feature states (pdspec_engine_feature), as "on" or "off: reason": a
     benchmark says whether what it measures was on."""
-    from prometheus_client import CollectorRegistry
-    from prometheus_client.multiprocess import MultiProcessCollector
-
-    registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(engine.metrics_dir))
     states = {}
-    for family in registry.collect():
+    for family in engine.collect():
         for sample in family.samples:
             if sample.name == "pdspec_engine_feature" and sample.value == 1:
                 labels = sample.labels
@@ -149,8 +144,8 @@ def bench(
                     total[name] = total.get(name, 0.0) + value
                 print(f"  mbt {mbt} rep {rep}/{reps} {mode:6s} {rate:10.0f} tok/s", flush=True)
         # Which processes wrote the drafter engine's metrics (pid-named files): where a counter
-        # reads 0, this says whether its process wrote here at all (see kv_only/h200-prefill-worker).
-        print("  metrics files after the reps:", sorted(p.name for p in drafter.metrics_dir.iterdir()), flush=True)
+        # reads 0, this says whether its engine core wrote here at all (kv_only/h200-prefill-worker).
+        print("  drafter engine's metrics files:", [Path(f).name for f in drafter.metrics_files()], flush=True)
     return result
 
 
