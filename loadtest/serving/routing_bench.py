@@ -6,7 +6,8 @@ Starts `pdspec up` with 2 prefill and 2 decode workers of the shipped model, the
 caches cut to `--kv-blocks` blocks each (so the workload's shared prefixes need about
 three times one worker's cache), plus one proxy per policy in front of the same workers:
 - `round_robin` (both pools), `prefix_affinity` (pdspec's default), `kv_aware` (both
-  pools), `kv_aware` with conditional disaggregation.
+  pools), `kv_aware` with conditional disaggregation;
+- with `--vllm-router PATH`, vLLM's Rust router's `cache_aware` P/D mode over NIXL.
 Two workloads, each run once per policy with fresh token ids (so no run finds another's
 blocks): `shared_prefix` (groups of a long context plus a short question, Poisson
 arrivals) and `multi_turn` (sessions whose every turn re-sends the history, a stand-in
@@ -14,7 +15,8 @@ for the last answer, and a new message; sessions run side by side, turns in orde
 
 Per (workload, policy): vLLM's own prefix-cache hit rate on each pool (its counters'
 deltas), the workload's `ideal_hit_rate` (the share of prompt tokens in a full block
-that an earlier request of the run had), TTFT and ITL (median, p90), output tokens/s,
+that an earlier request of the run had), `affinity_lru_hit_rate` (what a balanced
+affinity router reaches on caches of this size, simulated), TTFT and ITL (median, p90), output tokens/s,
 local prefills. Writes `routing_bench.json`, `routing_bench.md` and `routing_bench.png`.
 """
 
@@ -62,6 +64,48 @@ def ideal_hit_rate(prompts: list[list[int]], block_size: int) -> float:
         for key in block_keys(prompt, block_size):
             hit += block_size if key in seen else 0
             seen.add(key)
+    return hit / total if total else 0.0
+
+
+def affinity_lru_hit_rate(
+    prompts: list[list[int]], block_size: int, workers: int, capacity_blocks: int, drop_last_hit_block: bool = False
+) -> float:
+    """What a balanced affinity router reaches on caches of this size (a reference point, not
+    a bound: a router that weighs prefixes by use can do better): the hit rate of
+    `prompts`, in order, when every prompt whose first block is new goes to the worker
+    with the fewest such prefixes and every later one follows its first block, on
+    workers that each keep the `capacity_blocks` blocks used last (vLLM's eviction, a
+    request's tail blocks evicted before its head) and hit on a prompt's leading cached
+    blocks. `ideal_hit_rate` ignores capacity; this does not (running requests' blocks
+    aside), so it says what small caches allow.
+    `drop_last_hit_block`: vLLM with an EAGLE drafter gives up the last block of every hit
+    (it recomputes it for the drafter's hidden states)."""
+    from collections import OrderedDict
+
+    caches: list[OrderedDict[bytes, None]] = [OrderedDict() for _ in range(workers)]
+    owner: dict[bytes, int] = {}
+    prefixes = [0] * workers
+    hit = total = 0
+    for prompt in prompts:
+        total += len(prompt)
+        keys = block_keys(prompt, block_size)
+        if not keys:
+            continue
+        if keys[0] not in owner:
+            owner[keys[0]] = prefixes.index(min(prefixes))
+            prefixes[owner[keys[0]]] += 1
+        cache = caches[owner[keys[0]]]
+        matched = 0
+        for key in keys:  # the leading blocks in the cache
+            if key not in cache:
+                break
+            matched += 1
+        hit += block_size * (max(matched - 1, 0) if drop_last_hit_block else matched)
+        for key in reversed(keys):  # vLLM frees a request's blocks tail first: its tail goes first
+            cache[key] = None
+            cache.move_to_end(key)
+        while len(cache) > capacity_blocks:
+            cache.popitem(last=False)
     return hit / total if total else 0.0
 
 
@@ -141,7 +185,22 @@ def start_fleet(args, run_dir: Path) -> tuple[subprocess.Popen, dict]:
     return process, {"prefill": prefill, "decode": decode}
 
 
-def start_proxies(args, workers: dict) -> dict[str, tuple[subprocess.Popen, str]]:
+VLLM_ROUTER_POLICY = "vllm_router_cache_aware"
+
+
+def vllm_router_argv(path: str, port: int, workers: dict) -> list[str]:
+    """vLLM's Rust router (`pip install vllm-router`) in its P/D mode over NIXL, `cache_aware`
+    on both pools, in front of the same workers as pdspec's proxies."""
+    argv = [path, "--host", "127.0.0.1", "--port", str(port), "--vllm-pd-disaggregation", "--kv-connector", "nixl",
+            "--policy", "cache_aware"]  # fmt: skip
+    for url in workers["prefill"]:
+        argv += ["--prefill", url]
+    for url in workers["decode"]:
+        argv += ["--decode", url]
+    return argv
+
+
+def start_proxies(args, workers: dict, out: Path) -> dict[str, tuple[subprocess.Popen, str]]:
     proxies = {}
     for i, (name, policy) in enumerate(POLICIES.items(), start=1):
         port = args.base_port + i
@@ -151,14 +210,23 @@ def start_proxies(args, workers: dict) -> dict[str, tuple[subprocess.Popen, str]
                                    env={**os.environ, "PDSPEC_PROXY": json.dumps(settings)},
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         proxies[name] = (process, f"http://127.0.0.1:{port}")
+    ready_paths = {name: "/ready" for name in proxies}
+    if args.vllm_router:
+        port = args.base_port + len(POLICIES) + 1
+        log = open(out / "vllm-router.log", "w")  # noqa: SIM115 (open while the router runs)
+        process = subprocess.Popen(vllm_router_argv(args.vllm_router, port, workers), stdout=log,
+                                   stderr=subprocess.STDOUT)  # fmt: skip
+        proxies[VLLM_ROUTER_POLICY] = (process, f"http://127.0.0.1:{port}")
+        ready_paths[VLLM_ROUTER_POLICY] = "/health"
     deadline = time.monotonic() + 120
-    for _, url in proxies.values():
+    for name, (process, url) in proxies.items():
         while True:
             try:
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                if httpx.get(url + ready_paths[name], timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
+            assert process.poll() is None, f"{name} exited ({process.returncode})"
             assert time.monotonic() < deadline, f"{url} not ready"
             time.sleep(0.5)  # polling /ready, the readiness check itself
     return proxies
@@ -172,14 +240,15 @@ def run(args) -> dict:
     proxies: dict = {}
     runs = []
     try:
-        proxies = start_proxies(args, workers)
-        total = len(POLICIES) * (args.requests + args.sessions * args.turns)
+        proxies = start_proxies(args, workers, args.out)
+        total = len(proxies) * (args.requests + args.sessions * args.turns)
         with tqdm(total=total, desc="routing_bench", unit="req") as bar:
             for w_index, workload in enumerate(("shared_prefix", "multi_turn")):
                 for p_index, (policy, (_, url)) in enumerate(proxies.items()):
                     seed = 1000 * w_index + p_index
                     before = {pool: pool_hits(urls) for pool, urls in workers.items()}
-                    local_before = proxy_count(url, "pdspec_proxy_local_prefills_total")
+                    ours = policy != VLLM_ROUTER_POLICY  # the Rust router has no such counter
+                    local_before = proxy_count(url, "pdspec_proxy_local_prefills_total") if ours else 0.0
                     started = time.perf_counter()
                     if workload == "shared_prefix":
                         prompts = shared_prefix(random.Random(seed), args.groups, args.context, args.question,
@@ -195,7 +264,12 @@ def run(args) -> dict:
                     runs.append({"workload": workload, "policy": policy, **summarize(results, window),
                                  "prefill_hit_rate": rates["prefill"], "decode_hit_rate": rates["decode"],
                                  "ideal_hit_rate": ideal_hit_rate(prompts, args.block_size),
-                                 "local_prefills": proxy_count(url, "pdspec_proxy_local_prefills_total") - local_before})
+                                 # vLLM keeps one of a worker's blocks back (the null block).
+                                 # The fleet runs the shipped EAGLE3 drafter.
+                                 "affinity_lru_hit_rate": affinity_lru_hit_rate(
+                                     prompts, args.block_size, 2, args.kv_blocks - 1, drop_last_hit_block=True),
+                                 "local_prefills": (proxy_count(url, "pdspec_proxy_local_prefills_total")
+                                                    - local_before) if ours else 0.0})
     finally:
         for process, _ in proxies.values():
             process.terminate()
@@ -212,12 +286,13 @@ def run(args) -> dict:
 
 def markdown(report: dict) -> str:
     lines = [f"Command: `{report['command']}`", "",
-             "| workload | policy | failed | prefill hit | decode hit | ideal | TTFT p50 ms | TTFT p90 ms | "
-             "ITL p50 ms | out tok/s | local prefills |", "|" + " --- |" * 11]  # fmt: skip
+             "| workload | policy | failed | prefill hit | decode hit | ideal | balanced affinity (sim.) | TTFT p50 ms | "
+             "TTFT p90 ms | ITL p50 ms | out tok/s | local prefills |", "|" + " --- |" * 12]  # fmt: skip
     for r in report["runs"]:
         ttft, itl = r["ttft_ms"] or {}, r["itl_ms"] or {}
         lines.append(f"| {r['workload']} | {r['policy']} | {r['failed']}/{r['requests']} | {r['prefill_hit_rate']:.2f} "
-                     f"| {r['decode_hit_rate']:.2f} | {r['ideal_hit_rate']:.2f} | {ttft.get('median', 0):.0f} | "
+                     f"| {r['decode_hit_rate']:.2f} | {r['ideal_hit_rate']:.2f} | {r.get('affinity_lru_hit_rate', float('nan')):.2f} "
+                     f"| {ttft.get('median', 0):.0f} | "
                      f"{ttft.get('p90', 0):.0f} | {itl.get('median', 0):.0f} | {r['output_tokens_per_s']:.1f} | "
                      f"{r['local_prefills']:.0f} |")  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -273,6 +348,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--start", type=int, default=256, help="multi_turn: first turn's tokens")
     parser.add_argument("--step", type=int, default=128, help="multi_turn: tokens each turn adds")
     parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--vllm-router", metavar="PATH",
+                        help="vLLM's Rust router binary (pip install vllm-router): adds its cache_aware P/D mode")
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
     report = run(args)

@@ -1,0 +1,69 @@
+"""routing_bench's workload figures: the ideal hit rate, a balanced affinity router's on small caches, the Rust router's command line."""
+
+import random
+
+from loadtest.serving.routing_bench import (
+    affinity_lru_hit_rate,
+    ideal_hit_rate,
+    markdown,
+    shared_prefix,
+    vllm_router_argv,
+)
+
+B = 4  # block size
+
+
+def test_ideal_hit_rate_counts_full_blocks_seen_before():
+    a, b = [1] * 8 + [2, 3], [1] * 8 + [4, 5]  # two full blocks shared, a partial one not
+    assert ideal_hit_rate([a, b], B) == 8 / 20
+    assert ideal_hit_rate([a], B) == 0.0
+
+
+def test_bound_equals_the_ideal_when_caches_hold_everything():
+    prompts = shared_prefix(random.Random(0), groups=4, context=16, question=3, requests=40)
+    assert affinity_lru_hit_rate(prompts, B, workers=2, capacity_blocks=1000) == ideal_hit_rate(prompts, B)
+
+
+def test_bound_falls_when_the_groups_do_not_fit():
+    prompts = shared_prefix(random.Random(0), groups=8, context=16, question=3, requests=80)
+    roomy = affinity_lru_hit_rate(prompts, B, workers=2, capacity_blocks=16)  # 4 groups of 4 blocks each
+    tight = affinity_lru_hit_rate(prompts, B, workers=2, capacity_blocks=8)  # room for 2 of its 4
+    assert roomy == ideal_hit_rate(prompts, B)
+    assert 0 < tight < roomy
+
+
+def test_a_prefix_follows_its_first_worker_and_new_ones_balance():
+    # Prefix x twice, then y: y goes to the other worker, so a cache of one prompt's blocks
+    # per worker still hits x's second request (one worker alone would have evicted it).
+    x, y = [1] * 8, [2] * 8
+    assert affinity_lru_hit_rate([x, y, x], B, workers=2, capacity_blocks=2) == 8 / 24
+    assert affinity_lru_hit_rate([x, y, x], B, workers=1, capacity_blocks=2) == 0.0
+
+
+def test_hits_stop_at_the_first_missing_block():
+    # The second prompt shares block 1 and 3 but not block 2: only block 1 is a hit.
+    assert affinity_lru_hit_rate([[1] * 4 + [2] * 4 + [3] * 4, [1] * 4 + [9] * 4 + [3] * 4], B, 1, 100) == 4 / 24
+
+
+def test_an_eagle_engine_gives_up_the_last_block_of_a_hit():
+    x = [1] * 12  # three blocks
+    assert affinity_lru_hit_rate([x, x], B, 1, 100) == 12 / 24
+    assert affinity_lru_hit_rate([x, x], B, 1, 100, drop_last_hit_block=True) == 8 / 24
+
+
+def test_the_rust_router_runs_in_pd_mode_with_cache_aware_on_both_pools():
+    workers = {"prefill": ["http://p0", "http://p1"], "decode": ["http://d0", "http://d1"]}
+    argv = vllm_router_argv("/bin/vllm-router", 9000, workers)
+    assert argv[:1] == ["/bin/vllm-router"] and "--vllm-pd-disaggregation" in argv
+    assert argv[argv.index("--policy") + 1] == "cache_aware" and argv[argv.index("--kv-connector") + 1] == "nixl"
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--prefill"] == workers["prefill"]
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--decode"] == workers["decode"]
+
+
+def test_table_has_the_bound_column():
+    run = {"workload": "w", "policy": "p", "failed": 0, "requests": 1, "prefill_hit_rate": 0.5,
+           "decode_hit_rate": 0.1, "ideal_hit_rate": 0.7, "affinity_lru_hit_rate": 0.45,
+           "ttft_ms": {"median": 1, "p90": 2}, "itl_ms": {"median": 3, "p90": 4}, "output_tokens_per_s": 1.0,
+           "local_prefills": 0}  # fmt: skip
+    table = markdown({"command": "c", "runs": [run]})
+    assert "balanced affinity (sim.)" in table and "| 0.70 | 0.45 |" in table
