@@ -10,7 +10,8 @@ request batched with a sampled one gets a wrong output, P/D or not, so a greedy 
 mixed load would measure that). Outcomes:
 - `ok`: a 200 of the right shape (and, greedy, the reference's text);
 - `failed_clean`: a clean error (an HTTP error or an SSE error event) for a request that
-  ran while no healthy decode worker existed or whose decode worker was faulted under it;
+  ran while no worker of a role was up (by the proxy's count or the workers' own /health)
+  or whose decode worker was faulted under it;
 - `lost`: a hang, a wrong output, a malformed reply, or an error while the fleet could
   have served it (prefill failures are retried on the other prefill worker);
 - `left`: clients that went away on purpose.
@@ -212,7 +213,16 @@ async def inject(fleet: Fleet, until: float, every_s: float, hang_s: float, seed
         await asyncio.sleep(every_s)
 
 
-async def watch_health(fleet: Fleet, until: float, samples: list) -> None:
+async def watch_health(fleet: Fleet, until: float, samples: list, workers_up: list) -> None:
+    """Two timelines, every 0.5 s: the proxy's healthy workers per pool (its /ready), and
+    whether each worker itself answers /health (the truth the proxy learns a moment later:
+    a killed worker still counts as healthy there until its health check fails)."""
+    async def up(client: httpx.AsyncClient, url: str) -> bool:
+        try:
+            return (await client.get(url + "/health", timeout=1.0)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     async with httpx.AsyncClient(timeout=5) as client:
         while time.monotonic() < until:
             try:
@@ -220,19 +230,29 @@ async def watch_health(fleet: Fleet, until: float, samples: list) -> None:
                 samples.append((time.monotonic(), body["healthy_workers"]))
             except (httpx.HTTPError, ValueError, KeyError):
                 samples.append((time.monotonic(), None))
+            states = await asyncio.gather(*(up(client, url) for url in fleet.workers.values()))
+            workers_up.append((time.monotonic(), dict(zip(fleet.workers, states))))
             await asyncio.sleep(0.5)  # the health timeline's resolution
 
 
-def classify(record: Record, faults: list[Fault], health: list) -> str:
+def role_down(role: str, up: dict[str, bool]) -> bool:
+    return not any(state for name, state in up.items() if name.startswith(role))
+
+
+def classify(record: Record, faults: list[Fault], health: list, workers_up: list = ()) -> str:
     if record.outcome in ("ok", "left"):
         return record.outcome
     if record.outcome == "error":
         # No healthy worker of a role while it ran (both prefill workers down, or the one
-        # decode worker), or its decode worker faulted under it: nothing could serve it.
-        role_down = any(record.started - 1 <= at <= record.ended + 1 and h is not None and min(h.values()) == 0
-                        for at, h in health)  # fmt: skip
-        decode_fault = any(f.worker == "decode" and record.started - 1 <= f.at <= record.ended + 1 for f in faults)
-        if role_down or decode_fault:
+        # decode worker), by the proxy's count or by the workers' own answers, or its
+        # decode worker faulted under it: nothing could serve it.
+        def near(at: float) -> bool:
+            return record.started - 1 <= at <= record.ended + 1
+
+        proxy_saw_none = any(near(at) and h is not None and min(h.values()) == 0 for at, h in health)
+        none_up = any(near(at) and (role_down("prefill", up) or role_down("decode", up)) for at, up in workers_up)
+        decode_fault = any(f.worker == "decode" and near(f.at) for f in faults)
+        if proxy_saw_none or none_up or decode_fault:
             return "failed_clean"
     return "lost"
 
@@ -262,6 +282,7 @@ def run(args) -> dict:
     until = t0 + args.minutes * 60
     faults: list[Fault] = []
     health: list = []
+    workers_up: list = []
 
     async def main_async():
         async def progress():
@@ -273,7 +294,7 @@ def run(args) -> dict:
         results = await asyncio.gather(
             load(fleet, mix, texts, until, args.concurrency, args.seed, args.timeout_s),
             inject(fleet, until, args.fault_every_s, args.hang_s, args.seed, faults),
-            watch_health(fleet, until + 5, health), progress(),
+            watch_health(fleet, until + 5, health, workers_up), progress(),
         )  # fmt: skip
         return results[0]
 
@@ -290,7 +311,7 @@ def run(args) -> dict:
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=120)
-    outcomes = [classify(r, faults, health) for r in records]
+    outcomes = [classify(r, faults, health, workers_up) for r in records]
     readmissions = sum(1 for (_, a), (_, b) in zip(health, health[1:]) if a and b
                        for pool in ("prefill", "decode") if b.get(pool, 0) > a.get(pool, 0))  # fmt: skip
     report = {

@@ -2,7 +2,8 @@
 `make compose-up` (images built locally, no registry), then: completions and a
 streamed chat through the proxy on 127.0.0.1:8000, the prefill container proposing
 with K=0 in every step, `--scale prefill=2` with traffic reaching both prefill
-containers, the decode container killed mid-stream (an SSE error event, no hang), and
+containers, a crashed prefill container restarted by compose and readmitted by the proxy,
+the decode container killed mid-stream (an SSE error event, no hang), and
 `make compose-down` leaving no container, network or volume behind.
 
 Docker's engine, docker-compose and mmdebstrap are installed from Debian when missing,
@@ -165,6 +166,45 @@ def test_scale_prefill_to_two_and_traffic_reaches_both(compose_stack):
             assert time.monotonic() < deadline, "traffic did not reach both prefill containers"
             reply = client.post(PROXY + "/v1/completions", json=completion_body(unique_prompt(20), max_tokens=4))
             assert reply.status_code == 200, reply.text
+
+
+def healthy_prefill_workers() -> float:
+    return harness.scrape_labeled(PROXY, "pdspec_proxy_healthy_workers").get((("pool", "prefill"),), 0.0)
+
+
+def inspect(container: str, field: str) -> str:
+    return run(["docker", "inspect", "-f", "{{" + field + "}}", container]).stdout.strip()
+
+
+def test_a_crashed_prefill_container_restarts_and_takes_traffic_again(compose_stack):
+    """A crash, not a `docker kill` (Docker does not restart a container stopped by hand):
+    the container's own process is killed from the host, by its PID. `restart:
+    unless-stopped` starts it again, its health check decides when it is back, the proxy
+    readmits it, and prefill legs reach it with their KV pulled over NIXL again."""
+    prefills = containers("prefill")
+    assert len(prefills) == 2, "runs after the scale test"
+    crashed = prefills[0]
+    restarts_before = int(inspect(crashed, ".RestartCount"))
+    os.kill(int(inspect(crashed, ".State.Pid")), 9)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    ejected = False
+    while not (int(inspect(crashed, ".RestartCount")) > restarts_before and health(crashed) == "healthy"
+               and healthy_prefill_workers() == 2):  # fmt: skip
+        ejected = ejected or healthy_prefill_workers() < 2
+        assert time.monotonic() < deadline, f"the crashed prefill container did not come back:\n{logs()}"
+        time.sleep(2)
+    assert ejected, "the proxy never took the crashed worker out of its pool"
+    url = f"http://{address(crashed)}:{PREFILL_PORT}"
+    (decode,) = containers("decode")
+    decode_url = f"http://{address(decode)}:{DECODE_PORT}"
+    moved_before = harness.scrape(decode_url).get("vllm:nixl_bytes_transferred_sum", 0.0)
+    deadline = time.monotonic() + 180
+    with httpx.Client(timeout=120) as client:
+        while harness.scrape(url).get("vllm:request_success_total", 0) == 0:  # a fresh process: counters from 0
+            assert time.monotonic() < deadline, "traffic did not reach the restarted prefill container"
+            reply = client.post(PROXY + "/v1/completions", json=completion_body(unique_prompt(200), max_tokens=4))
+            assert reply.status_code == 200, reply.text
+    assert harness.scrape(decode_url).get("vllm:nixl_bytes_transferred_sum", 0.0) > moved_before
 
 
 def test_decode_container_killed_mid_stream_ends_with_an_sse_error(compose_stack):

@@ -1,0 +1,39 @@
+"""The chaos soak at CI size: `python -m loadtest.chaos --minutes 2` through `pdspec up` with 2
+prefill workers and 1 decode worker, a worker killed or hung every 60 s, mixed greedy load
+checked against a colocated run of the same prompts (the full run is 10 minutes,
+loadtest/results/chaos/)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.harness import REPO
+
+pytestmark = pytest.mark.after_stack
+
+BASE = 22000  # apart from the shared stack's and the other fleets' ports
+
+
+def test_two_minutes_of_chaos_lose_nothing(tmp_path):
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "loadtest.chaos", "--minutes", "2", "--fault-every-s", "60", "--base-port", str(BASE),
+         "--run-dir", str(tmp_path / "run"), "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=1500,
+    )  # fmt: skip
+    assert (out / "chaos.json").exists(), result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "chaos.json").read_text())
+    print(json.dumps({k: v for k, v in report.items() if k != "lost_examples"}, indent=2))
+    assert report["lost"] == 0, report["lost_examples"]
+    assert report["ok"] > 0 and report["requests"] == report["ok"] + report["failed_clean"] + report["left"]
+    kills = [f for f in report["faults"] if f["kind"] == "kill"]
+    assert report["faults"], "no fault was injected"
+    assert report["restarts"] == len(kills)  # every killed worker came back
+    assert report["readmissions"] >= len(kills)  # and the proxy took it back
+    assert report["nixl_bytes_after_last_restart"] > 0  # KV still moves over NIXL
+    assert report["prefill_kv_blocks_left"] == 0  # nothing pinned on a prefill worker
+    assert report["proxy_rss_mb_end"] <= 1.25 * report["proxy_rss_mb_start"]
+    assert (out / "chaos.png").exists() and (out / "chaos.md").exists()
+    assert result.returncode == 0

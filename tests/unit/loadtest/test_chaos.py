@@ -1,0 +1,40 @@
+"""The chaos soak's classifier: which errors nothing could have served, and which are lost."""
+
+from loadtest.serving.chaos import Fault, Record, classify
+
+PROXY_BOTH = [(10.0, {"prefill": 1, "decode": 1})]  # the proxy still counts one of each healthy
+
+
+def error(started=10.0, ended=11.0) -> Record:
+    return Record(started, ended, "completions", "error", "HTTP 502")
+
+
+def test_ok_and_left_are_what_they_are():
+    assert classify(Record(0, 1, "chat", "ok"), [], []) == "ok"
+    assert classify(Record(0, 1, "chat", "left"), [], []) == "left"
+
+
+def test_an_error_while_a_worker_of_each_role_was_up_is_lost():
+    up = [(10.5, {"prefill-0": True, "prefill-1": False, "decode": True})]
+    assert classify(error(), [Fault(9.0, "prefill-1", "kill")], PROXY_BOTH, up) == "lost"
+
+
+def test_an_error_while_every_prefill_worker_was_down_is_clean_though_the_proxy_counted_one():
+    # prefill-1 killed a moment ago (the proxy has not noticed), prefill-0 still restarting.
+    up = [(10.5, {"prefill-0": False, "prefill-1": False, "decode": True})]
+    assert classify(error(), [Fault(9.0, "prefill-1", "kill")], PROXY_BOTH, up) == "failed_clean"
+
+
+def test_the_proxy_seeing_no_worker_of_a_role_is_clean():
+    assert classify(error(), [], [(10.5, {"prefill": 0, "decode": 1})]) == "failed_clean"
+
+
+def test_a_decode_fault_under_the_request_is_clean_and_one_long_before_is_not():
+    up = [(10.5, {"prefill-0": True, "decode": True})]
+    assert classify(error(), [Fault(10.2, "decode", "kill")], PROXY_BOTH, up) == "failed_clean"
+    assert classify(error(), [Fault(2.0, "decode", "kill")], PROXY_BOTH, up) == "lost"
+
+
+def test_a_wrong_output_is_lost_whatever_the_health():
+    wrong = Record(10.0, 11.0, "chat", "wrong", "text differs")
+    assert classify(wrong, [], [(10.5, {"prefill": 0, "decode": 0})]) == "lost"
