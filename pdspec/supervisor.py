@@ -16,6 +16,7 @@ proxy takes a restarted worker back by itself, once its health and pairing check
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import IO
 
 import httpx
@@ -45,9 +47,14 @@ class Child:
     health_url: str
     log_path: Path
     process: subprocess.Popen | None = None
+    # Run before every start, restarts included: a worker's fresh Prometheus folder (vLLM
+    # needs it empty; a dead process's files would keep its gauges and counters alive).
+    before_start: Callable[[], None] | None = None
     _log: IO[bytes] | None = field(default=None, repr=False)
 
     def start(self, append: bool = False) -> None:
+        if self.before_start is not None:
+            self.before_start()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab" if append else "wb")
         self.process = subprocess.Popen(
@@ -113,7 +120,7 @@ def plan_children(settings: UpCommand) -> list[Child]:
         for index, worker in enumerate(replicas):
             name = role if len(replicas) == 1 else f"{role}-{index}"
             run_dir = replica_run_dir(settings.run_dir, role, index)
-            prepare_run_dir(role, run_dir)
+            prepare_run_dir(role, run_dir)  # before launch_spec: it names files in there
             spec = launch_spec(role, settings.model, worker, run_dir)
             children.append(
                 Child(
@@ -122,6 +129,7 @@ def plan_children(settings: UpCommand) -> list[Child]:
                     env=spec.env,
                     health_url=f"http://{worker.host}:{worker.port}/health",
                     log_path=settings.run_dir / "logs" / f"{name}.log",
+                    before_start=functools.partial(prepare_run_dir, role, run_dir),
                 )
             )
     if settings.layout == "colocated":

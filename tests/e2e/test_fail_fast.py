@@ -45,6 +45,6 @@ def test_a_dead_child_stops_a_fail_fast_stack_naming_it(tmp_path):
             up.wait(timeout=120)
     output = "".join(rest)
     assert code != 0, output
-    assert "colocated exited with code" in output, output
+    assert "colocated worker exited with code" in output, output
     assert "restarting" not in output  # fail-fast: no second start
 

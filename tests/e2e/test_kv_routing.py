@@ -2,7 +2,9 @@
 KV over NIXL): requests sharing a long prefix land on the prefill worker that holds it,
 as its own prefix-cache counter shows; the decode worker's events report the blocks it
 received over NIXL; a short follow-up turn is prefilled on the decode worker holding the
-conversation, with the same output as the disaggregated path."""
+conversation, with the same output as the disaggregated path; a holder that dies, or
+restarts in place, gets no cache-affine traffic until its new events say it holds the
+context again."""
 
 import time
 
@@ -37,16 +39,17 @@ def fleet(tmp_path_factory):
     routed = harness.start_proxy(BASE, **common, **ROUTING)
     # The reference: every request disaggregated, routed by the prompt's hash.
     plain = harness.start_proxy(BASE + 1, **common, prefill_policy="prefix_affinity")
-    servers = [routed, plain, p1, p2, d]
+    servers = {"routed": routed, "plain": plain, "p1": p1, "p2": p2, "d": d, "run": run}
     try:
         for server in (p1, p2, d):
             harness.wait_healthy(server.url, server.process)
         for proxy in (routed, plain):
             harness.wait_healthy(proxy.url, proxy.process, path="/ready")
-        yield {"routed": routed, "plain": plain, "p1": p1, "p2": p2, "d": d}
+        yield servers  # a test that restarts a worker puts the new one here
     finally:
-        for server in servers:
-            server.stop()
+        for name, server in servers.items():
+            if name != "run":
+                server.stop()
 
 
 def complete(proxy: str, prompt: str, client: httpx.Client) -> httpx.Response:
@@ -103,6 +106,52 @@ def test_shared_prefix_lands_where_it_is_cached_and_follow_ups_prefill_locally(f
     assert local[(("reason", "cached_on_decode"),)] >= 1
     events = {dict(labels)["kind"]: v for labels, v in harness.scrape_labeled(routed, "pdspec_proxy_kv_events_total").items()}
     assert events.get("stored", 0) > 0 and events.get("bad_messages", 0) == 0 and events.get("orphans", 0) == 0
+
+
+def predicted_hits(proxy: str) -> dict[str, float]:
+    return {dict(labels)["worker"]: v for labels, v in
+            harness.scrape_labeled(proxy, "pdspec_proxy_predicted_hit_tokens_total").items()
+            if dict(labels)["pool"] == "prefill"}  # fmt: skip
+
+
+def healthy_prefill(proxy: str) -> float:
+    return harness.scrape_labeled(proxy, "pdspec_proxy_healthy_workers").get((("pool", "prefill"),), 0.0)
+
+
+def test_a_holder_that_dies_or_restarts_gets_no_cache_affine_traffic_until_its_new_events(fleet):
+    """The stale-index failure other routers' users report: an engine restarted in place
+    comes back empty (its event sequence starts again), or is gone. Here the prefill worker
+    holding a context is killed: the proxy forgets its blocks when it ejects it, and
+    restarted on the same port it is readmitted with none, so no request is sent there for a
+    hit it cannot give until its own new events say it holds the context again."""
+    routed = fleet["routed"].url
+    names = {fleet["p1"].url: "p1", fleet["p2"].url: "p2"}
+    context = CONTEXT.replace("helper", "restarted")  # a context no other test sent
+    with httpx.Client(timeout=180) as client:
+        holder = complete(routed, context + QUESTIONS[0], client).headers["x-pdspec-prefill-worker"]
+        name = names[holder]
+        wait_for(lambda: index_blocks(routed).get(holder, 0) > 0, "the holder's KV events")
+        port, side_channel = int(holder.rsplit(":", 1)[1]), BASE + 300 + (1 if name == "p1" else 2)
+
+        fleet[name].kill()  # a crash: removed from the pool, its index entry with it
+        wait_for(lambda: healthy_prefill(routed) == 1, "the proxy ejecting the dead worker")
+        wait_for(lambda: index_blocks(routed).get(holder, 0) == 0, "the dead worker's blocks forgotten")
+        while_down = complete(routed, context + QUESTIONS[1], client)
+        assert while_down.headers["x-pdspec-prefill-worker"] not in (holder, "local")
+
+        # Restarted in place: same port and side channel, a new engine with an empty cache.
+        fleet[name] = harness.start_worker("prefill", fleet["run"] / f"{name}-restarted", port, side_channel,
+                                           cpu_omp_threads_bind="0")  # fmt: skip
+        harness.wait_healthy(holder, fleet[name].process)
+        wait_for(lambda: healthy_prefill(routed) == 2, "the restarted worker readmitted", timeout_s=120)
+        assert index_blocks(routed).get(holder, 0) == 0  # it came back holding nothing
+        predicted_before = predicted_hits(routed).get(holder, 0.0)
+        hits_before = prefix_hits(holder)
+        for question in QUESTIONS[2:]:
+            served = complete(routed, context + question * 12, client).headers["x-pdspec-prefill-worker"]
+            assert served != holder, "routed to the restarted worker for a hit it cannot give"
+        assert predicted_hits(routed).get(holder, 0.0) == predicted_before
+        assert prefix_hits(holder) == hits_before
 
 
 def test_the_dashboards_routing_row_on_a_real_prometheus(fleet, tmp_path_factory):

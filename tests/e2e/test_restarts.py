@@ -46,9 +46,10 @@ def test_a_killed_decode_worker_is_restarted_readmitted_and_serves_with_kv_trans
     wait_for(lambda: not ready(stack), "the proxy ejects the dead decode worker", timeout_s=60)
     new = wait_for(lambda: new_decode_pid(stack, old), "pdspec up starts the decode worker again")
     wait_for(lambda: ready(stack), "the proxy readmits it")
-    # The worker's Prometheus folder keeps the dead process's counters (multiprocess mode:
-    # they stay monotonic across the restart), so the transfer is read as a difference.
+    # A new process with a fresh Prometheus folder: no count of the dead one's is left
+    # (a folder kept across the restart showed the old process's counters and gauges).
     before = harness.scrape(stack.decode_url).get("vllm:nixl_bytes_transferred_sum", 0)
+    assert before == 0
     with httpx.Client(timeout=180) as client:
         response = client.post(stack.proxy_url + "/v1/completions", json=completion_body(unique_prompt(200)))
     assert response.status_code == 200, response.text

@@ -110,6 +110,28 @@ def test_a_child_that_exits_is_restarted_and_its_log_kept(tmp_path):
     assert crash.log_path.read_text().count("run") == 1 + len(restarted)  # appended, not truncated
 
 
+def test_every_start_of_a_worker_gets_a_fresh_prometheus_folder(tmp_path):
+    """A restarted worker must not inherit the dead process's metrics files (vLLM wants the
+    folder empty; left there, its gauges and counters stay on /metrics)."""
+    from pathlib import Path
+
+    from pdspec.restarts import RestartPolicy
+
+    children = plan_children(UpCommand(run_dir=tmp_path))
+    decode = next(c for c in children if c.name == "decode worker")
+    folder = Path(decode.env["PROMETHEUS_MULTIPROC_DIR"])
+    decode.argv = [sys.executable, "-c", "print('run'); raise SystemExit(3)"]  # dies at once
+    decode.start()
+    (folder / "counter_12345.db").write_bytes(b"the dead process's counters")
+    try:
+        said, restarted = drive([decode], RestartPolicy(max_restarts=10, window_s=1000, backoff_s=1), ticks=4)
+    finally:
+        decode.stop(1)
+    assert restarted == ["decode worker"] * len(restarted) and restarted
+    assert folder.is_dir() and not (folder / "counter_12345.db").exists()
+    assert all(c.before_start is not None for c in children if c.name.endswith("worker"))
+
+
 def test_too_many_exits_or_fail_fast_stop_the_stack_naming_the_child(tmp_path):
     from pdspec.restarts import RestartPolicy
     from pdspec.supervisor import StartupError

@@ -296,6 +296,37 @@ def test_network_policy_only_proxy_reaches_worker_http_and_only_workers_reach_ni
     assert allowed(overlay, "prefill", "proxy", 8000)
 
 
+def window_s(probe: dict) -> float:
+    """How long a probe fails before Kubernetes acts on it."""
+    return probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_probes_tell_the_same_restart_story_as_pdspec_up_and_compose(overlay):
+    """Issue 19: a dead or hung worker is taken out of traffic by the proxy first (its own
+    health checks), out of the Service's DNS next (readiness), and restarted last
+    (liveness), so a short hang (the chaos soak's 10 s) is ridden out and a long one
+    restarted; a crashed container is restarted by the kubelet, and the proxy readmits it
+    after its health and pairing checks. A drain takes one worker of a role at a time."""
+    from pdspec.settings import ProxySettings
+
+    proxy = ProxySettings()
+    proxy_eject_s = proxy.health_interval_s * proxy.eject_after_failures
+    for role in WORKERS:
+        deployment = objects(overlay, "Deployment")[role]
+        c = container(deployment)
+        readiness, liveness = window_s(c["readinessProbe"]), window_s(c["livenessProbe"])
+        assert proxy_eject_s < readiness < liveness, (role, proxy_eject_s, readiness, liveness)
+        assert liveness >= 60  # rides out a 10-s hang and a busy engine's slow /health
+        assert c["livenessProbe"]["timeoutSeconds"] >= 5
+        assert pod_spec(deployment).get("restartPolicy", "Always") == "Always"
+        pdb = objects(overlay, "PodDisruptionBudget")[role]
+        assert pdb["spec"] == {**pdb["spec"], "maxUnavailable": 1}
+    proxy_deployment = objects(overlay, "Deployment")["proxy"]
+    assert pod_spec(proxy_deployment).get("restartPolicy", "Always") == "Always"
+    assert window_s(container(proxy_deployment)["livenessProbe"]) >= 30
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_pdbs_and_pod_monitor_select_the_pods(overlay):
     for name, pdb in objects(overlay, "PodDisruptionBudget").items():
