@@ -235,6 +235,19 @@ async def watch_health(fleet: Fleet, until: float, samples: list, workers_up: li
             await asyncio.sleep(0.5)  # the health timeline's resolution
 
 
+def wait_up(url: str, deadline: float) -> None:
+    """Until the worker answers /health (a restart in progress refuses connections)."""
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{url} did not come back within --settle-s")
+        time.sleep(0.5)  # polling /health, the readiness check itself
+
+
 def role_down(role: str, up: dict[str, bool]) -> bool:
     return not any(state for name, state in up.items() if name.startswith(role))
 
@@ -300,9 +313,13 @@ def run(args) -> dict:
 
     try:
         records = asyncio.run(main_async())
-        # Settled: every worker back, the prefill workers' KV free.
+        # Settled: every worker back (one killed near the end is still restarting), then
+        # idle, the prefill workers' KV free.
+        settle_deadline = time.monotonic() + args.settle_s
         for url in fleet.workers.values():
-            worker_metrics.scrape_when_idle(httpx.Client(timeout=10), url, timeout_s=args.settle_s)
+            wait_up(url, settle_deadline)
+            worker_metrics.scrape_when_idle(httpx.Client(timeout=10), url,
+                                            timeout_s=max(settle_deadline - time.monotonic(), 1.0))  # fmt: skip
         prefill_kv = sum(worker_metrics.parse(httpx.get(u + "/metrics").text).get("vllm:kv_cache_usage_perc", 0.0)
                          for n, u in fleet.workers.items() if n.startswith("prefill"))  # fmt: skip
         nixl = worker_metrics.parse(httpx.get(fleet.workers["decode"] + "/metrics").text).get(
