@@ -194,10 +194,14 @@ async def load(fleet: Fleet, mix: list, texts: dict, until: float, concurrency: 
     return records
 
 
-async def inject(fleet: Fleet, until: float, every_s: float, hang_s: float, seed: int, faults: list[Fault]) -> None:
+async def inject(
+    fleet: Fleet, until: float, every_s: float, hang_s: float, seed: int, faults: list[Fault], quiet_s: float = 0.0
+) -> None:
+    """A fault every `every_s`, none in the last `quiet_s` of the load: the last one's worker
+    has time to come back and take traffic again before the load ends."""
     rng = random.Random(seed + 1)
     await asyncio.sleep(every_s / 2)
-    while time.monotonic() + hang_s < until:
+    while time.monotonic() + max(hang_s, quiet_s) < until:
         name, kind = rng.choice(ROLES), rng.choice(("kill", "hang"))
         pid = fleet.pid(name)
         if pid is not None:
@@ -246,6 +250,19 @@ def wait_up(url: str, deadline: float) -> None:
         if time.monotonic() > deadline:
             raise SystemExit(f"{url} did not come back within --settle-s")
         time.sleep(0.5)  # polling /health, the readiness check itself
+
+
+def fault_recovery(fault: Fault, workers_up: list, health: list) -> dict:
+    """How long after the fault its worker answered /health again (`back_s`), and when the
+    proxy next counted its pool back at full strength (`readmitted_s`); None: never."""
+    pool = fault.worker.split("-")[0]
+    size = max((h.get(pool, 0) for _, h in health if h is not None), default=0)
+    went_down = next((at for at, up in workers_up if at >= fault.at and not up[fault.worker]), None)
+    back = next((at for at, up in workers_up if went_down is not None and at > went_down and up[fault.worker]), None)
+    readmitted = next((at for at, h in health if back is not None and at >= back and h is not None
+                       and h.get(pool, 0) == size), None)  # fmt: skip
+    return {"back_s": round(back - fault.at, 1) if back is not None else None,
+            "readmitted_s": round(readmitted - fault.at, 1) if readmitted is not None else None}  # fmt: skip
 
 
 def role_down(role: str, up: dict[str, bool]) -> bool:
@@ -306,7 +323,7 @@ def run(args) -> dict:
 
         results = await asyncio.gather(
             load(fleet, mix, texts, until, args.concurrency, args.seed, args.timeout_s),
-            inject(fleet, until, args.fault_every_s, args.hang_s, args.seed, faults),
+            inject(fleet, until, args.fault_every_s, args.hang_s, args.seed, faults, args.quiet_tail_s),
             watch_health(fleet, until + 5, health, workers_up), progress(),
         )  # fmt: skip
         return results[0]
@@ -329,13 +346,15 @@ def run(args) -> dict:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=120)
     outcomes = [classify(r, faults, health, workers_up) for r in records]
+    recoveries = [fault_recovery(f, workers_up, health) for f in faults]
     readmissions = sum(1 for (_, a), (_, b) in zip(health, health[1:]) if a and b
                        for pool in ("prefill", "decode") if b.get(pool, 0) > a.get(pool, 0))  # fmt: skip
     report = {
         "command": "python -m loadtest.chaos " + " ".join(args.argv), "minutes": args.minutes,
         "requests": len(records), **{name: outcomes.count(name) for name in ("ok", "failed_clean", "lost", "left")},
-        "faults": [asdict(f) | {"at": round(f.at - t0, 1), "until": round(f.until - t0, 1) if f.until else None}
-                   for f in faults],
+        "faults": [asdict(f) | {"at": round(f.at - t0, 1), "until": round(f.until - t0, 1) if f.until else None} | r
+                   for f, r in zip(faults, recoveries)],
+        "faults_recovered": sum(r["back_s"] is not None and r["readmitted_s"] is not None for r in recoveries),
         "restarts": sum("restarted" in line for _, line in lines), "readmissions": readmissions,
         "nixl_bytes_after_last_restart": nixl, "prefill_kv_blocks_left": prefill_kv,
         "proxy_rss_mb_start": round(rss_start, 1), "proxy_rss_mb_end": round(rss_end, 1),
@@ -352,8 +371,11 @@ def markdown(report: dict) -> str:
             "nixl_bytes_after_last_restart", "prefill_kv_blocks_left", "proxy_rss_mb_start", "proxy_rss_mb_end"]
     lines = [f"Command: `{report['command']}`", "", "| figure | value |", "| --- | --- |"]
     lines += [f"| {name} | {report[name]} |" for name in rows]
-    lines += ["", f"Faults ({len(report['faults'])}): " +
-              ", ".join(f"{f['kind']} {f['worker']} at {f['at']} s" for f in report["faults"])]  # fmt: skip
+    lines += [f"| faults_recovered | {report.get('faults_recovered', '?')} of {len(report['faults'])} |", "",
+              "| fault | worker | at s | answering again after s | pool full again (proxy) after s |",
+              "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines += [f"| {f['kind']} | {f['worker']} | {f['at']} | {f.get('back_s')} | {f.get('readmitted_s')} |"
+              for f in report["faults"]]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -394,6 +416,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--fault-every-s", type=float, default=60.0)
     parser.add_argument("--hang-s", type=float, default=10.0)
     parser.add_argument("--settle-s", type=float, default=180.0, help="after the load: time for workers to come back")
+    parser.add_argument("--quiet-tail-s", type=float, default=150.0,
+                        help="no fault in the load's last seconds: the last faulted worker comes back and serves "
+                        "again (a restart takes 60-100 s on a loaded 2-core CPU)")
     parser.add_argument("--timeout-s", type=float, default=120.0, help="a request with no answer by then is hung")
     parser.add_argument("--mix", type=int, default=48, help="distinct requests the clients draw from")
     parser.add_argument("--seed", type=int, default=0)

@@ -1,6 +1,6 @@
 """The chaos soak's classifier: which errors nothing could have served, and which are lost."""
 
-from loadtest.serving.chaos import Fault, Record, classify
+from loadtest.serving.chaos import Fault, Record, classify, fault_recovery, markdown
 
 PROXY_BOTH = [(10.0, {"prefill": 1, "decode": 1})]  # the proxy still counts one of each healthy
 
@@ -38,3 +38,23 @@ def test_a_decode_fault_under_the_request_is_clean_and_one_long_before_is_not():
 def test_a_wrong_output_is_lost_whatever_the_health():
     wrong = Record(10.0, 11.0, "chat", "wrong", "text differs")
     assert classify(wrong, [], [(10.5, {"prefill": 0, "decode": 0})]) == "lost"
+
+
+def test_a_fault_is_recovered_when_its_worker_answers_and_the_pool_is_whole_again():
+    fault = Fault(10.0, "prefill-1", "kill")
+    up = [(9.5, {"prefill-0": True, "prefill-1": True}), (10.5, {"prefill-0": True, "prefill-1": False}),
+          (70.0, {"prefill-0": True, "prefill-1": True})]  # fmt: skip
+    health = [(9.0, {"prefill": 2, "decode": 1}), (12.0, {"prefill": 1, "decode": 1}),
+              (71.0, {"prefill": 1, "decode": 1}), (74.0, {"prefill": 2, "decode": 1})]  # fmt: skip
+    assert fault_recovery(fault, up, health) == {"back_s": 60.0, "readmitted_s": 64.0}
+    never = [(10.5, {"prefill-0": True, "prefill-1": False})]
+    assert fault_recovery(fault, never, health) == {"back_s": None, "readmitted_s": None}
+
+
+def test_the_table_lists_every_fault_with_its_recovery():
+    report = {"command": "c", **{k: 0 for k in ("requests", "ok", "failed_clean", "lost", "left", "restarts",
+              "readmissions", "nixl_bytes_after_last_restart", "prefill_kv_blocks_left", "proxy_rss_mb_start",
+              "proxy_rss_mb_end")}, "faults_recovered": 1,
+              "faults": [{"kind": "kill", "worker": "decode", "at": 30.0, "back_s": 61.0, "readmitted_s": 63.5}]}  # fmt: skip
+    table = markdown(report)
+    assert "| faults_recovered | 1 of 1 |" in table and "| kill | decode | 30.0 | 61.0 | 63.5 |" in table
