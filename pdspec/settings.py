@@ -85,13 +85,17 @@ class ModelSettings(BaseModel):
     )
     tool_call_parser: str | None = Field(
         None, description="vLLM's --tool-call-parser on both workers (e.g. hermes for Qwen3): tool calls in "
-        "replies, and tool_choice='auto'. The prefill worker needs it too, or it refuses such requests.",
+        "replies, and tool_choice='auto'. The prefill worker needs it too, or it refuses such requests. Unset: "
+        "hermes for the local model (its chat template renders tools and tool calls in hermes' format).",
     )
-    enable_auto_tool_choice: bool = Field(
-        False, description="vLLM's --enable-auto-tool-choice on both workers (needs tool_call_parser)."
+    enable_auto_tool_choice: bool | None = Field(
+        None, description="vLLM's --enable-auto-tool-choice on both workers (needs tool_call_parser). Unset: on "
+        "for the local model, off otherwise.",
     )
     reasoning_parser: str | None = Field(
-        None, description="vLLM's --reasoning-parser on both workers (e.g. qwen3): thinking in reasoning_content."
+        None, description="vLLM's --reasoning-parser on both workers (e.g. qwen3): thinking in the reply's "
+        "`reasoning` field. Unset: none, also for the local model (it does not think; see the README on text "
+        "parsers such as granite and structured outputs).",
     )
 
 
