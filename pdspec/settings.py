@@ -88,9 +88,9 @@ class ModelSettings(BaseModel):
         "replies, and tool_choice='auto'. The prefill worker needs it too, or it refuses such requests. Unset: "
         "hermes for the local model (its chat template renders tools and tool calls in hermes' format).",
     )
-    enable_auto_tool_choice: bool | None = Field(
-        None, description="vLLM's --enable-auto-tool-choice on both workers (needs tool_call_parser). Unset: on "
-        "for the local model, off otherwise.",
+    enable_auto_tool_choice: bool = Field(
+        True, description="vLLM's --enable-auto-tool-choice on both workers whenever a tool call parser is in use "
+        "(tool_choice='auto' parses tool calls out of the reply); false: named and required tool choice only.",
     )
     reasoning_parser: str | None = Field(
         None, description="vLLM's --reasoning-parser on both workers (e.g. qwen3): thinking in the reply's "

@@ -95,12 +95,11 @@ LOCAL_TOOL_CALL_PARSER = "hermes"
 
 
 def tool_options(model: ModelSettings) -> tuple[str | None, bool]:
-    """(tool call parser, auto tool choice) for both workers: the settings, or for the
-    local model with them unset, hermes and auto tool choice on."""
-    local = model.target is None
-    parser = model.tool_call_parser or (LOCAL_TOOL_CALL_PARSER if local else None)
-    auto = model.enable_auto_tool_choice if model.enable_auto_tool_choice is not None else local
-    return parser, auto
+    """(tool call parser, auto tool choice) for both workers: the parser set, else hermes
+    for the local model; auto tool choice only with a parser (vLLM refuses to start with
+    it alone)."""
+    parser = model.tool_call_parser or (LOCAL_TOOL_CALL_PARSER if model.target is None else None)
+    return parser, parser is not None and model.enable_auto_tool_choice
 
 
 def is_cpu_build() -> bool:

@@ -82,6 +82,8 @@ def test_local_model_parses_hermes_tool_calls_on_every_role(role):
 
 
 def test_tool_settings_override_the_local_default_and_a_real_model_gets_none():
+    """Auto tool choice follows the parser: a real model without one gets neither flag
+    (vLLM refuses --enable-auto-tool-choice alone)."""
     off = ModelSettings(models_dir=Path("/m"), enable_auto_tool_choice=False, tool_call_parser="pythonic")
     argv = launch.vllm_argv("decode", off, WorkerSettings(), cpu=True)
     assert option(argv, "--tool-call-parser") == "pythonic" and "--enable-auto-tool-choice" not in argv
@@ -93,3 +95,12 @@ def test_reasoning_parser_reaches_both_workers():
     model = ModelSettings(models_dir=Path("/m"), reasoning_parser="granite")
     for role in ("prefill", "decode"):
         assert option(launch.vllm_argv(role, model, WorkerSettings(), cpu=True), "--reasoning-parser") == "granite"
+
+
+def test_auto_tool_choice_is_a_plain_cli_flag():
+    from pydantic_settings import CliApp
+
+    from pdspec.settings import UpCommand
+
+    assert CliApp.run(UpCommand, cli_args=["--model.enable_auto_tool_choice"]).model.enable_auto_tool_choice
+    assert not CliApp.run(UpCommand, cli_args=["--no-model.enable_auto_tool_choice"]).model.enable_auto_tool_choice
