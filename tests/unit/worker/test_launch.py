@@ -69,3 +69,38 @@ def test_test_hooks_give_each_role_its_own_switch(tmp_path):
     assert "PDSPEC_TEST_DUMP_DRAFTER_KV_DIR" not in prefill and "PDSPEC_TEST_SKIP_DRAFTER_PREFILL_FILE" not in decode
     plain = launch.worker_env("decode", WorkerSettings(), tmp_path, cpu=True)
     assert not any(name.startswith("PDSPEC_TEST_") for name in plain)
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode", "colocated"])
+def test_local_model_parses_hermes_tool_calls_on_every_role(role):
+    """The local model's chat template writes tool calls as hermes does, so every role
+    reads them back: the prefill worker would refuse tool_choice='auto' without a parser."""
+    argv = launch.vllm_argv(role, ModelSettings(models_dir=Path("/m")), WorkerSettings(), cpu=True)
+    assert option(argv, "--tool-call-parser") == "hermes"
+    assert "--enable-auto-tool-choice" in argv
+    assert "--reasoning-parser" not in argv  # the local model does not think
+
+
+def test_tool_settings_override_the_local_default_and_a_real_model_gets_none():
+    """Auto tool choice follows the parser: a real model without one gets neither flag
+    (vLLM refuses --enable-auto-tool-choice alone)."""
+    off = ModelSettings(models_dir=Path("/m"), enable_auto_tool_choice=False, tool_call_parser="pythonic")
+    argv = launch.vllm_argv("decode", off, WorkerSettings(), cpu=True)
+    assert option(argv, "--tool-call-parser") == "pythonic" and "--enable-auto-tool-choice" not in argv
+    real = launch.vllm_argv("decode", ModelSettings(target="/q/Qwen3-8B", drafter="/q/e"), WorkerSettings(), cpu=False)
+    assert "--tool-call-parser" not in real and "--enable-auto-tool-choice" not in real
+
+
+def test_reasoning_parser_reaches_both_workers():
+    model = ModelSettings(models_dir=Path("/m"), reasoning_parser="granite")
+    for role in ("prefill", "decode"):
+        assert option(launch.vllm_argv(role, model, WorkerSettings(), cpu=True), "--reasoning-parser") == "granite"
+
+
+def test_auto_tool_choice_is_a_plain_cli_flag():
+    from pydantic_settings import CliApp
+
+    from pdspec.settings import UpCommand
+
+    assert CliApp.run(UpCommand, cli_args=["--model.enable_auto_tool_choice"]).model.enable_auto_tool_choice
+    assert not CliApp.run(UpCommand, cli_args=["--no-model.enable_auto_tool_choice"]).model.enable_auto_tool_choice
