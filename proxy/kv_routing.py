@@ -16,7 +16,8 @@ the workers' caches, the subscriptions that fill it, and a request's route plan.
 
 Failure policy: nothing here fails a request. Without token ids or a known block size a
 request is routed as if nothing were cached (load and the rendezvous hash of the body's
-prompt, `pool.affinity_key`), and always disaggregated; a subscription that ends is started again at the next sync.
+prompt, `pool.affinity_key`), and always disaggregated; a subscription that ends is
+started again at the next sync.
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ class KvRouter:
             keys, len(ids),
             prefill_cached if self.prefill_pool.policy == "kv_aware" else None,
             decode_cached if self.decode_pool.policy == "kv_aware" else None,
-            decode_worker, local, affinity,
+            decode_worker=decode_worker, affinity=affinity, local_prefill=local,
         )  # fmt: skip
 
     def cached_tokens(
