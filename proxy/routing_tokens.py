@@ -12,7 +12,7 @@
   conversions); render runs those conversions and the chat template as the serving path
   does, and answers a `GenerateRequest` whose `token_ids` are the prompt. The caller
   sends the body the decode leg will carry (`Api.render_body`), so both render alike.
-  About the cost of `/tokenize` (README, "vLLM's scale-out API, evaluated").
+  It costs about what `/tokenize` does (README, "vLLM's scale-out API, evaluated").
 
 Failure policy: whatever goes wrong (a timeout, a worker's error, an odd reply; a worker
 without the scale-out API answers render with 403, an older vLLM with 404) gives None,
