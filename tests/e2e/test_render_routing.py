@@ -143,11 +143,13 @@ def test_a_shared_context_lands_on_the_prefill_worker_that_holds_it(fleet, api):
     with httpx.Client(timeout=180) as client:
         ids = render(client, decode, f"{path}/render", body_of(QUESTIONS[1]))
         holder, other = warm_where_the_hash_would_not_go(fleet, client, ids, context)
-        # The prompt's part that the warm-up chat shares: its system turn, in whole blocks.
+        # The prompt's part that the warm-up chat shares (its system turn) in whole blocks,
+        # less one: with an EAGLE drafter vLLM gives up the last block of every hit.
         shared = chat_ids(client, decode, context, "Hello.")
         common = next(i for i, (a, b) in enumerate(zip(ids, shared)) if a != b)
-        expected_hits = common // block_size(holder) * block_size(holder)
-        assert expected_hits >= 4 * block_size(holder)  # a long context, or the test proves little
+        size = block_size(holder)
+        expected_hits = (common // size - 1) * size
+        assert expected_hits >= 3 * size  # a long context, or the test proves little
         hits = {url: prefix_hits(url) for url in (holder, other)}
         before = decisions(proxy)
         served = []
