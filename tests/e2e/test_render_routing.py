@@ -96,8 +96,8 @@ def test_render_gives_the_ids_of_the_equivalent_chat(fleet):
             expected = chat_ids(client, decode, SYSTEM, question)
             assert render(client, decode, "/v1/messages/render", messages_body(question)) == expected
         # Input items and content blocks render as their plain-text forms do.
-        items = {**responses_body("x"), "input": [{"type": "message", "role": "user",
-                                                   "content": [{"type": "input_text", "text": QUESTIONS[0]}]}]}  # fmt: skip
+        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTIONS[0]}]}
+        items = {**responses_body("x"), "input": [item]}
         assert render(client, decode, "/v1/responses/render", items) == chat_ids(client, decode, INSTRUCTIONS,
                                                                                  QUESTIONS[0])  # fmt: skip
         blocks = {**messages_body("x"), "system": [{"type": "text", "text": SYSTEM}],
