@@ -130,6 +130,13 @@ class WorkerSettings(BaseModel):
         1, ge=1, description="Replay port minus publisher port; at least the data-parallel size, or the ranks' "
         "ports collide.",
     )
+    scale_out_api: bool = Field(
+        True, description="vLLM's --enable-scale-out (prefill and decode workers; not a colocated server, which "
+        "clients reach): its render endpoints give the proxy's cache-aware routing the token ids of Responses and "
+        "Messages requests (/v1/responses/render, /v1/messages/render). It also serves /inference/v1/generate; "
+        "the proxy forwards no client request to any of them. Off: those requests are routed without cache "
+        "knowledge.",
+    )
     drafts: DraftsPolicy = Field(
         "auto", description="auto: propose with K=0 when no request can use drafts."
     )
@@ -214,8 +221,9 @@ class ProxySettings(BaseModel):
         "before its KV events say so (a burst sharing a prefix then lands on one worker).",
     )
     routing_tokenize_timeout_s: float = Field(
-        0.5, gt=0, description="kv_aware routing of a text prompt or chat: the longest wait for a worker's "
-        "/tokenize; then the request is routed without cache knowledge.",
+        0.5, gt=0, description="kv_aware routing: the longest wait for a decode worker's /tokenize (a text "
+        "prompt or a chat) or render endpoint (Responses, Messages); then the request is routed without cache "
+        "knowledge.",
     )
     served_by_headers: bool = Field(
         False, description="Replies carry X-Pdspec-Prefill-Worker and X-Pdspec-Decode-Worker (`local`: the "

@@ -62,7 +62,11 @@ class Api:
     fans_out: bool = True  # `n` and lists of prompts: one prefill and decode per choice (proxy/fanout.py)
     # Fields refused beyond the model's context, as vLLM refuses them (proxy/limits.py).
     limit_fields: tuple[str, ...] = LIMITED_FIELDS
-    token_routing: bool = True  # cache-aware routing can learn the prompt's token ids (proxy/routing_tokens.py)
+    # Cache-aware routing's token ids (proxy/routing_tokens.py): None reads them from the
+    # body or /tokenize (completions, chat); else the worker's render endpoint at this
+    # path, sent `render_body(body)`, the decode leg's body as it renders.
+    render_path: str | None = None
+    render_body: Callable[[Body], Body] | None = None
     preamble_events: int = 0  # stream events a decode worker sends before it reads the KV
     prepare: Callable[[Body, str], None] | None = None  # (body, request id), after validation
 
@@ -80,23 +84,24 @@ CHAT = Api(
     legs.decode_only_reason, cached_tokens_of, patch_body, chat=True,
 )  # fmt: skip
 # No fan-out (the API has no `n`), no context check (vLLM caps `max_output_tokens` at what
-# the context leaves instead of refusing it), and no token routing (its `input` items
-# render through vLLM's Responses renderer, which /tokenize does not offer): routed by
-# the pools' policies, prefix affinity keyed on `instructions` and `input`.
+# the context leaves instead of refusing it). Its token ids come from the worker's
+# `/v1/responses/render`: its `input` items and `instructions` render through vLLM's
+# Responses renderer, which /tokenize does not offer.
 RESPONSES = Api(
     "responses", "/v1/responses", validate_responses, responses.prefill_body, responses.responses_decode_body,
     responses.release_body, responses.decode_only_reason, responses_cached_tokens_of, patch_responses_body,
-    stream=_responses_stream, fans_out=False, limit_fields=(), token_routing=False,
-    preamble_events=PREAMBLE_EVENTS, prepare=responses.with_request_id,
+    stream=_responses_stream, fans_out=False, limit_fields=(), render_path="/v1/responses/render",
+    render_body=responses.render_body, preamble_events=PREAMBLE_EVENTS, prepare=responses.with_request_id,
 )  # fmt: skip
 
 # Anthropic's Messages: no fan-out (no `n`), the context check on its `max_tokens` (vLLM's
-# chat serving refuses one beyond the context), no token routing (its messages and
-# `system` render through vLLM's own conversion to chat, which /tokenize does not offer).
+# chat serving refuses one beyond the context). Its token ids come from the worker's
+# `/v1/messages/render`: its messages and `system` render through vLLM's own conversion to
+# chat, which /tokenize does not offer.
 MESSAGES = Api(
     "messages", "/v1/messages", validate_messages, messages.prefill_body, legs.decode_body, messages.release_body,
     messages.decode_only_reason, messages_cached_tokens_of, patch_messages_body, stream=_messages_stream,
-    fans_out=False, limit_fields=("max_tokens",), token_routing=False,
+    fans_out=False, limit_fields=("max_tokens",), render_path="/v1/messages/render", render_body=messages.render_body,
 )  # fmt: skip
 
 APIS = (COMPLETIONS, CHAT, RESPONSES, MESSAGES)

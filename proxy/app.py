@@ -46,6 +46,14 @@ from proxy.validation import parse_json_object
 
 log = logging.getLogger("pdspec.proxy")
 
+# vLLM's scale-out endpoints (vllm/entrypoints/scale_out/, `--enable-scale-out`), on the
+# workers: never served to clients, whatever the method.
+SCALE_OUT_PATHS = (
+    "/v1/chat/completions/render", "/v1/completions/render", "/v1/responses/render", "/v1/messages/render",
+    "/v1/chat/completions/derender", "/v1/completions/derender", "/inference/v1/generate",
+)  # fmt: skip
+SCALE_OUT_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
 
 class OpenAIEndpoint:
     """POST one of proxy/apis.py's APIs (/v1/completions, /v1/chat/completions,
@@ -267,6 +275,17 @@ def create_app(settings: ProxySettings) -> ProxyApp:
         message = {404: f"No route {request.url.path}.",
                    405: f"Method {request.method} is not allowed on {request.url.path}."}.get(exc.status_code, exc.detail)
         return error_response(ProxyError(exc.status_code, str(message)), headers=dict(exc.headers or {}))
+
+    async def scale_out_path(request: Request) -> Response:
+        """vLLM's scale-out endpoints (render, derender, /inference/v1/generate) are the
+        workers' own: the proxy reads render for cache-aware routing
+        (proxy/routing_tokens.py) and serves none of them to clients. A plain 404 as for an
+        unknown path, whatever the method (`/v1/responses/render` would otherwise match
+        the stored-response routes below and answer 405 to a POST)."""
+        raise ProxyError(404, f"No route {request.url.path}.", code="not_found")
+
+    for path in SCALE_OUT_PATHS:
+        app.add_api_route(path, scale_out_path, methods=list(SCALE_OUT_METHODS), include_in_schema=False)
 
     @app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
     @app.api_route("/v1/responses/{response_id}/{action}", methods=["GET", "POST"])

@@ -81,6 +81,13 @@ def release_reason(exc: BaseException) -> str:
     return status_class(getattr(exc, "reason", "proxy_error"))
 
 
+def _affinity(body: dict[str, Any], plan: RoutePlan | None) -> str | None:
+    """The rendezvous key of a request's legs: from the prompt's token ids when the route
+    plan read them (a Messages `system`, which the body's key leaves out, included), else
+    from the body."""
+    return plan.affinity if plan is not None and plan.affinity is not None else affinity_key(body)
+
+
 def status_class(reason: str) -> str:
     """`http_503` -> `http_5xx`: one label value per class, not per status."""
     return reason[:6] + "xx" if reason.startswith("http_") and len(reason) == 8 else reason
@@ -165,7 +172,7 @@ class Disaggregator:
         the decode worker prefills, and there is no prefill KV to release). With cache-aware
         routing the route is planned first: the decode worker, and whether it prefills
         the prompt itself (conditional disaggregation)."""
-        plan = await self.kv_router.plan(body, api.chat) if self.kv_router is not None and api.token_routing else None
+        plan = await self.kv_router.plan(body, api) if self.kv_router is not None else None
         if plan is not None and plan.local_prefill is not None and not decode_only:
             self.metrics.local_prefills.labels(plan.local_prefill).inc()
             decode_only = True
@@ -197,7 +204,7 @@ class Disaggregator:
     ) -> Prefilled:
         policy = self.settings.prefill_failure_policy
         tries = 1 + (self.settings.prefill_retries if policy == "retry" else 0)
-        key = affinity_key(body) if self.prefill_pool.policy in ("prefix_affinity", "kv_aware") else None
+        key = _affinity(body, plan) if self.prefill_pool.policy in ("prefix_affinity", "kv_aware") else None
         leg = orjson.dumps(api.prefill_body(body))
         failure: LegFailed | None = None
         cached = plan.prefill_cached if plan is not None else None
@@ -346,7 +353,7 @@ class Disaggregator:
         failure: LegFailed | None = None
         tries = 1 + self.settings.decode_retries
         cached, first = (plan.decode_cached, plan.decode_worker) if plan is not None else (None, None)
-        key = affinity_key(body) if self.decode_pool.policy == "kv_aware" else None
+        key = _affinity(body, plan) if self.decode_pool.policy == "kv_aware" else None
         for attempt, worker in attempts(self.decode_pool, tries, key, cached, first):
             if self.kv_router is not None:
                 self.kv_router.routed(self.decode_pool, worker, plan)

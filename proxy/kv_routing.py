@@ -6,15 +6,18 @@ the workers' caches, the subscriptions that fill it, and a request's route plan.
   subscription and forgets the worker's blocks when the worker is ejected, refused or
   leaves, or publishes elsewhere (another process). A restart in place is caught by the
   subscription itself (the event sequence starts again).
-- `plan()` reads the prompt's token ids (proxy/routing_tokens.py), keys its full blocks
-  as the index does, and gives each pool's cached tokens per worker. The decode worker is
+- `plan()` reads the prompt's token ids (proxy/routing_tokens.py: `/tokenize` for
+  completions and chat, the API's render endpoint for Responses and Messages), keys its
+  full blocks as the index does, and gives each pool's cached tokens per worker and the
+  prompt's affinity key from its ids (the tie-break hash). The decode worker is
   chosen first: with conditional disaggregation, a prompt whose part uncached on that
   worker is short is prefilled there (`local_prefill`: no prefill leg, no KV transfer).
 - `routed()` notes a routing decision in the index for a short while.
 
 Failure policy: nothing here fails a request. Without token ids or a known block size a
-request is routed as if nothing were cached (load and the prompt's rendezvous hash), and
-always disaggregated; a subscription that ends is started again at the next sync.
+request is routed as if nothing were cached (load and the rendezvous hash of the body's
+prompt, `pool.affinity_key`), and always disaggregated; a subscription that ends is
+started again at the next sync.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdspec.settings import ProxySettings
+from proxy.apis import Api
 from proxy.kv_index import KvIndex, block_keys
 from proxy.kv_subscriber import EventSource, Subscriber
 from proxy.metrics import ProxyMetrics
-from proxy.pool import NoHealthyWorker, Worker, WorkerPool, affinity_key
-from proxy.routing_tokens import prompt_token_ids
+from proxy.pool import NoHealthyWorker, Worker, WorkerPool, token_affinity_key
+from proxy.routing_tokens import prompt_token_ids, rendered_token_ids
 from proxy.upstream import UpstreamClient
 
 log = logging.getLogger("pdspec.proxy.routing")
@@ -42,6 +46,8 @@ class RoutePlan:
     prefill_cached: dict[str, int] | None  # cached prompt tokens per prefill worker (None: not kv_aware)
     decode_cached: dict[str, int] | None
     decode_worker: Worker | None = None  # chosen first: the decode leg tries it first
+    # The rendezvous key of both pools: the ids' start, the same whatever API rendered them.
+    affinity: str | None = None
     local_prefill: str | None = None  # why the decode worker prefills itself (None: disaggregate)
 
 
@@ -148,21 +154,26 @@ class KvRouter:
 
     # --- a request's route ---------------------------------------------------------------
 
-    async def plan(self, body: dict[str, Any], chat: bool) -> RoutePlan | None:
+    async def plan(self, body: dict[str, Any], api: Api) -> RoutePlan | None:
         block_size = self._block_size()
         tokenizer = next(iter(self.decode_pool.healthy()), None)
         if block_size is None or tokenizer is None:
             return None
-        ids = await prompt_token_ids(self.client, tokenizer.url, body, chat, self.settings.routing_tokenize_timeout_s,
-                                     self.worker_headers)  # fmt: skip
+        timeout_s = self.settings.routing_tokenize_timeout_s
+        if api.render_path is not None and api.render_body is not None:
+            ids = await rendered_token_ids(self.client, tokenizer.url, api.render_path, api.render_body(body),
+                                           timeout_s, self.worker_headers)  # fmt: skip
+        else:
+            ids = await prompt_token_ids(self.client, tokenizer.url, body, api.chat, timeout_s, self.worker_headers)
         if ids is None:
             self.metrics.routing_decisions.labels("any", "no_token_ids").inc()
             return None
         keys = block_keys(ids, block_size)
         prefill_cached = self.cached_tokens(keys, block_size, self.prefill_pool)
         decode_cached = self.cached_tokens(keys, block_size, self.decode_pool)
+        affinity = token_affinity_key(ids)
         try:
-            decode_worker = self.decode_pool.pick(affinity_key=affinity_key(body), cached=decode_cached)
+            decode_worker = self.decode_pool.pick(affinity_key=affinity, cached=decode_cached)
         except NoHealthyWorker:  # the decode leg will say so
             return None
         local = None
@@ -177,7 +188,7 @@ class KvRouter:
             keys, len(ids),
             prefill_cached if self.prefill_pool.policy == "kv_aware" else None,
             decode_cached if self.decode_pool.policy == "kv_aware" else None,
-            decode_worker, local,
+            decode_worker=decode_worker, affinity=affinity, local_prefill=local,
         )  # fmt: skip
 
     def cached_tokens(

@@ -9,7 +9,9 @@ legs are chat's:
 - prefill: `max_tokens=1`, `stream=false`, `kv_transfer_params` = legs.PREFILL_KV_REQUEST
   (`thinking`, `system` and `tools` stay: they change the rendered prompt);
 - decode: the client's request plus the returned `kv_transfer_params`;
-- release: a one-token decode with them.
+- release: a one-token decode with them;
+- render (cache-aware routing's token ids, proxy/routing_tokens.py): the client's
+  request, not streamed.
 The API has no `n` and no `seed`; the reply's `id` is chat's (`chatcmpl-<X-Request-Id>`),
 the same on both legs. Stream events come after the engine's first output (vLLM emits
 `message_start` with the chat stream's first chunk), so there is no preamble to wait out.
@@ -49,6 +51,14 @@ def _one_token(body: dict[str, Any]) -> dict[str, Any]:
 
 def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     return decode_body(_one_token(body), dict(PREFILL_KV_REQUEST))
+
+
+def render_body(body: dict[str, Any]) -> dict[str, Any]:
+    """What `/v1/messages/render` gets for the prompt's token ids: the decode leg's body
+    without `kv_transfer_params` (so both render the same prompt), not streamed."""
+    leg = dict(body)
+    leg["stream"] = False
+    return leg
 
 
 def release_body(body: dict[str, Any], kv_transfer_params: dict[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from pdspec.contract import RoutingPolicy
 Policy = RoutingPolicy
 
 AFFINITY_PREFIX_CHARS = 256
+AFFINITY_PREFIX_TOKENS = 64  # about AFFINITY_PREFIX_CHARS of text
 AFFINITY_MAX_EXTRA_LOAD = 4  # leave the preferred worker when it has this many more in flight
 
 
@@ -169,3 +170,10 @@ def affinity_key(body: dict) -> str | None:
     if isinstance(responses_input, (str, list)):
         return repr((body.get("instructions"), responses_input))[:AFFINITY_PREFIX_CHARS]
     return None
+
+
+def token_affinity_key(ids: list[int]) -> str:
+    """The start of the prompt's token ids as a routing key (cache-aware routing, which
+    reads them): the same for two requests whose prompts render alike, whatever API they
+    came through."""
+    return repr(ids[:AFFINITY_PREFIX_TOKENS])

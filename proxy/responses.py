@@ -7,7 +7,9 @@ non-streamed reply carries the prefill's `kv_transfer_params` at the top level
 - prefill: `max_output_tokens=1`, `stream=false`, no `seed` (see proxy/legs.py), and
   `kv_transfer_params` = legs.PREFILL_KV_REQUEST;
 - decode: the client's request plus the returned `kv_transfer_params`;
-- release: a one-token decode with them (Disaggregator._release_kv).
+- release: a one-token decode with them (Disaggregator._release_kv);
+- render (cache-aware routing's token ids, proxy/routing_tokens.py): the decode leg's
+  body without `kv_transfer_params`, not streamed.
 `n` does not exist in this API (vLLM ignores an `n` field), so nothing fans out.
 
 State cannot live across two workers, so:
@@ -96,6 +98,14 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
 
 def responses_decode_body(body: dict[str, Any], kv_transfer_params: dict[str, Any] | None) -> dict[str, Any]:
     return decode_body(_stateless(body), kv_transfer_params)
+
+
+def render_body(body: dict[str, Any]) -> dict[str, Any]:
+    """What `/v1/responses/render` gets for the prompt's token ids: the decode leg's body
+    (so both render the same prompt), not streamed (render answers one JSON object)."""
+    leg = _stateless(body)
+    leg["stream"] = False
+    return leg
 
 
 def release_body(body: dict[str, Any], kv_transfer_params: dict[str, Any]) -> dict[str, Any]:

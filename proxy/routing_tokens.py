@@ -5,9 +5,18 @@
   template, with the request's template options and tools), so the ids equal what the
   engine will see without a tokenizer or a template engine in the proxy. It costs one
   short call on the local network; `loadtest.proxy_bench` measures it.
+- A Responses or Messages body goes to the worker's scale-out render endpoint
+  (`/v1/responses/render`, `/v1/messages/render`; served with vLLM's `--enable-scale-out`,
+  the `scale_out_api` worker setting, on by default). `/tokenize` cannot render these
+  (their `input` items, `instructions`, `system` and content blocks go through vLLM's own
+  conversions); render runs those conversions and the chat template as the serving path
+  does, and answers a `GenerateRequest` whose `token_ids` are the prompt. The caller
+  sends the body the decode leg will carry (`Api.render_body`), so both render alike.
+  It costs about what `/tokenize` does (README, "vLLM's scale-out API, evaluated").
 
-Failure policy: whatever goes wrong (a timeout, a worker's error, an odd reply) gives
-None, and the request is routed without knowing the caches, never failed.
+Failure policy: whatever goes wrong (a timeout, a worker's error, an odd reply; a worker
+without the scale-out API answers render with 403, an older vLLM with 404) gives None,
+and the request is routed without knowing the caches, never failed.
 """
 
 from __future__ import annotations
@@ -57,14 +66,33 @@ async def prompt_token_ids(
     client: UpstreamClient, worker_url: str, body: dict[str, Any], chat: bool, timeout_s: float,
     headers: dict[str, str] | None = None,
 ) -> list[int] | None:  # fmt: skip
+    """A completions or chat prompt's ids: given, or from the worker's /tokenize."""
     direct = direct_token_ids(body, chat)
     if direct is not None:
         return direct
     request = tokenize_body(body, chat)
     if request is None:
         return None
+    reply = await _post(client, worker_url, "/tokenize", request, timeout_s, headers)
+    return _ids(reply.get("tokens")) if isinstance(reply, dict) else None
+
+
+async def rendered_token_ids(
+    client: UpstreamClient, worker_url: str, path: str, body: dict[str, Any], timeout_s: float,
+    headers: dict[str, str] | None = None,
+) -> list[int] | None:  # fmt: skip
+    """The prompt ids of `body` as the worker's render endpoint `path` renders it."""
+    reply = await _post(client, worker_url, path, body, timeout_s, headers)
+    return _ids(reply.get("token_ids")) if isinstance(reply, dict) else None
+
+
+async def _post(
+    client: UpstreamClient, worker_url: str, path: str, request: dict[str, Any], timeout_s: float,
+    headers: dict[str, str] | None,
+) -> Any:  # fmt: skip
+    """The JSON of a 200 reply, or None for anything else."""
     try:
-        response = await client.request(worker_url, "POST", "/tokenize", orjson.dumps(request),
+        response = await client.request(worker_url, "POST", path, orjson.dumps(request),
                                         {"Content-Type": "application/json", **(headers or {})}, timeout_s)  # fmt: skip
         data = await response.read()
     except UpstreamError:
@@ -72,7 +100,10 @@ async def prompt_token_ids(
     if response.status != 200:
         return None
     try:
-        tokens = orjson.loads(data).get("tokens")
-    except (orjson.JSONDecodeError, AttributeError):
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
         return None
+
+
+def _ids(tokens: Any) -> list[int] | None:
     return tokens if isinstance(tokens, list) and all(type(t) is int for t in tokens) else None

@@ -6,6 +6,10 @@ as vLLM 0.32's Responses API does: a response object with `kv_transfer_params` a
 level and usage in `input_tokens_details`; a stream of `event:`/`data:` events, numbered,
 opening with `response.created` and `response.in_progress` and closing with
 `response.completed`. `/v1/messages` answers as vLLM's Anthropic Messages API does.
+`/v1/responses/render` and `/v1/messages/render` answer as vLLM's scale-out render
+endpoints do (vllm/entrypoints/scale_out/render/): a `GenerateRequest` whose `token_ids`
+are the prompt (here the bytes of its parts as JSON), or vLLM's 403 when the worker runs
+without `--enable-scale-out`.
 """
 
 from __future__ import annotations
@@ -47,6 +51,11 @@ class StandinBehaviour:
     tokenize_status: int = 200
     tokenized: list[dict] = field(default_factory=list)  # /tokenize requests
     cached_tokens: int = 0  # the prefix-cache hits it reports in a Responses reply's usage
+    scale_out: bool = True  # serves the render endpoints (False: vLLM's 403 without --enable-scale-out)
+    render_status: int = 200
+    render_delay_s: float = 0.0
+    render_reply: bytes | None = None  # a reply of its own instead of the GenerateRequest (malformed ones)
+    rendered: list[tuple[str, dict]] = field(default_factory=list)  # (path, body) of render requests
 
 
 def create_standin(behaviour: StandinBehaviour) -> FastAPI:
@@ -137,6 +146,34 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
         tokens = list(text.encode())
         return JSONResponse({"count": len(tokens), "max_model_len": 4096, "tokens": tokens},
                             status_code=behaviour.tokenize_status)  # fmt: skip
+
+    async def render(request: Request, parts: tuple[str, ...]):
+        body = await request.json()
+        behaviour.rendered.append((request.url.path, body))
+        if not behaviour.scale_out:  # as vllm/entrypoints/scale_out/factories.py answers then
+            message = "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them."
+            return JSONResponse({"error": {"message": message, "type": "PermissionDeniedError", "param": None,
+                                           "code": 403}}, status_code=403)  # fmt: skip
+        if behaviour.render_delay_s:
+            await asyncio.sleep(behaviour.render_delay_s)
+        if behaviour.render_reply is not None:
+            return Response(behaviour.render_reply, status_code=behaviour.render_status, media_type="application/json")
+        if behaviour.render_status != 200:
+            return JSONResponse({"error": {"message": f"stand-in {behaviour.render_status}", "type": "X",
+                                           "code": behaviour.render_status}}, behaviour.render_status)  # fmt: skip
+        # The rendered prompt: what changes it, in the order the template puts it.
+        tokens = list(json.dumps([body.get(part) for part in parts]).encode())
+        return JSONResponse({"request_id": body.get("request_id") or "standin", "token_ids": tokens,
+                             "sampling_params": {"max_tokens": 16}, "model": body.get("model"),
+                             "stream": bool(body.get("stream")), "kv_transfer_params": None})  # fmt: skip
+
+    @app.post("/v1/responses/render")
+    async def render_responses(request: Request):
+        return await render(request, ("instructions", "input"))
+
+    @app.post("/v1/messages/render")
+    async def render_messages(request: Request):
+        return await render(request, ("system", "messages"))
 
     @app.post("/detokenize")
     async def detokenize(request: Request):

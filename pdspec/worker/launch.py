@@ -124,7 +124,7 @@ def kv_transfer_config(role: Literal["prefill", "decode"], worker: WorkerSetting
 # Server-only options: the OpenAI server takes them, an in-process engine does not.
 SERVER_OPTIONS = (
     "served_model_name", "host", "port", "enable_prompt_tokens_details", "tool_call_parser",
-    "enable_auto_tool_choice",
+    "enable_auto_tool_choice", "enable_scale_out",
 )  # fmt: skip
 
 
@@ -176,6 +176,11 @@ def engine_options(role: Role, model: ModelSettings, worker: WorkerSettings, cpu
         options["kv_transfer_config"] = kv_transfer_config(role, worker, cpu)
         if worker.kv_events:
             options["kv_events_config"] = kv_events_config(worker)
+        if worker.scale_out_api:
+            # Render endpoints: the token ids of Responses and Messages prompts for the
+            # proxy's cache-aware routing (proxy/routing_tokens.py). Not on a colocated
+            # server: clients reach it directly, and these endpoints are internal.
+            options["enable_scale_out"] = True
     spec = speculative_config(model, drafter)
     if spec is not None:
         options["speculative_config"] = spec

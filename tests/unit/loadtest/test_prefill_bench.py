@@ -58,14 +58,17 @@ def test_the_prefill_worker_mode_builds_the_engine_pdspec_prefill_runs(tmp_path)
     assert lease == {"kv_lease_duration": BENCH_KV_LEASE_S}
     assert options["kv_transfer_config"]["kv_role"] == "kv_producer"
     server_flags = {"--" + name.replace("_", "-") for name in SERVER_OPTIONS}
+    # The server's own flags (--enable-scale-out among them: on by default) are not the engine's.
+    assert {"--enable-prompt-tokens-details", "--enable-scale-out"} <= set(served)
     without_server = []
     skip = False
-    for item in served:
+    for index, item in enumerate(served):
         if skip:
             skip = False
             continue
         if item in server_flags:
-            skip = item not in ("--enable-prompt-tokens-details", "--enable-auto-tool-choice")  # bare flags
+            # A flag with a value drops it too; a bare switch (--enable-scale-out) is followed by a flag.
+            skip = index + 1 < len(served) and not served[index + 1].startswith("--")
             continue
         without_server.append(item)
     assert option_flags(options) == without_server

@@ -5,6 +5,8 @@ by load. The stand-ins publish no KV events, so the index knows only the proxy's
 routing notes (kv_routed_ttl_s); the events themselves are tested in test_kv_subscriber.py
 and with real workers in tests/e2e/test_kv_routing.py."""
 
+import json
+
 import httpx
 import pytest
 
@@ -140,3 +142,97 @@ def test_every_count_the_router_exports_is_a_declared_kind():
 
     exported = set(vars(IndexCounts())) | (set(vars(SubscriberCounts())) - {"batches"})
     assert exported == set(KV_EVENT_KINDS)
+
+
+# --- Responses and Messages: token ids from the decode worker's render endpoint ----------
+
+INSTRUCTIONS = "You review Python code. Context:\n" + LONG
+
+
+def held_render_prefix(fleet: Fleet, worker_url: str, context: str) -> None:
+    """As the worker's KV events would after serving a request whose rendered prompt
+    starts with `context`: the stand-ins render `[context, rest]` as its JSON's bytes, so
+    `["<context>",` is the part every such prompt shares."""
+    publish_held(fleet, worker_url, json.dumps([context])[:-1] + ",")
+
+
+def respond(fleet: Fleet, body: dict) -> httpx.Response:
+    response = httpx.post(fleet.url + "/v1/responses", json={"model": "m", "max_output_tokens": 3, **body})
+    assert response.status_code == 200, response.text
+    return response
+
+
+def message(fleet: Fleet, body: dict) -> httpx.Response:
+    response = httpx.post(fleet.url + "/v1/messages", json={"model": "m", "max_tokens": 3, **body})
+    assert response.status_code == 200, response.text
+    return response
+
+
+@pytest.mark.parametrize("holder", [0, 1])
+def test_a_responses_request_goes_to_the_workers_holding_its_rendered_prefix(holder):
+    """Planned from `/v1/responses/render`'s ids: the prefill and decode workers whose
+    events hold the shared `instructions` get it, whichever they are (both parametrized
+    holders must win, so the prompt's hash alone cannot pass the test)."""
+    with Fleet(2, 2, INFO, **KV_AWARE, served_by_headers=True) as fleet:
+        prefill, decode = fleet.servers[holder].url, fleet.servers[2 + holder].url
+        held_render_prefix(fleet, prefill, INSTRUCTIONS)
+        held_render_prefix(fleet, decode, INSTRUCTIONS)
+        response = respond(fleet, {"instructions": INSTRUCTIONS, "input": "Is it fast?", "stream": True,
+                                   "store": True})  # fmt: skip
+        assert response.headers["x-pdspec-prefill-worker"] == prefill
+        assert response.headers["x-pdspec-decode-worker"] == decode
+        assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="prefill",reason="cache_hit"}') == 1
+        assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="decode",reason="cache_hit"}') == 1
+        # One render, on a decode worker, of the decode leg's body without its KV params, not streamed.
+        rendered = [r for b in fleet.decodes + fleet.prefills for r in b.rendered]
+        assert [path for path, _ in rendered] == ["/v1/responses/render"]
+        leg = decode_legs(fleet.decodes[holder])[-1]
+        assert rendered[0][1] == {**{k: v for k, v in leg.items() if k != "kv_transfer_params"}, "stream": False}
+        assert leg["stream"] is True and leg["store"] is False and leg["kv_transfer_params"] is not None
+        assert fleet.decodes[0].tokenized == fleet.decodes[1].tokenized == []  # no /tokenize for Responses
+
+
+@pytest.mark.parametrize("holder", [0, 1])
+def test_a_messages_request_goes_to_the_workers_holding_its_rendered_system(holder):
+    with Fleet(2, 2, INFO, **KV_AWARE, served_by_headers=True) as fleet:
+        prefill, decode = fleet.servers[holder].url, fleet.servers[2 + holder].url
+        held_render_prefix(fleet, prefill, INSTRUCTIONS)
+        held_render_prefix(fleet, decode, INSTRUCTIONS)
+        response = message(fleet, {"system": INSTRUCTIONS, "messages": [{"role": "user", "content": "Is it fast?"}]})
+        assert response.headers["x-pdspec-prefill-worker"] == prefill
+        assert response.headers["x-pdspec-decode-worker"] == decode
+        rendered = [r for b in fleet.decodes + fleet.prefills for r in b.rendered]
+        assert [path for path, _ in rendered] == ["/v1/messages/render"]
+        leg = decode_legs(fleet.decodes[holder])[-1]
+        assert rendered[0][1] == {**{k: v for k, v in leg.items() if k != "kv_transfer_params"}, "stream": False}
+
+
+def test_requests_sharing_a_messages_system_follow_one_another():
+    """The body's affinity key leaves a Messages `system` out; the rendered ids' start
+    (the plan's rendezvous key) and the routing notes keep a burst sharing one together."""
+    with Fleet(2, 2, INFO, **KV_AWARE, served_by_headers=True) as fleet:
+        served = {(r.headers["x-pdspec-prefill-worker"], r.headers["x-pdspec-decode-worker"])
+                  for r in (message(fleet, {"system": INSTRUCTIONS, "messages": [{"role": "user", "content": q}]})
+                            for q in ("Is it fast?", "Rewrite it.", "What does it print?", "Explain it."))}  # fmt: skip
+        assert len(served) == 1
+        assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="prefill",reason="cache_hit"}') == 3
+
+
+@pytest.mark.parametrize("breakage", ["scale_out_off", "render_404", "render_slow", "odd_reply"])
+def test_a_request_whose_render_fails_is_routed_without_cache_knowledge_and_served(breakage):
+    settings = {**KV_AWARE, "disaggregation": "conditional", "routing_tokenize_timeout_s": 0.2}
+    with Fleet(2, 1, INFO, **settings) as fleet:
+        behaviour = fleet.decodes[0]
+        if breakage == "scale_out_off":
+            behaviour.scale_out = False
+        elif breakage == "render_404":
+            behaviour.render_status = 404
+        elif breakage == "render_slow":
+            behaviour.render_delay_s = 1.0
+        else:
+            behaviour.render_reply = b'{"token_ids": "nope"}'
+        respond(fleet, {"instructions": INSTRUCTIONS, "input": "Is it fast?"})
+        message(fleet, {"system": INSTRUCTIONS, "messages": [{"role": "user", "content": "Is it fast?"}]})
+        assert len(behaviour.rendered) == 2
+        assert sum(prefill_legs(b) for b in fleet.prefills) == 2  # always disaggregated without ids
+        assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="any",reason="no_token_ids"}') == 2

@@ -1,11 +1,12 @@
 """/tokenize, /detokenize and /v1/models pass to one healthy decode worker, behind the
-API key; unknown paths and methods answer in OpenAI's error format."""
+API key; unknown paths and methods, vLLM's scale-out endpoints among them, answer in
+OpenAI's error format."""
 
 import httpx
 import pytest
 
 from pdspec.settings import ProxySettings
-from proxy.app import create_app
+from proxy.app import SCALE_OUT_PATHS, create_app
 from tests.standin import StandinBehaviour, ThreadServer, create_standin
 
 
@@ -64,3 +65,17 @@ def test_unknown_paths_and_methods_answer_in_openai_format(fleet):
     assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
     assert wrong.json()["error"]["type"] == "invalid_request_error"
     assert httpx.delete(url + "/health").status_code == 405
+
+
+@pytest.mark.parametrize("path", SCALE_OUT_PATHS)
+def test_the_workers_scale_out_endpoints_are_not_served(fleet, path):
+    """Render, derender and /inference/v1/generate are the workers' own (the proxy reads
+    render for routing): a client gets the proxy's 404 whatever the method, and nothing
+    reaches a worker (`/v1/responses/render` is not taken for a stored response's id)."""
+    url, prefill, decode = fleet
+    for method in ("POST", "GET", "DELETE"):
+        response = httpx.request(method, url + path, json={"model": "m", "input": "hi"}, headers=KEY)
+        assert response.status_code == 404, (method, response.text)
+        assert response.json()["error"] == {"message": f"No route {path}.", "type": "not_found_error",
+                                            "param": None, "code": "not_found"}  # fmt: skip
+    assert prefill.rendered == decode.rendered == [] and prefill.received == decode.received == []

@@ -104,3 +104,33 @@ def test_auto_tool_choice_is_a_plain_cli_flag():
 
     assert CliApp.run(UpCommand, cli_args=["--model.enable_auto_tool_choice"]).model.enable_auto_tool_choice
     assert not CliApp.run(UpCommand, cli_args=["--no-model.enable_auto_tool_choice"]).model.enable_auto_tool_choice
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_workers_serve_the_scale_out_api_by_default(role):
+    """The proxy's cache-aware routing reads Responses and Messages token ids from the
+    workers' render endpoints (proxy/routing_tokens.py)."""
+    assert "--enable-scale-out" in launch.vllm_argv(role, ModelSettings(), WorkerSettings(), cpu=True)
+    off = launch.vllm_argv(role, ModelSettings(), WorkerSettings(scale_out_api=False), cpu=True)
+    assert "--enable-scale-out" not in off
+
+
+def test_a_colocated_server_has_no_scale_out_api():
+    # Clients reach it directly: render and /inference/v1/generate stay off there.
+    assert "--enable-scale-out" not in launch.vllm_argv("colocated", ModelSettings(), WorkerSettings(), cpu=True)
+
+
+def test_server_options_are_all_that_an_engine_would_not_take():
+    """loadtest.engine_bench builds an offline engine from `engine_options` minus
+    SERVER_OPTIONS: whatever is left must be an EngineArgs field, or `vllm.LLM` refuses it."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    model = ModelSettings(tool_call_parser="hermes", enable_auto_tool_choice=True, reasoning_parser="qwen3")
+    worker = WorkerSettings(max_num_batched_tokens=512, max_num_seqs=8)
+    for role in ("prefill", "decode"):
+        options = launch.engine_options(role, model, worker, cpu=True)
+        assert {name for name in options if name not in launch.SERVER_OPTIONS} <= fields
+        assert "enable_scale_out" in options and "enable_scale_out" not in fields
