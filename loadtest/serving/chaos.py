@@ -217,7 +217,18 @@ async def inject(
         await asyncio.sleep(every_s)
 
 
-async def watch_health(fleet: Fleet, until: float, samples: list, workers_up: list) -> None:
+def whole(health: list, workers_up: list) -> bool:
+    """Every worker answers and the proxy counts every pool at its full size again."""
+    if not health or not workers_up or health[-1][1] is None:
+        return False
+    sizes: dict[str, int] = {}
+    for _, h in health:
+        for pool, count in (h or {}).items():
+            sizes[pool] = max(sizes.get(pool, 0), count)
+    return all(workers_up[-1][1].values()) and all(health[-1][1].get(p, 0) == n for p, n in sizes.items())
+
+
+async def watch_health(fleet: Fleet, until: float, samples: list, workers_up: list, stop_when_whole: bool = False) -> None:
     """Two timelines, every 0.5 s: the proxy's healthy workers per pool (its /ready), and
     whether each worker itself answers /health (the truth the proxy learns a moment later:
     a killed worker still counts as healthy there until its health check fails)."""
@@ -236,6 +247,8 @@ async def watch_health(fleet: Fleet, until: float, samples: list, workers_up: li
                 samples.append((time.monotonic(), None))
             states = await asyncio.gather(*(up(client, url) for url in fleet.workers.values()))
             workers_up.append((time.monotonic(), dict(zip(fleet.workers, states))))
+            if stop_when_whole and whole(samples, workers_up):
+                return
             await asyncio.sleep(0.5)  # the health timeline's resolution
 
 
@@ -333,6 +346,9 @@ def run(args) -> dict:
         # Settled: every worker back (one killed near the end is still restarting), then
         # idle, the prefill workers' KV free.
         settle_deadline = time.monotonic() + args.settle_s
+        # The timelines go on until the fleet is whole: a worker faulted near the end of the
+        # load comes back (and is readmitted) during the settle.
+        asyncio.run(watch_health(fleet, settle_deadline, health, workers_up, stop_when_whole=True))
         for url in fleet.workers.values():
             wait_up(url, settle_deadline)
             worker_metrics.scrape_when_idle(httpx.Client(timeout=10), url,

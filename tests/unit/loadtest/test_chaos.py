@@ -58,3 +58,14 @@ def test_the_table_lists_every_fault_with_its_recovery():
               "faults": [{"kind": "kill", "worker": "decode", "at": 30.0, "back_s": 61.0, "readmitted_s": 63.5}]}  # fmt: skip
     table = markdown(report)
     assert "| faults_recovered | 1 of 1 |" in table and "| kill | decode | 30.0 | 61.0 | 63.5 |" in table
+
+
+def test_the_fleet_is_whole_when_every_worker_answers_and_every_pool_is_full():
+    from loadtest.serving.chaos import whole
+
+    health = [(1.0, {"prefill": 2, "decode": 1}), (2.0, {"prefill": 1, "decode": 1})]
+    up = [(2.0, {"prefill-0": True, "prefill-1": True, "decode": True})]
+    assert not whole(health, up)  # the proxy has not readmitted the second prefill worker
+    assert whole(health + [(3.0, {"prefill": 2, "decode": 1})], up)
+    assert not whole(health + [(3.0, {"prefill": 2, "decode": 1})], [(3.0, {"prefill-0": False, "decode": True})])
+    assert not whole([], up)
