@@ -136,7 +136,9 @@ def test_a_holder_that_dies_or_restarts_gets_no_cache_affine_traffic_until_its_n
         fleet[name].kill()  # a crash: removed from the pool, its index entry with it
         wait_for(lambda: healthy_prefill(routed) == 1, "the proxy ejecting the dead worker")
         wait_for(lambda: index_blocks(routed).get(holder, 0) == 0, "the dead worker's blocks forgotten")
-        while_down = complete(routed, context + QUESTIONS[1], client)
+        # Long enough a question that the decode worker (which holds the context too) does
+        # not prefill it itself: the prefill pool's choice is what is looked at.
+        while_down = complete(routed, context + QUESTIONS[1] * 12, client)
         assert while_down.headers["x-pdspec-prefill-worker"] not in (holder, "local")
 
         # Restarted in place: same port and side channel, a new engine with an empty cache.
