@@ -32,6 +32,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from loadtest.serving.chaos import start as start_up
+
 MODEL = "pdspec-tiny"
 WORDS = ("value", "config", "path", "return", "def", "class", "self", "import", "loop", "key", "items", "list")
 
@@ -48,12 +50,7 @@ def start(port: int, run_dir: Path) -> subprocess.Popen:
             # No prefix caching: each chat is sent on both paths, and the second would hit.
             "--colocated.extra_vllm_args", json.dumps(["--enable-scale-out", "--no-enable-prefix-caching"]),
             "--run_dir", str(run_dir)]  # fmt: skip
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert process.stdout is not None
-    for line in process.stdout:
-        if line.startswith("pdspec up: ready:"):
-            return process
-    raise SystemExit("pdspec up exited before it was ready")
+    return start_up(argv, "pdspec up: ready:")
 
 
 def timed(client: httpx.Client, url: str, body: dict) -> tuple[float, dict]:
