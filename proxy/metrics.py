@@ -110,7 +110,7 @@ class ProxyMetrics:
             ),
             decode_only=Counter(
                 "pdspec_proxy_decode_only", "Requests sent whole to a decode worker because vLLM cannot serve them "
-                "through P/D, by reason (beam_search, structured_output: see proxy/legs.py).", ["reason"], registry=registry,
+                "through P/D, by reason (beam_search; structured_output under structured_outputs=decode_only: see proxy/legs.py).", ["reason"], registry=registry,
             ),
             loop_lag=Histogram(
                 "pdspec_proxy_event_loop_lag_seconds", "How late the proxy's event loop ran a timer (sampled every "

@@ -66,7 +66,8 @@ def with_request_id(body: dict[str, Any], request_id: str) -> None:
 
 def decode_only_reason(body: dict[str, Any]) -> str | None:
     """As for chat (proxy/legs.py, decode_only_reason): a grammar-constrained request is
-    prefilled by its decode worker. Here the grammar comes from `text.format`
+    marked, and prefilled by its decode worker only under `structured_outputs =
+    "decode_only"`. Here the grammar comes from `text.format`
     (`json_object`, or `json_schema` with a schema) or `structured_outputs`; a required or
     named `tool_choice` is not turned into a grammar by vLLM's Responses serving."""
     if body.get("structured_outputs") is not None:

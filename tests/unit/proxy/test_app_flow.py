@@ -226,15 +226,7 @@ def test_nesting_within_the_limit_passes_through(proxy_url, behaviour):
     assert behaviour.received[-1]["extra"] == nested
 
 
-@pytest.mark.parametrize(
-    "extra, reason",
-    [
-        ({"use_beam_search": True, "n": 2}, "beam_search"),
-        ({"response_format": {"type": "json_object"}}, "structured_output"),
-        ({"structured_outputs": {"regex": "[a-z]+"}}, "structured_output"),
-    ],
-)
-def test_what_vllm_cannot_disaggregate_is_served_decode_only_and_counted(proxy_url, behaviour, extra, reason):
+def assert_served_decode_only(proxy_url, behaviour, extra, reason):
     response = httpx.post(proxy_url + "/v1/completions", json={**BODY, **extra})
     assert response.status_code == 200, response.text
     (leg,) = behaviour.received  # no prefill leg, and beam search's n is not split
@@ -242,6 +234,31 @@ def test_what_vllm_cannot_disaggregate_is_served_decode_only_and_counted(proxy_u
     assert leg.get("n", 1) == extra.get("n", 1)
     metrics = httpx.get(proxy_url + "/metrics").text
     assert f'pdspec_proxy_decode_only_total{{reason="{reason}"}} 1.0' in metrics
+
+
+def test_beam_search_is_served_decode_only_and_counted(proxy_url, behaviour):
+    assert_served_decode_only(proxy_url, behaviour, {"use_beam_search": True, "n": 2}, "beam_search")
+
+
+STRUCTURED = [{"response_format": {"type": "json_object"}}, {"structured_outputs": {"regex": "[a-z]+"}}]
+
+
+@pytest.mark.parametrize("extra", STRUCTURED)
+def test_structured_outputs_go_through_pd_by_default(proxy_url, behaviour, extra):
+    response = httpx.post(proxy_url + "/v1/completions", json={**BODY, **extra})
+    assert response.status_code == 200, response.text
+    prefill, decode = behaviour.received
+    assert prefill["max_tokens"] == 1 and decode["kv_transfer_params"]["remote_engine_id"] == "standin"
+    assert {key: prefill[key] for key in extra} == {key: decode[key] for key in extra} == extra  # both legs constrained
+    assert 'pdspec_proxy_decode_only_total{reason="structured_output"} 0.0' in httpx.get(proxy_url + "/metrics").text
+
+
+@pytest.mark.parametrize("extra", STRUCTURED)
+def test_structured_outputs_decode_only_setting(behaviour, extra):
+    with ThreadServer(create_standin(behaviour)) as worker:
+        settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url], structured_outputs="decode_only")
+        with ThreadServer(create_app(settings)) as proxy:
+            assert_served_decode_only(proxy.url, behaviour, extra, "structured_output")
 
 
 def test_lax_values_are_forwarded_as_vllm_reads_them(proxy_url, behaviour):

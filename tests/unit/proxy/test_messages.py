@@ -78,11 +78,23 @@ def test_what_only_the_decode_leg_would_refuse_is_refused_up_front(body, param):
     assert c.p1.received == c.p2.received == c.d.received == []
 
 
-def test_structured_output_and_forced_tools_are_served_decode_only():
-    tools = [{"name": "f", "input_schema": {"type": "object"}}]
-    for extra in ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
-                  {"tools": tools, "tool_choice": {"type": "any"}}):  # fmt: skip
+CONSTRAINED = (
+    {"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+    {"tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "any"}},
+)
+
+
+def test_structured_output_and_forced_tools_go_through_pd_by_default():
+    for extra in CONSTRAINED:
         with Cluster() as c:
+            assert httpx.post(c.url + "/v1/messages", json={**BODY, **extra}).status_code == 200
+        (prefill,) = prefill_legs(c.p1) + prefill_legs(c.p2)
+        assert {key: prefill[key] for key in extra} == extra and c.d.received[0]["kv_transfer_params"] is not None
+
+
+def test_structured_output_and_forced_tools_are_served_decode_only_under_the_setting():
+    for extra in CONSTRAINED:
+        with Cluster(structured_outputs="decode_only") as c:
             assert httpx.post(c.url + "/v1/messages", json={**BODY, **extra}).status_code == 200
         assert prefill_legs(c.p1) + prefill_legs(c.p2) == [] and c.d.received[0]["kv_transfer_params"] is None
 

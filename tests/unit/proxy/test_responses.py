@@ -164,10 +164,20 @@ def test_unknown_fields_and_n_pass_through_with_one_prefill_and_one_decode():
     assert decode["n"] == 3 and decode["x_custom"] == 1 and prefill["x_custom"] == 1
 
 
-def test_structured_output_is_served_decode_only():
-    body = {**BODY, "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}}
+STRUCTURED_BODY = {**BODY, "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}}
+
+
+def test_structured_output_goes_through_pd_by_default():
     with Cluster() as c:
-        response = httpx.post(c.url + "/v1/responses", json=body)
+        response = httpx.post(c.url + "/v1/responses", json=STRUCTURED_BODY)
+    assert response.status_code == 200
+    (prefill,) = prefill_legs(c.p1) + prefill_legs(c.p2)
+    assert prefill["text"] == STRUCTURED_BODY["text"] and c.d.received[0]["kv_transfer_params"] is not None
+
+
+def test_structured_output_is_served_decode_only_under_the_setting():
+    with Cluster(structured_outputs="decode_only") as c:
+        response = httpx.post(c.url + "/v1/responses", json=STRUCTURED_BODY)
         metrics = httpx.get(c.url + "/metrics").text
     assert response.status_code == 200
     assert prefill_legs(c.p1) + prefill_legs(c.p2) == [] and c.d.received[0]["kv_transfer_params"] is None

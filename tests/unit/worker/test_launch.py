@@ -97,6 +97,33 @@ def test_reasoning_parser_reaches_both_workers():
         assert option(launch.vllm_argv(role, model, WorkerSettings(), cpu=True), "--reasoning-parser") == "granite"
 
 
+@pytest.mark.parametrize("role", ["prefill", "decode", "colocated"])
+def test_local_model_writes_compact_json_and_constrains_tool_arguments(role, tmp_path):
+    """Greedy, the tiny model fills a JSON object with newlines until max_tokens; inside
+    vLLM's tool-call envelope whitespace cannot be turned off, so a named tool call gets
+    the arguments' schema alone (and compact JSON), on every role alike."""
+    model = ModelSettings(models_dir=Path("/m"))
+    argv = launch.vllm_argv(role, model, WorkerSettings(), cpu=True)
+    # Key by key, so that a user's own `--structured-outputs-config.x` adds to them.
+    assert option(argv, "--structured-outputs-config.backend") == "xgrammar"
+    assert option(argv, "--structured-outputs-config.disable_any_whitespace") == "true"
+    assert launch.launch_spec(role, model, WorkerSettings(), tmp_path).env["VLLM_ENFORCE_STRICT_TOOL_CALLING"] == "0"
+
+
+def test_a_real_model_keeps_vllms_grammar_defaults_unless_set(tmp_path):
+    real = ModelSettings(target="/q/Qwen3-8B", drafter="/q/e")
+    assert not any("structured-outputs" in flag for flag in launch.vllm_argv("decode", real, WorkerSettings(), cpu=False))
+    assert "VLLM_ENFORCE_STRICT_TOOL_CALLING" not in launch.tool_call_env(real)
+    chosen = real.model_copy(update={"compact_json": True, "tool_call_grammar": "envelope"})
+    assert option(launch.vllm_argv("decode", chosen, WorkerSettings(), cpu=False), "--structured-outputs-config.backend")
+    assert launch.tool_call_env(chosen) == {"VLLM_ENFORCE_STRICT_TOOL_CALLING": "1"}
+    local_off = ModelSettings(models_dir=Path("/m"), compact_json=False, tool_call_grammar="envelope")
+    assert not any("structured-outputs" in flag for flag in launch.vllm_argv("decode", local_off, WorkerSettings(), cpu=True))
+    assert launch.launch_spec("decode", local_off, WorkerSettings(), tmp_path).env[
+        "VLLM_ENFORCE_STRICT_TOOL_CALLING"
+    ] == "1"
+
+
 def test_auto_tool_choice_is_a_plain_cli_flag():
     from pydantic_settings import CliApp
 
@@ -134,3 +161,13 @@ def test_server_options_are_all_that_an_engine_would_not_take():
         options = launch.engine_options(role, model, worker, cpu=True)
         assert {name for name in options if name not in launch.SERVER_OPTIONS} <= fields
         assert "enable_scale_out" in options and "enable_scale_out" not in fields
+
+
+def test_vllms_parser_keeps_pdspecs_grammar_keys_beside_a_users_own():
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    worker = WorkerSettings(extra_vllm_args=["--structured-outputs-config.enable_in_reasoning", "true"])
+    argv = launch.vllm_argv("decode", ModelSettings(models_dir=Path("/m")), worker, cpu=True)
+    config = make_arg_parser(FlexibleArgumentParser()).parse_args(argv).structured_outputs_config
+    assert (config.backend, config.disable_any_whitespace, config.enable_in_reasoning) == ("xgrammar", True, True)
