@@ -1,5 +1,6 @@
-"""Chaos soak: mixed load through `pdspec up` (2 prefill workers, 1 decode worker) while a
-random worker is killed (SIGKILL) or hung (SIGSTOP, then SIGCONT) on a schedule.
+"""Chaos soak: mixed load through `pdspec up` (2 prefill and 2 decode workers by default,
+`--prefill-replicas`, `--decode-replicas`) while a random worker is killed (SIGKILL) or
+hung (SIGSTOP, then SIGCONT) on a schedule.
 
     python -m loadtest.chaos --minutes 10 --out loadtest/results/chaos/cpu
 
@@ -11,7 +12,9 @@ mixed load would measure that). Outcomes:
 - `ok`: a 200 of the right shape (and, greedy, the reference's text);
 - `failed_clean`: a clean error (an HTTP error or an SSE error event) for a request that
   ran while no worker of a role was up (by the proxy's count or the workers' own /health)
-  or whose decode worker was faulted under it;
+  or whose decode worker was faulted under it (the reply's X-Pdspec-Decode-Worker names it:
+  the fleet runs with `proxy.served_by_headers`; a request without one counts any decode
+  fault while it ran);
 - `lost`: a hang, a wrong output, a malformed reply, or an error while the fleet could
   have served it (prefill failures are retried on the other prefill worker);
 - `left`: clients that went away on purpose.
@@ -41,8 +44,16 @@ from loadtest.serving import worker_metrics
 from loadtest.serving.soak import check_stream, check_whole, request_mix
 
 MODEL = "pdspec-tiny"
-ROLES = ("prefill-0", "prefill-1", "decode")
 ERROR_PAUSE_S = 1.0
+
+
+def worker_urls(base: int, prefill_replicas: int, decode_replicas: int) -> dict[str, str]:
+    """Worker name -> URL as `pdspec up` names and places them: consecutive ports from each
+    role's base, `<role>-<i>` when a role has more than one."""
+    def names(role: str, count: int, port: int) -> dict[str, str]:
+        return {(role if count == 1 else f"{role}-{i}"): f"http://127.0.0.1:{port + i}" for i in range(count)}
+
+    return names("prefill", prefill_replicas, base + 100) | names("decode", decode_replicas, base + 200)
 
 
 @dataclass
@@ -52,6 +63,7 @@ class Record:
     kind: str
     outcome: str
     problem: str = ""
+    decode_worker: str = ""  # URL from X-Pdspec-Decode-Worker, when the reply got that far
 
 
 @dataclass
@@ -138,12 +150,15 @@ async def one(client: httpx.AsyncClient, url: str, kind: str, body: dict, wanted
     path = "/v1/chat/completions" if chat else "/v1/completions"
     started = time.monotonic()
 
+    decode_worker = ""
+
     def done(outcome: str, problem: str = "") -> Record:
-        return Record(started, time.monotonic(), kind, outcome, problem[:200])
+        return Record(started, time.monotonic(), kind, outcome, problem[:200], decode_worker)
 
     try:
         if body.get("stream"):
             async with client.stream("POST", url + path, json=body) as response:
+                decode_worker = response.headers.get("x-pdspec-decode-worker", "")
                 if response.status_code != 200:
                     await response.aread()
                     return done("error", f"HTTP {response.status_code}")
@@ -159,6 +174,7 @@ async def one(client: httpx.AsyncClient, url: str, kind: str, body: dict, wanted
             text = streamed_text(events, chat)
         else:
             response = await client.post(url + path, json=body)
+            decode_worker = response.headers.get("x-pdspec-decode-worker", "")
             if response.status_code != 200:
                 return done("error", f"HTTP {response.status_code}: {response.text[:120]}")
             problem, _ = check_whole(response.content, body, chat)
@@ -202,7 +218,7 @@ async def inject(
     rng = random.Random(seed + 1)
     await asyncio.sleep(every_s / 2)
     while time.monotonic() + max(hang_s, quiet_s) < until:
-        name, kind = rng.choice(ROLES), rng.choice(("kill", "hang"))
+        name, kind = rng.choice(list(fleet.workers)), rng.choice(("kill", "hang"))
         pid = fleet.pid(name)
         if pid is not None:
             fault = Fault(time.monotonic(), name, kind)
@@ -282,19 +298,22 @@ def role_down(role: str, up: dict[str, bool]) -> bool:
     return not any(state for name, state in up.items() if name.startswith(role))
 
 
-def classify(record: Record, faults: list[Fault], health: list, workers_up: list = ()) -> str:
+def classify(record: Record, faults: list[Fault], health: list, workers_up: list = (),
+             workers: dict[str, str] | None = None) -> str:  # fmt: skip
     if record.outcome in ("ok", "left"):
         return record.outcome
     if record.outcome == "error":
-        # No healthy worker of a role while it ran (both prefill workers down, or the one
-        # decode worker), by the proxy's count or by the workers' own answers, or its
-        # decode worker faulted under it: nothing could serve it.
+        # No healthy worker of a role while it ran, by the proxy's count or by the workers'
+        # own answers, or its decode worker faulted under it (once a stream has begun it
+        # cannot move): nothing could serve it.
         def near(at: float) -> bool:
             return record.started - 1 <= at <= record.ended + 1
 
+        served_by = next((name for name, url in (workers or {}).items() if url == record.decode_worker), None)
         proxy_saw_none = any(near(at) and h is not None and min(h.values()) == 0 for at, h in health)
         none_up = any(near(at) and (role_down("prefill", up) or role_down("decode", up)) for at, up in workers_up)
-        decode_fault = any(f.worker == "decode" and near(f.at) for f in faults)
+        decode_fault = any(f.worker.startswith("decode") and near(f.at) and served_by in (None, f.worker)
+                           for f in faults)  # fmt: skip
         if proxy_saw_none or none_up or decode_fault:
             return "failed_clean"
     return "lost"
@@ -313,12 +332,11 @@ def run(args) -> dict:
     greedy = [(k, b) for k, b in mix if b.get("temperature") == 0]
     texts = reference(args.base_port + 50, args.run_dir / "colocated", greedy)
     lines: list = []
-    process = start(up_argv(args.base_port, args.run_dir / "fleet", "--prefill.replicas", "2"), "pdspec up: ready:",
-                    lines)  # fmt: skip
+    fleet_argv = up_argv(args.base_port, args.run_dir / "fleet", "--prefill.replicas", str(args.prefill_replicas),
+                         "--decode.replicas", str(args.decode_replicas), "--proxy.served_by_headers")  # fmt: skip
+    process = start(fleet_argv, "pdspec up: ready:", lines)
     fleet = Fleet(process, f"http://127.0.0.1:{args.base_port}",
-                  {"prefill-0": f"http://127.0.0.1:{args.base_port + 100}",
-                   "prefill-1": f"http://127.0.0.1:{args.base_port + 101}",
-                   "decode": f"http://127.0.0.1:{args.base_port + 200}"}, lines)  # fmt: skip
+                  worker_urls(args.base_port, args.prefill_replicas, args.decode_replicas), lines)
     proxy_process = next(c for c in psutil.Process(process.pid).children() if "pdspec.cli proxy" in " ".join(c.cmdline()))
     rss_start = proxy_process.memory_info().rss / 2**20
     t0 = time.monotonic()
@@ -353,26 +371,32 @@ def run(args) -> dict:
             wait_up(url, settle_deadline)
             worker_metrics.scrape_when_idle(httpx.Client(timeout=10), url,
                                             timeout_s=max(settle_deadline - time.monotonic(), 1.0))  # fmt: skip
-        prefill_kv = sum(worker_metrics.parse(httpx.get(u + "/metrics").text).get("vllm:kv_cache_usage_perc", 0.0)
-                         for n, u in fleet.workers.items() if n.startswith("prefill"))  # fmt: skip
-        nixl = worker_metrics.parse(httpx.get(fleet.workers["decode"] + "/metrics").text).get(
-            "vllm:nixl_bytes_transferred_sum", 0.0)
+        scraped = {name: worker_metrics.parse(httpx.get(url + "/metrics").text) for name, url in fleet.workers.items()}
+        prefill_kv = sum(m.get("vllm:kv_cache_usage_perc", 0.0) for n, m in scraped.items() if n.startswith("prefill"))
+        # Each worker's counters start at 0 when it starts: what a restarted one shows, it
+        # did after its last restart.
+        nixl = sum(m.get("vllm:nixl_bytes_transferred_sum", 0.0) for n, m in scraped.items() if n.startswith("decode"))
+        served = {name: scraped[name].get("vllm:request_success_total", 0.0)
+                  for name in sorted({f.worker for f in faults if f.kind == "kill"})}  # fmt: skip
         rss_end = proxy_process.memory_info().rss / 2**20
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=120)
-    outcomes = [classify(r, faults, health, workers_up) for r in records]
+    outcomes = [classify(r, faults, health, workers_up, fleet.workers) for r in records]
     recoveries = [fault_recovery(f, workers_up, health) for f in faults]
     readmissions = sum(1 for (_, a), (_, b) in zip(health, health[1:]) if a and b
                        for pool in ("prefill", "decode") if b.get(pool, 0) > a.get(pool, 0))  # fmt: skip
     report = {
         "command": "python -m loadtest.chaos " + " ".join(args.argv), "minutes": args.minutes,
+        "fleet": f"{args.prefill_replicas}P{args.decode_replicas}D",
         "requests": len(records), **{name: outcomes.count(name) for name in ("ok", "failed_clean", "lost", "left")},
         "faults": [asdict(f) | {"at": round(f.at - t0, 1), "until": round(f.until - t0, 1) if f.until else None} | r
                    for f, r in zip(faults, recoveries)],
         "faults_recovered": sum(r["back_s"] is not None and r["readmitted_s"] is not None for r in recoveries),
         "restarts": sum("restarted" in line for _, line in lines), "readmissions": readmissions,
         "nixl_bytes_after_last_restart": nixl, "prefill_kv_blocks_left": prefill_kv,
+        "served_after_restart": served,
+        "killed_workers_served_again": sum(count > 0 for count in served.values()),
         "proxy_rss_mb_start": round(rss_start, 1), "proxy_rss_mb_end": round(rss_end, 1),
         "lost_examples": [asdict(r) for r, o in zip(records, outcomes) if o == "lost"][:20],
     }  # fmt: skip
@@ -383,7 +407,7 @@ def run(args) -> dict:
 
 
 def markdown(report: dict) -> str:
-    rows = ["requests", "ok", "failed_clean", "lost", "left", "restarts", "readmissions",
+    rows = ["fleet", "requests", "ok", "failed_clean", "lost", "left", "restarts", "readmissions",
             "nixl_bytes_after_last_restart", "prefill_kv_blocks_left", "proxy_rss_mb_start", "proxy_rss_mb_end"]
     lines = [f"Command: `{report['command']}`", "", "| figure | value |", "| --- | --- |"]
     lines += [f"| {name} | {report[name]} |" for name in rows]
@@ -392,6 +416,10 @@ def markdown(report: dict) -> str:
               "| --- | --- | --- | --- | --- |"]  # fmt: skip
     lines += [f"| {f['kind']} | {f['worker']} | {f['at']} | {f.get('back_s')} | {f.get('readmitted_s')} |"
               for f in report["faults"]]  # fmt: skip
+    served = report.get("served_after_restart", {})
+    if served:
+        lines += ["", "| killed worker | requests it served after its last restart |", "| --- | --- |"]
+        lines += [f"| {name} | {int(count)} |" for name, count in served.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -428,6 +456,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--run-dir", type=Path, default=Path.home() / ".cache" / "pdspec" / "chaos")
     parser.add_argument("--base-port", type=int, default=8600)
+    parser.add_argument("--prefill-replicas", type=int, default=2)
+    parser.add_argument("--decode-replicas", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--fault-every-s", type=float, default=60.0)
     parser.add_argument("--hang-s", type=float, default=10.0)

@@ -1,7 +1,7 @@
 """The chaos soak at CI size: `python -m loadtest.chaos --minutes 2` through `pdspec up` with 2
-prefill workers and 1 decode worker, a random worker killed or hung, mixed greedy load
-checked against a colocated run of the same prompts (the full run is 10 minutes,
-loadtest/results/chaos/)."""
+prefill and 2 decode workers, a random worker killed or hung (seed 0: prefill-1 killed 15 s
+in), mixed greedy load checked against a colocated run of the same prompts (the full run is
+10 minutes with decode faults too, loadtest/results/chaos/)."""
 
 import json
 import subprocess
@@ -32,7 +32,9 @@ def test_two_minutes_of_chaos_lose_nothing(tmp_path):
     assert report["ok"] > 0 and report["requests"] == report["ok"] + report["failed_clean"] + report["left"]
     kills = [f for f in report["faults"] if f["kind"] == "kill"]
     assert report["faults"], "no fault was injected"
+    assert report["fleet"] == "2P2D"
     assert report["restarts"] == len(kills)  # every killed worker came back
+    assert report["killed_workers_served_again"] == len({f["worker"] for f in kills})
     assert report["readmissions"] >= len(kills)  # and the proxy took it back
     assert report["faults_recovered"] == len(report["faults"]), report["faults"]
     assert report["nixl_bytes_after_last_restart"] > 0  # KV still moves over NIXL

@@ -1,6 +1,6 @@
 """The chaos soak's classifier: which errors nothing could have served, and which are lost."""
 
-from loadtest.serving.chaos import Fault, Record, classify, fault_recovery, markdown
+from loadtest.serving.chaos import Fault, Record, classify, fault_recovery, markdown, worker_urls
 
 PROXY_BOTH = [(10.0, {"prefill": 1, "decode": 1})]  # the proxy still counts one of each healthy
 
@@ -52,12 +52,33 @@ def test_a_fault_is_recovered_when_its_worker_answers_and_the_pool_is_whole_agai
 
 
 def test_the_table_lists_every_fault_with_its_recovery():
-    report = {"command": "c", **{k: 0 for k in ("requests", "ok", "failed_clean", "lost", "left", "restarts",
+    report = {"command": "c", "fleet": "2P2D", **{k: 0 for k in ("requests", "ok", "failed_clean", "lost", "left", "restarts",
               "readmissions", "nixl_bytes_after_last_restart", "prefill_kv_blocks_left", "proxy_rss_mb_start",
               "proxy_rss_mb_end")}, "faults_recovered": 1,
               "faults": [{"kind": "kill", "worker": "decode", "at": 30.0, "back_s": 61.0, "readmitted_s": 63.5}]}  # fmt: skip
     table = markdown(report)
     assert "| faults_recovered | 1 of 1 |" in table and "| kill | decode | 30.0 | 61.0 | 63.5 |" in table
+    assert "| fleet | 2P2D |" in table
+    served = markdown(report | {"served_after_restart": {"decode-1": 14.0}})
+    assert "| decode-1 | 14 |" in served
+
+
+def test_a_decode_fault_is_clean_only_for_the_requests_of_the_faulted_worker():
+    workers = worker_urls(8600, 2, 2)
+    up = [(10.5, {"prefill-0": True, "prefill-1": True, "decode-0": True, "decode-1": True})]
+    fault = [Fault(10.2, "decode-1", "kill")]
+    on_it = Record(10.0, 11.0, "chat", "error", "error event", decode_worker=workers["decode-1"])
+    on_the_other = Record(10.0, 11.0, "chat", "error", "error event", decode_worker=workers["decode-0"])
+    unknown = Record(10.0, 11.0, "chat", "error", "HTTP 502")  # no reply headers: any decode fault counts
+    assert classify(on_it, fault, PROXY_BOTH, up, workers) == "failed_clean"
+    assert classify(on_the_other, fault, PROXY_BOTH, up, workers) == "lost"
+    assert classify(unknown, fault, PROXY_BOTH, up, workers) == "failed_clean"
+
+
+def test_workers_are_named_and_placed_as_pdspec_up_does():
+    assert worker_urls(8600, 2, 1) == {"prefill-0": "http://127.0.0.1:8700", "prefill-1": "http://127.0.0.1:8701",
+                                       "decode": "http://127.0.0.1:8800"}  # fmt: skip
+    assert list(worker_urls(8600, 2, 2)) == ["prefill-0", "prefill-1", "decode-0", "decode-1"]
 
 
 def test_the_fleet_is_whole_when_every_worker_answers_and_every_pool_is_full():
