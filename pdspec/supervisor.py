@@ -5,7 +5,8 @@ xPyD fleet on one host (`replica_settings`: consecutive ports, cores or GPUs spl
 
 Each child runs in its own process group (vLLM starts an engine-core process and
 workers under it), so stopping a child means signalling its group, by the PID we got
-from starting it, never by name. Readiness is each child's own health endpoint.
+from starting it, never by name. Readiness is each child's own health endpoint. On a GPU
+build, workers that share a GPU start one after another (`start_waves`).
 
 Supervision (`supervise`, pdspec/restarts.py): a child that exits is started again after
 a backoff, its group's leftovers killed first (an orphaned engine core would hold the
@@ -50,6 +51,8 @@ class Child:
     # Run before every start, restarts included: a worker's fresh Prometheus folder (vLLM
     # needs it empty; a dead process's files would keep its gauges and counters alive).
     before_start: Callable[[], None] | None = None
+    # The GPUs it runs on (None: none, or the CPU build): children sharing one start in turn.
+    gpus: frozenset[str] | None = None
     _log: IO[bytes] | None = field(default=None, repr=False)
 
     def start(self, append: bool = False) -> None:
@@ -108,7 +111,9 @@ class Child:
 
 
 def plan_children(settings: UpCommand) -> list[Child]:
-    from pdspec.worker.launch import launch_spec, prepare_run_dir
+    from pdspec.worker.launch import is_cpu_build, launch_spec, prepare_run_dir
+
+    cpu = is_cpu_build()
 
     if settings.layout == "colocated":
         roles = (("colocated", settings.colocated),)
@@ -130,6 +135,7 @@ def plan_children(settings: UpCommand) -> list[Child]:
                     health_url=f"http://{worker.host}:{worker.port}/health",
                     log_path=settings.run_dir / "logs" / f"{name}.log",
                     before_start=functools.partial(prepare_run_dir, role, run_dir),
+                    gpus=None if cpu else worker_gpus(worker),
                 )
             )
     if settings.layout == "colocated":
@@ -146,6 +152,36 @@ def plan_children(settings: UpCommand) -> list[Child]:
         )
     )
     return children
+
+
+def worker_gpus(worker: WorkerSettings) -> frozenset[str]:
+    """The GPUs a worker's engine uses: its CUDA_VISIBLE_DEVICES, or GPU 0 when unset (where
+    vLLM puts a one-GPU engine, so two unset workers share it)."""
+    return frozenset((worker.cuda_visible_devices or "0").split(","))
+
+
+def start_waves(children: list[Child]) -> list[list[Child]]:
+    """The order `pdspec up` starts its children in: a worker sharing a GPU with an earlier
+    one starts only once that one is ready (two vLLM engines measuring one GPU's free
+    memory at once fail: "No available memory for the cache blocks"); all others at once,
+    in the first wave; the proxy (no GPU, last in `children`) with the last wave, since
+    its readiness needs the workers anyway."""
+    waves: list[list[Child]] = []
+    placed: list[tuple[Child, int]] = []
+    for child in children:
+        if child.gpus is None:
+            wave = 0
+        else:
+            wave = max((w + 1 for other, w in placed if other.gpus and other.gpus & child.gpus), default=0)
+        placed.append((child, wave))
+    last = max((w for _, w in placed), default=0)
+    for child, wave in placed:
+        if child.name == "proxy":
+            wave = last
+        while len(waves) <= wave:
+            waves.append([])
+        waves[wave].append(child)
+    return waves
 
 
 def replica_settings(base: WorkerSettings) -> list[WorkerSettings]:
@@ -348,10 +384,11 @@ def run_up(settings: UpCommand) -> int:
     children = plan_children(settings)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        for child in children:
-            child.start()
-            say(f"started {child.name} (pid {child.pid}, log {child.log_path})")
-        wait_ready(children, settings.ready_timeout_s, say)
+        for wave in start_waves(children):
+            for child in wave:
+                child.start()
+                say(f"started {child.name} (pid {child.pid}, log {child.log_path})")
+            wait_ready(wave, settings.ready_timeout_s, say)
         say(f"ready: {client_url(settings)}")
         policy = RestartPolicy(settings.restart == "on-failure", settings.max_restarts, settings.restart_window_s,
                                settings.restart_backoff_s)  # fmt: skip

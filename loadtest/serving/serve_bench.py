@@ -13,6 +13,10 @@ every phase runs twice, once with the prefill worker's drafts policy `auto` and 
 With only `--url`, the workers are those of a local `pdspec up` (ports and run folder
 from pdspec's settings: defaults, PDSPEC_* environment, PDSPEC_CONFIG file).
 Writes serve_bench.json, serve_bench.md and PNG plots to `--out`.
+
+While a phase runs, the prefill worker's queue is read every 0.25 s: a phase in which it
+had requests waiting in fewer than `--saturation-min` of the readings never saturated it,
+and is flagged and left out of the A/B figures.
 """
 
 from __future__ import annotations
@@ -31,12 +35,15 @@ import httpx
 
 from loadtest.serving import serve_report
 
-from loadtest.serving import worker_metrics
+from loadtest.serving import queue_sampler, worker_metrics
 from pdspec.contract import DRAFTS_POLICIES
 from loadtest.serving.serve_client import completion_body, random_prompts, run_load
 from loadtest.serving.serve_stats import parse_slos, summarize
 
 POLICIES = DRAFTS_POLICIES
+DEFAULT_SATURATION_MIN = 0.89
+SATURATION_FIELDS = ("prefill_saturation_share", "prefill_tokens_per_s_saturated", "prefill_queue_samples",
+                     "prefill_queue_gaps", "saturated")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,37 @@ def first_model(url: str) -> str:
     response = httpx.get(url + "/v1/models", timeout=30)
     response.raise_for_status()
     return response.json()["data"][0]["id"]
+
+
+async def measured_load(args: argparse.Namespace, load: Load, bodies: list[dict], seed: int,
+                        prefill_url: str | None, on_done) -> tuple[list, float, list | None]:  # fmt: skip
+    """One phase's load (run_load's results and window), with the prefill worker's queue
+    samples taken alongside it; None for the samples when its URL is not known."""
+    work = run_load(args.url, bodies, load.concurrency, load.request_rate, seed=seed, timeout_s=args.timeout,
+                    on_done=on_done)  # fmt: skip
+    if prefill_url is None:
+        results, duration = await work
+        return results, duration, None
+    async with queue_sampler.QueueSampler(prefill_url) as sampler:
+        results, duration = await work
+    return results, duration, sampler.samples
+
+
+def saturation_fields(samples: list | None, saturation_min: float) -> dict:
+    """The phase's queue fields: all None without samples (no worker metrics); else the
+    sampler's summary, and `saturated` when the share of readings with requests waiting
+    reached `saturation_min` (no reading at all: not saturated, nothing shows it was)."""
+    if samples is None:
+        return dict.fromkeys(SATURATION_FIELDS)
+    queue = queue_sampler.summarize(samples)
+    share = queue["saturation_share"]
+    return {
+        "prefill_saturation_share": share,
+        "prefill_tokens_per_s_saturated": queue["saturated_prefill_tokens_per_s"],
+        "prefill_queue_samples": queue["samples"],
+        "prefill_queue_gaps": queue["gaps"],
+        "saturated": share is not None and share >= saturation_min,
+    }
 
 
 class Progress:
@@ -179,10 +217,9 @@ def run_benchmark(args: argparse.Namespace) -> dict:
                 prompts = random_prompts(args.num_prompts, args.input_len, vocab, seed=args.seed + index)
                 bodies = [completion_body(model, p, args.output_len) for p in prompts]
                 before = idle_counters()
-                results, duration = asyncio.run(
-                    run_load(args.url, bodies, load.concurrency, load.request_rate, seed=args.seed + index,
-                             timeout_s=args.timeout, on_done=progress.done)
-                )  # fmt: skip
+                results, duration, queue = asyncio.run(
+                    measured_load(args, load, bodies, args.seed + index, prefill_url, progress.done)
+                )
                 after = idle_counters()
                 worker_deltas = [None if b is None else worker_metrics.deltas(b, a) for b, a in zip(before, after)]
                 phase = {
@@ -194,6 +231,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
                     "load": load.label,
                     **summarize(results, duration, slos),
                     **worker_metrics.worker_figures(*worker_deltas, duration),
+                    **saturation_fields(queue, args.saturation_min),
                 }
                 phases.append(phase)
                 longest = max(longest, time.time() - phase_started)
@@ -213,6 +251,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
         "num_prompts": args.num_prompts,
         "vocab_size": vocab,
         "ab": args.ab,
+        "saturation_min": args.saturation_min,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "phases": phases,
         "skipped_phases": skipped,
@@ -240,6 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--decode-url", help="decode worker (default: local pdspec up's)")
     parser.add_argument("--run-dir", help="pdspec up's run folder, for --ab (default: pdspec's)")
     parser.add_argument("--no-worker-metrics", action="store_true", help="client-side figures only")
+    parser.add_argument("--saturation-min", type=float, default=DEFAULT_SATURATION_MIN, metavar="SHARE",
+                        help="share of the prefill worker's queue readings (every 0.25 s of a phase) that must have "
+                             "requests waiting; a phase below it never saturated the prefill worker and is flagged, "
+                             "not averaged into the A/B figures (default %(default)s)")  # fmt: skip
     parser.add_argument("--vocab-size", type=int, help="token ids drawn below this (default: the target's config)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")
@@ -261,6 +304,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--concurrency must be positive")
     if any(not math.isfinite(r) or r <= 0 for r in args.request_rate or []):
         parser.error("--request-rate must be positive and finite")
+    if not 0.0 <= args.saturation_min <= 1.0:
+        parser.error("--saturation-min is a share: between 0 and 1")
     try:
         parse_slos(args.goodput or [])
     except ValueError as exc:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from pdspec.settings import PrefillWorkerSettings, UpCommand
-from pdspec.supervisor import plan_children, proxy_settings_for, replica_run_dir, replica_settings
+from pdspec.supervisor import plan_children, proxy_settings_for, replica_run_dir, replica_settings, start_waves
 
 
 
@@ -53,6 +53,41 @@ def test_replicas_split_cores_and_gpus(cores, gpus, expected):
              for w in replicas}  # fmt: skip
     assert ports == {(8100, 5600, 5650, 5651), (8101, 5604, 5652, 5653)}
     assert all(w.replicas == 1 for w in replicas)
+
+
+def gpu_children(tmp_path, up: UpCommand, monkeypatch):
+    """The children `pdspec up` plans on a GPU build."""
+    import pdspec.worker.launch as launch
+
+    monkeypatch.setattr(launch, "is_cpu_build", lambda: False)
+    return plan_children(up)
+
+
+def names(waves) -> list[list[str]]:
+    return [[c.name for c in wave] for wave in waves]
+
+
+def test_workers_sharing_a_gpu_start_in_turn(tmp_path, monkeypatch):
+    """The one-GPU 1P1D profile: both engines on GPU 0, which fail when they measure its
+    free memory at once; the decode worker starts once the prefill worker is ready."""
+    waves = start_waves(gpu_children(tmp_path, UpCommand(run_dir=tmp_path), monkeypatch))
+    assert names(waves) == [["prefill worker"], ["decode worker", "proxy"]]
+
+
+def test_workers_on_their_own_gpus_start_together(tmp_path, monkeypatch):
+    up = UpCommand(run_dir=tmp_path, prefill={"replicas": 2, "cuda_visible_devices": "0,1"},
+                   decode={"replicas": 2, "cuda_visible_devices": "2,3"})  # fmt: skip
+    assert names(start_waves(gpu_children(tmp_path, up, monkeypatch))) == [
+        ["prefill-0 worker", "prefill-1 worker", "decode-0 worker", "decode-1 worker", "proxy"]]
+    shared = UpCommand(run_dir=tmp_path, prefill={"cuda_visible_devices": "0,1"}, decode={"cuda_visible_devices": "1"})
+    assert names(start_waves(gpu_children(tmp_path, shared, monkeypatch))) == [
+        ["prefill worker"], ["decode worker", "proxy"]]  # GPU 1 is in both
+
+
+def test_on_the_cpu_build_everything_starts_at_once(tmp_path):
+    # This machine's build: cores are split, not measured, so nothing waits.
+    assert names(start_waves(plan_children(UpCommand(run_dir=tmp_path)))) == [
+        ["prefill worker", "decode worker", "proxy"]]
 
 
 class Clock:
