@@ -101,6 +101,10 @@ def bench_stack(stack: Stack, args: argparse.Namespace, deadline: float | None) 
     return report
 
 
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
 def markdown(summary: dict) -> str:
     lines = [f"# pdspec bench: workload `{summary['workload']}`", "", summary["description"], "",
              f"`{summary['command']}`", ""]  # fmt: skip
@@ -111,8 +115,10 @@ def markdown(summary: dict) -> str:
                   "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
         for name, r in rows:
             lines.append(
-                f"| {name} | {r['load']} | {r['always_prefill_tokens_per_s']:,.0f} | {r['auto_prefill_tokens_per_s']:,.0f} "
-                f"| {r['auto_vs_always_pct']:+.2f}% | {r['k0_proposals']['auto']:,} / {r['proposals']['auto']:,} "
+                # None: no pair of phases saturated the prefill worker (serve_report.ab_summary)
+                f"| {name} | {r['load']} | {_rate(r['always_prefill_tokens_per_s'])} "
+                f"| {_rate(r['auto_prefill_tokens_per_s'])} | {serve_report.pct_text(r['auto_vs_always_pct'], 2)} "
+                f"| {r['k0_proposals']['auto']:,} / {r['proposals']['auto']:,} "
                 f"| {r['k0_proposals']['always']:,} / {r['proposals']['always']:,} |"
             )
         lines.append("")

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import json
+import random
 import statistics
 from pathlib import Path
+
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+RATE_SOURCE_TEXT = {"prefill_tokens_per_s_saturated": "saturated window", "prefill_tokens_per_s": "whole phase",
+                    "mixed": "mixed"}  # fmt: skip
 
 
 def _fmt(value, digits: int = 1) -> str:
@@ -15,24 +21,104 @@ def _fmt(value, digits: int = 1) -> str:
     return f"{value:,.{digits}f}"
 
 
+def pct_text(value, digits: int = 1) -> str:
+    """A signed percentage, "-" for None (no figure: e.g. no pair of phases saturated)."""
+    return "-" if value is None else f"{value:+.{digits}f}%"
+
+
+def _ci_text(row: dict) -> str:
+    """The auto-vs-always interval, from the row's pair-ratio bootstrap."""
+    ci = row.get("auto_vs_always_pct_ci95")
+    return "-" if ci is None else f"{pct_text(ci[0])}..{pct_text(ci[1])}"
+
+
+def _saturation_text(phase: dict) -> str:
+    share = phase.get("prefill_saturation_share")
+    if share is None:
+        return "-"
+    return f"{share:.0%}" + (" (unsaturated)" if phase.get("saturated") is False else "")
+
+
+def _unsaturated_note(report: dict) -> list[str]:
+    """A line naming the phases that never saturated the prefill worker (none: no line)."""
+    flagged = [p for p in report["phases"] if p.get("saturated") is False]
+    if not flagged:
+        return []
+    floor = report.get("saturation_min")
+    threshold = f" (requests waiting in fewer than {floor:.0%} of its queue readings)" if floor is not None else ""
+    names = ", ".join(f"#{p['index'] + 1} {p['load']} {p['policy'] or ''}".rstrip() + f" {_saturation_text(p)}"
+                      for p in flagged)  # fmt: skip
+    return [f"**{len(flagged)} phases never saturated the prefill worker**{threshold}, "
+            f"left out of the A/B figures: {names}", ""]  # fmt: skip
+
+
+def phase_rate(phase: dict) -> float:
+    """The prefill rate a phase is compared by: over its saturated window when its queue was
+    sampled (the worker's capacity, not the client's ramp-up and drain), else over the phase."""
+    saturated_rate = phase.get("prefill_tokens_per_s_saturated")
+    return saturated_rate if saturated_rate is not None else phase["prefill_tokens_per_s"] or 0.0
+
+
+def rate_source(phases: list[dict]) -> str | None:
+    """Which field `phase_rate` took for these phases: one field's name, "mixed", or None (no phase)."""
+    sources = {"prefill_tokens_per_s_saturated" if p.get("prefill_tokens_per_s_saturated") is not None
+               else "prefill_tokens_per_s" for p in phases}  # fmt: skip
+    return sources.pop() if len(sources) == 1 else ("mixed" if sources else None)
+
+
+def counts_in_ab(phase: dict) -> bool:
+    """A phase flagged as never saturating the prefill worker stays out of the A/B figures;
+    one without a queue reading (`saturated` None: an older report) is judged by nothing."""
+    return phase.get("saturated") is not False
+
+
+def bootstrap_ci95(ratios: list[float], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED):
+    """95% percentile interval [low, high] of the mean of `ratios`, from `resamples` draws of
+    as many ratios with replacement; a fixed seed, so the same ratios give the same interval.
+    None with fewer than 2 ratios (one pair has no spread to resample)."""
+    if len(ratios) < 2:
+        return None
+    rng = random.Random(seed)
+    means = [statistics.fmean(rng.choices(ratios, k=len(ratios))) for _ in range(resamples)]
+    cuts = statistics.quantiles(means, n=40, method="inclusive")  # cut points every 2.5%
+    return [cuts[0], cuts[-1]]
+
+
 def ab_summary(phases: list[dict]) -> list[dict]:
-    """Per load level: prefill tokens/s with `always` and `auto` (mean over phases), the
-    difference, each interleaved pair's ratio (spread), and K=0 proposals / proposals."""
+    """Per load level: prefill tokens/s with `always` and `auto`, the difference, each
+    interleaved pair's ratio, a bootstrap 95% interval of the mean ratio, and K=0
+    proposals / proposals.
+
+    auto and always phases pair in run order (the plan interleaves them ABBA). The rates,
+    their difference and the ratios come only from pairs whose two phases saturated the
+    prefill worker (`counts_in_ab`): a phase that did not measured the client's pace, not
+    the worker. Proposal counts and TTFT cover every phase: they say what each policy did."""
     rows = []
     for load in dict.fromkeys(p["load"] for p in phases):
         of = {policy: [p for p in phases if p["load"] == load and p["policy"] == policy] for policy in ("auto", "always")}
         if not of["auto"] or not of["always"]:
             continue
-        rate = {k: [p["prefill_tokens_per_s"] or 0.0 for p in v] for k, v in of.items()}
-        auto, always = statistics.mean(rate["auto"]), statistics.mean(rate["always"])
-        pairs = [a / b for a, b in zip(rate["auto"], rate["always"]) if b]
+        pairs = list(zip(of["auto"], of["always"]))
+        used = [(a, b) for a, b in pairs if counts_in_ab(a) and counts_in_ab(b)]
+        rate = {"auto": [phase_rate(a) for a, _ in used], "always": [phase_rate(b) for _, b in used]}
+        auto = statistics.mean(rate["auto"]) if used else None
+        always = statistics.mean(rate["always"]) if used else None
+        ratios = [a / b for a, b in zip(rate["auto"], rate["always"]) if b]
+        ci = bootstrap_ci95(ratios)
         rows.append({
             "load": load,
             "phases_per_policy": len(of["auto"]),
             "always_prefill_tokens_per_s": always,
             "auto_prefill_tokens_per_s": auto,
             "auto_vs_always_pct": 100.0 * (auto / always - 1.0) if always else None,
-            "pair_ratios": pairs,
+            "pair_ratios": ratios,
+            "pair_ratio_mean": statistics.fmean(ratios) if ratios else None,
+            "pair_ratio_ci95": ci,
+            "auto_vs_always_pct_ci95": None if ci is None else [100.0 * (r - 1.0) for r in ci],
+            "rate_source": rate_source([p for pair in used for p in pair]),
+            "pairs_used": len(used),
+            "excluded_pairs": len(pairs) - len(used),
+            "unsaturated_phases": {k: sum(not counts_in_ab(p) for p in v) for k, v in of.items()},
             "k0_proposals": {k: sum(p["prefill_k0_proposals"] or 0 for p in v) for k, v in of.items()},
             "proposals": {k: sum(p["prefill_proposals"] or 0 for p in v) for k, v in of.items()},
             "ttft_ms_median": {k: statistics.mean(p["ttft_ms"]["median"] or 0 for p in v) for k, v in of.items()},
@@ -54,11 +140,13 @@ def markdown(report: dict) -> str:
     if report.get("skipped_phases"):
         lines += [f"**{len(report['skipped_phases'])} phases skipped** (time budget): "
                   + ", ".join(f"{p['load']} {p['policy'] or ''}".strip() for p in report["skipped_phases"]), ""]
+    lines += _unsaturated_note(report)
     if report.get("ab_summary"):
         lines += [
             "| load | always prefill tok/s | auto prefill tok/s | auto vs always | pair ratios | "
-            "K=0 / proposals (auto) | K=0 / proposals (always) |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            "K=0 / proposals (auto) | K=0 / proposals (always) | auto vs always, 95% CI | pairs used / excluded "
+            "| rate over |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for row in report["ab_summary"]:
             pairs = row["pair_ratios"]
@@ -66,15 +154,17 @@ def markdown(report: dict) -> str:
             k0, props = row["k0_proposals"], row["proposals"]
             lines.append(
                 f"| {row['load']} | {_fmt(row['always_prefill_tokens_per_s'], 0)} "
-                f"| {_fmt(row['auto_prefill_tokens_per_s'], 0)} | {row['auto_vs_always_pct']:+.1f}% | {spread} "
-                f"| {k0['auto']:,} / {props['auto']:,} | {k0['always']:,} / {props['always']:,} |"
+                f"| {_fmt(row['auto_prefill_tokens_per_s'], 0)} | {pct_text(row['auto_vs_always_pct'])} | {spread} "
+                f"| {k0['auto']:,} / {props['auto']:,} | {k0['always']:,} / {props['always']:,} "
+                f"| {_ci_text(row)} | {row.get('pairs_used', len(pairs))} / {row.get('excluded_pairs', 0)} "
+                f"| {RATE_SOURCE_TEXT.get(row.get('rate_source'), '-')} |"
             )
         lines.append("")
     lines += [
         "| # | load | policy | requests | failed | TTFT ms mean / median / p99 | ITL ms mean / median / p99 "
         "| TPOT ms median | E2E ms median | req/s | output tok/s | goodput req/s | prefill tok/s "
-        "| K=0 / proposals | accept. length |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| K=0 / proposals | accept. length | prefill tok/s, saturated window | prefill queue saturated |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for p in report["phases"]:
         ttft, itl = p["ttft_ms"], p["itl_ms"]
@@ -85,7 +175,8 @@ def markdown(report: dict) -> str:
             f"| {_fmt(itl['mean'])} / {_fmt(itl['median'])} / {_fmt(itl['p99'])} "
             f"| {_fmt(p['tpot_ms']['median'])} | {_fmt(p['e2e_ms']['median'])} | {p['request_throughput']:.2f} "
             f"| {_fmt(p['output_tokens_per_s'])} | {_fmt(p.get('goodput'), 2)} | {_fmt(p['prefill_tokens_per_s'], 0)} "
-            f"| {proposals} | {_fmt(p['decode_acceptance_length'], 2)} |"
+            f"| {proposals} | {_fmt(p['decode_acceptance_length'], 2)} "
+            f"| {_fmt(p.get('prefill_tokens_per_s_saturated'), 0)} | {_saturation_text(p)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -136,7 +227,8 @@ def plot_latency(reports: list[dict], path: Path) -> None:
 
 
 def plot_ab(report: dict, path: Path) -> None:
-    """Prefill tokens/s of every phase, in run order, coloured by policy."""
+    """Prefill tokens/s of every phase (the rate the A/B figures use), in run order, coloured
+    by policy; a phase that never saturated the prefill worker hatched."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -146,17 +238,22 @@ def plot_ab(report: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(phases) + 2), 4))
     colors = {"auto": "tab:blue", "always": "tab:gray", None: "tab:green"}
     for p in phases:
-        ax.bar(p["index"] + 1, p["prefill_tokens_per_s"] or 0, color=colors[p["policy"]])
+        unsaturated = p.get("saturated") is False
+        ax.bar(p["index"] + 1, phase_rate(p), color=colors[p["policy"]],
+               hatch="//" if unsaturated else None, edgecolor="white" if unsaturated else None)  # fmt: skip
     from matplotlib.patches import Patch
 
     handles = [Patch(color=color, label=policy or "single policy")
                for policy, color in colors.items() if any(p["policy"] == policy for p in phases)]  # fmt: skip
+    if any(p.get("saturated") is False for p in phases):
+        handles.append(Patch(facecolor="lightgray", hatch="//", edgecolor="white", label="unsaturated (not in A/B)"))
     ax.set_xticks([p["index"] + 1 for p in phases])
-    top = max([p["prefill_tokens_per_s"] or 0 for p in phases] + [1.0])
+    top = max([phase_rate(p) for p in phases] + [1.0])
     ax.set_ylim(0, top * 1.2)  # the legend above the bars, not over one
     ax.set_xlabel("phase (run order)")
-    ax.set_ylabel("prefill worker prompt tokens/s")
-    title = " / ".join(f"{r['load']}: auto {r['auto_vs_always_pct']:+.1f}%" for r in report.get("ab_summary", []))
+    ax.set_ylabel("prefill prompt tokens/s (saturated window)" if any(
+        p.get("prefill_tokens_per_s_saturated") is not None for p in phases) else "prefill worker prompt tokens/s")
+    title = " / ".join(f"{r['load']}: auto {pct_text(r['auto_vs_always_pct'])}" for r in report.get("ab_summary", []))
     ax.set_title((report.get("label") + ": " if report.get("label") else "") + (title or "prefill throughput"),
                  fontsize=9)  # fmt: skip
     if handles:  # none when the deadline left no phase to run

@@ -48,6 +48,10 @@ def test_serve_bench_ab_through_the_proxy(stack, tmp_path):
         assert phase["prefill_tokens_per_s"] > 0
         assert phase["decode_acceptance_length"] >= 1.0
         assert phase["prefill_proposals"] >= 4 * 600 // 512  # 2,400 prompt tokens at 512 a step
+        # The prefill worker's queue, read from its /metrics while the phase ran.
+        assert phase["prefill_queue_samples"] > 0 and phase["prefill_queue_gaps"] == 0
+        assert 0.0 <= phase["prefill_saturation_share"] <= 1.0
+        assert phase["saturated"] == (phase["prefill_saturation_share"] >= 0.89)
     auto, always = phases
     assert auto["prefill_k0_proposals"] == auto["prefill_proposals"]
     assert always["prefill_k0_proposals"] == 0

@@ -122,6 +122,18 @@ def test_summary_markdown_has_the_cross_stack_table():
     assert "boom" in text
 
 
+def test_summary_markdown_with_no_saturated_pair():
+    # serve_report.ab_summary leaves a load's figures None when no pair saturated the prefill worker.
+    row = {"load": "concurrency 32", "always_prefill_tokens_per_s": None, "auto_prefill_tokens_per_s": None,
+           "auto_vs_always_pct": None, "pair_ratios": [], "k0_proposals": {"auto": 96, "always": 0},
+           "proposals": {"auto": 96, "always": 96}, "ttft_ms_median": {}, "pairs_used": 0, "excluded_pairs": 1}  # fmt: skip
+    report = {"label": "x", "command": "c", "url": "u", "model": "m", "num_prompts": 1, "input_len": 1, "output_len": 1,
+              "phases": [], "ab_summary": [row]}  # fmt: skip
+    summary = {"workload": "seed", "description": "d", "command": "pdspec bench",
+               "stacks": [{"name": "eagle3.mbt512", "profile": "p", "overrides": {}, "report": report}]}  # fmt: skip
+    assert "| eagle3.mbt512 | concurrency 32 | - | - | - | 96 / 96 | 0 / 96 |" in bench.markdown(summary)
+
+
 def test_ports_leave_room_for_dp_ranks():
     a, b = stack_ports(8000, 0), stack_ports(8000, 1)
     assert b["prefill.side_channel_port"] - a["prefill.side_channel_port"] == 4

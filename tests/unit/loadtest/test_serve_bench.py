@@ -10,13 +10,14 @@ import json
 
 import pytest
 from fastapi import FastAPI, Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from loadtest.serving import serve_bench
 
 from loadtest.serving import serve_report
 
 from loadtest.serving import worker_metrics
+from loadtest.serving.queue_sampler import QueueSample
 from loadtest.serving.serve_client import completion_body, random_prompts, run_load
 from loadtest.serving.serve_stats import RequestResult, distribution_ms, meets_slos, parse_slos, summarize
 from tests.standin import ThreadServer
@@ -124,13 +125,20 @@ def test_worker_figures_from_metric_deltas():
     assert worker_metrics.acceptance_length(worker_metrics.deltas(before, before)) is None
 
 
-def _phase(index: int, policy: str | None, prefill_rate: float, k0: int, proposals: int) -> dict:
+def _phase(index: int, policy: str | None, prefill_rate: float, k0: int, proposals: int,
+           share: float | None = None, saturated_rate: float | None = None) -> dict:  # fmt: skip
+    """A phase as run_benchmark writes one; with `share`, as if its queue had been sampled."""
     results = [RequestResult(True, 64, 4, 0.1, 0.4, [0.1, 0.1, 0.1])]
     prefill = {worker_metrics.PROMPT_TOKENS: prefill_rate, worker_metrics.PROPOSALS: proposals,
                worker_metrics.K0_PROPOSALS: k0}  # fmt: skip
+    queue = dict.fromkeys(serve_bench.SATURATION_FIELDS)
+    if share is not None:
+        queue = {"prefill_saturation_share": share, "prefill_tokens_per_s_saturated": saturated_rate,
+                 "prefill_queue_samples": 40, "prefill_queue_gaps": 0,
+                 "saturated": share >= serve_bench.DEFAULT_SATURATION_MIN}  # fmt: skip
     return {"index": index, "repetition": index // 2, "policy": policy, "concurrency": 2, "request_rate": None,
             "load": "concurrency 2", **summarize(results, 1.0),
-            **worker_metrics.worker_figures(prefill, None, 1.0)}  # fmt: skip
+            **worker_metrics.worker_figures(prefill, None, 1.0), **queue}  # fmt: skip
 
 
 def test_ab_summary_table_and_files(tmp_path):
@@ -143,6 +151,10 @@ def test_ab_summary_table_and_files(tmp_path):
     assert row["auto_vs_always_pct"] == pytest.approx(7.5)
     assert row["pair_ratios"] == pytest.approx([1.1, 1.05])
     assert row["k0_proposals"] == {"auto": 16, "always": 0} and row["proposals"] == {"auto": 16, "always": 16}
+    # Phases without queue readings (no sampler) all count, by their whole-phase rate.
+    assert row["rate_source"] == "prefill_tokens_per_s"
+    assert (row["pairs_used"], row["excluded_pairs"], row["unsaturated_phases"]) == (2, 0, {"auto": 0, "always": 0})
+    assert row["pair_ratio_mean"] == pytest.approx(1.075) and row["pair_ratio_ci95"] == pytest.approx([1.05, 1.1])
     report = {"label": "cpu", "command": "python -m loadtest.serve_bench --ab", "url": "http://p", "model": "m",
               "num_prompts": 1, "input_len": 64, "output_len": 4, "ab": True, "phases": phases,
               "ab_summary": summary}  # fmt: skip
@@ -203,3 +215,161 @@ def test_client_times_a_stream_and_counts_failures():
     # Two in flight at a time: four streams of ~0.2 s take at least ~0.4 s.
     assert duration > 0.35
     assert all(b["prompt"] and isinstance(b["prompt"][0], int) for b in app.state.seen)
+
+
+def test_saturation_fields_flag_a_phase_below_the_minimum():
+    assert serve_bench.saturation_fields(None, 0.89) == dict.fromkeys(serve_bench.SATURATION_FIELDS)
+    waiting = [QueueSample(float(t), waiting=w, running=1, prompt_tokens=100.0 * t) for t, w in enumerate([3, 2, 1, 0])]
+    fields = serve_bench.saturation_fields(waiting, 0.75)
+    assert fields["prefill_saturation_share"] == pytest.approx(0.75) and fields["saturated"] is True
+    assert fields["prefill_tokens_per_s_saturated"] == pytest.approx(100.0)
+    assert (fields["prefill_queue_samples"], fields["prefill_queue_gaps"]) == (4, 0)
+    assert serve_bench.saturation_fields(waiting, 0.89)["saturated"] is False
+    # No reading at all shows nothing saturated.
+    gaps = serve_bench.saturation_fields([QueueSample(0.0, None), QueueSample(1.0, None)], 0.0)
+    assert gaps["saturated"] is False and gaps["prefill_saturation_share"] is None and gaps["prefill_queue_gaps"] == 2
+
+
+def test_saturation_minimum_argument():
+    assert serve_bench.parse_args(["--url", "http://x"]).saturation_min == 0.89
+    assert serve_bench.parse_args(["--url", "http://x", "--saturation-min", "0.5"]).saturation_min == 0.5
+    with pytest.raises(SystemExit):
+        serve_bench.parse_args(["--url", "http://x", "--saturation-min", "1.5"])
+
+
+def _ab_phases_with_one_unsaturated() -> list[dict]:
+    """ABBA over 3 repetitions; phase 3 (`always`) never saturated the prefill worker, and
+    its pair's rates would swing the figures if it were counted."""
+    return [_phase(0, "auto", 900, 8, 8, share=0.97, saturated_rate=1100),
+            _phase(1, "always", 900, 0, 8, share=0.95, saturated_rate=1000),
+            _phase(2, "always", 100, 0, 8, share=0.40, saturated_rate=100),
+            _phase(3, "auto", 4000, 8, 8, share=0.99, saturated_rate=5000),
+            _phase(4, "auto", 900, 8, 8, share=0.93, saturated_rate=1200),
+            _phase(5, "always", 900, 0, 8, share=0.90, saturated_rate=1000)]  # fmt: skip
+
+
+def test_ab_summary_leaves_out_a_pair_with_an_unsaturated_phase():
+    (row,) = serve_report.ab_summary(_ab_phases_with_one_unsaturated())
+    # Pairs in run order: (0, 1), (3, 2), (4, 5); (3, 2) is out.
+    assert (row["pairs_used"], row["excluded_pairs"]) == (2, 1)
+    assert row["unsaturated_phases"] == {"auto": 0, "always": 1}
+    assert row["rate_source"] == "prefill_tokens_per_s_saturated"
+    assert row["auto_prefill_tokens_per_s"] == pytest.approx(1150) and row["always_prefill_tokens_per_s"] == 1000
+    assert row["auto_vs_always_pct"] == pytest.approx(15.0)
+    assert row["pair_ratios"] == pytest.approx([1.1, 1.2]) and row["pair_ratio_mean"] == pytest.approx(1.15)
+    # Two ratios: resampled means are 1.1, 1.15 or 1.2, so the interval is their range.
+    assert row["pair_ratio_ci95"] == pytest.approx([1.1, 1.2])
+    assert row["auto_vs_always_pct_ci95"] == pytest.approx([10.0, 20.0])
+    # Proposals still cover every phase: they say what each policy did.
+    assert row["proposals"] == {"auto": 24, "always": 24} and row["phases_per_policy"] == 3
+
+
+def test_ab_summary_with_one_pair_or_none_saturated():
+    one = serve_report.ab_summary(_ab_phases_with_one_unsaturated()[:2])[0]
+    assert one["pair_ratios"] == pytest.approx([1.1]) and one["pair_ratio_mean"] == pytest.approx(1.1)
+    assert one["pair_ratio_ci95"] is None and one["auto_vs_always_pct_ci95"] is None
+    none = serve_report.ab_summary(_ab_phases_with_one_unsaturated()[2:4])[0]
+    assert (none["pairs_used"], none["excluded_pairs"]) == (0, 1)
+    assert none["auto_prefill_tokens_per_s"] is None and none["auto_vs_always_pct"] is None
+    assert none["pair_ratio_mean"] is None and none["rate_source"] is None
+
+
+def test_bootstrap_interval_is_fixed_by_its_seed_and_holds_the_mean():
+    ratios = [0.97, 1.01, 1.04, 0.99, 1.08, 1.02, 0.95, 1.05]
+    low, high = serve_report.bootstrap_ci95(ratios)
+    assert serve_report.bootstrap_ci95(ratios) == [low, high]  # the same pairs, the same interval
+    assert serve_report.bootstrap_ci95(ratios, seed=1) != [low, high]
+    mean = sum(ratios) / len(ratios)
+    # A percentile interval of the mean: around it, and narrower than the ratios' range.
+    assert min(ratios) < low < mean < high < max(ratios)
+    assert serve_report.bootstrap_ci95([1.1]) is None and serve_report.bootstrap_ci95([]) is None
+
+
+def test_markdown_flags_unsaturated_phases_and_shows_the_interval(tmp_path):
+    phases = _ab_phases_with_one_unsaturated()
+    report = {"label": "", "command": "python -m loadtest.serve_bench --ab", "url": "http://p", "model": "m",
+              "num_prompts": 1, "input_len": 64, "output_len": 4, "ab": True, "saturation_min": 0.89,
+              "phases": phases, "ab_summary": serve_report.ab_summary(phases)}  # fmt: skip
+    table = serve_report.markdown(report)
+    assert ("**1 phases never saturated the prefill worker** (requests waiting in fewer than 89% of its queue "
+            "readings), left out of the A/B figures: #3 concurrency 2 always 40% (unsaturated)") in table
+    assert "| 1,000 | 1,150 | +15.0% | 1.100..1.200 | 24 / 24 | 0 / 24 | +10.0%..+20.0% | 2 / 1 | saturated window |" in table
+    assert table.count("(unsaturated) |") == 1 and "| 1,100 | 97% |" in table
+    assert "serve_bench_ab.png" in {p.name for p in serve_report.write(report, tmp_path)}
+    # No saturated pair at all: the row's figures read "-", nothing breaks.
+    late = {**report, "phases": phases[2:4], "ab_summary": serve_report.ab_summary(phases[2:4])}
+    assert "| concurrency 2 | - | - | - | - |" in serve_report.markdown(late)
+    serve_report.plot_ab(late, tmp_path / "late.png")
+
+
+def _queueing_app(capacity: int) -> FastAPI:
+    """Completions that stream 4 chunks; its /metrics counts the requests over `capacity`
+    in flight as waiting, and a request's prompt tokens once its stream is done."""
+    app = _sse_app(gap_s=0.05, tokens=4)
+    state = {"in_flight": 0, "prompt_tokens": 0}
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        if request.url.path != "/v1/completions":
+            return await call_next(request)
+        body = await request.body()
+        state["in_flight"] += 1
+        response = await call_next(request)
+
+        async def stream():
+            try:
+                async for chunk in response.body_iterator:
+                    yield chunk
+            finally:
+                state["in_flight"] -= 1
+                state["prompt_tokens"] += len(json.loads(body)["prompt"])
+
+        return StreamingResponse(stream(), status_code=response.status_code, media_type="text/event-stream")
+
+    @app.get("/metrics")
+    async def metrics():
+        waiting, running = max(0, state["in_flight"] - capacity), min(capacity, state["in_flight"])
+        return Response(f"vllm:num_requests_waiting {waiting}.0\nvllm:num_requests_running {running}.0\n"
+                        f"vllm:prompt_tokens_total {state['prompt_tokens']}.0\n", media_type="text/plain")  # fmt: skip
+
+    @app.get("/v1/models")
+    async def models():
+        return {"data": [{"id": "m"}]}
+
+    return app
+
+
+def _no_local_stack(monkeypatch):
+    # The tests give every URL: pdspec's own settings (and its model folder) play no part.
+    defaults = {"prefill_url": None, "decode_url": None, "run_dir": None, "vocab_size": None}
+    monkeypatch.setattr(serve_bench, "local_stack_defaults", lambda: defaults)
+
+
+def test_run_benchmark_samples_the_prefill_queue_in_measured_phases(monkeypatch):
+    _no_local_stack(monkeypatch)
+    with ThreadServer(_queueing_app(capacity=1)) as server:
+        args = serve_bench.parse_args(["--url", server.url, "--prefill-url", server.url, "--decode-url", server.url,
+                                       "--num-prompts", "6", "--concurrency", "3", "--input-len", "16",
+                                       "--output-len", "4", "--vocab-size", "4096", "--warmup", "2",
+                                       "--saturation-min", "0.5", "--no-progress"])  # fmt: skip
+        report = serve_bench.run_benchmark(args)
+    (phase,) = report["phases"]
+    assert report["saturation_min"] == 0.5 and phase["failed"] == 0
+    # Read at the start, every 0.25 s and at the end of the ~0.5 s phase, with no gap.
+    assert phase["prefill_queue_samples"] >= 2 and phase["prefill_queue_gaps"] == 0
+    # Three in flight for one place from the first request to the last round's end: the
+    # 0.25 s reading finds requests waiting, and the counter grows after it.
+    assert 0.0 < phase["prefill_saturation_share"] <= 1.0 and phase["prefill_tokens_per_s_saturated"] > 0
+    assert phase["saturated"] == (phase["prefill_saturation_share"] >= 0.5)
+    # The idle readings around the phase: its 6 prompts, none of the warm-up's 2.
+    assert phase["workers"]["prefill"][worker_metrics.PROMPT_TOKENS] == 6 * 16
+
+
+def test_without_worker_metrics_the_queue_fields_are_none(monkeypatch):
+    _no_local_stack(monkeypatch)
+    with ThreadServer(_queueing_app(capacity=1)) as server:
+        args = serve_bench.parse_args(["--url", server.url, "--no-worker-metrics", "--num-prompts", "2",
+                                       "--input-len", "8", "--output-len", "2", "--vocab-size", "4096",
+                                       "--no-progress"])  # fmt: skip
+        (phase,) = serve_bench.run_benchmark(args)["phases"]
+    assert {name: phase[name] for name in serve_bench.SATURATION_FIELDS} == dict.fromkeys(serve_bench.SATURATION_FIELDS)
