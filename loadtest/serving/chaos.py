@@ -64,6 +64,7 @@ class Record:
     outcome: str
     problem: str = ""
     decode_worker: str = ""  # URL from X-Pdspec-Decode-Worker, when the reply got that far
+    request_id: str = ""  # X-Request-Id: finds the request in the proxy's and workers' logs
 
 
 @dataclass
@@ -150,15 +151,16 @@ async def one(client: httpx.AsyncClient, url: str, kind: str, body: dict, wanted
     path = "/v1/chat/completions" if chat else "/v1/completions"
     started = time.monotonic()
 
-    decode_worker = ""
+    decode_worker = request_id = ""
 
     def done(outcome: str, problem: str = "") -> Record:
-        return Record(started, time.monotonic(), kind, outcome, problem[:200], decode_worker)
+        return Record(started, time.monotonic(), kind, outcome, problem[:200], decode_worker, request_id)
 
     try:
         if body.get("stream"):
             async with client.stream("POST", url + path, json=body) as response:
                 decode_worker = response.headers.get("x-pdspec-decode-worker", "")
+                request_id = response.headers.get("x-request-id", "")
                 if response.status_code != 200:
                     await response.aread()
                     return done("error", f"HTTP {response.status_code}")
@@ -175,6 +177,7 @@ async def one(client: httpx.AsyncClient, url: str, kind: str, body: dict, wanted
         else:
             response = await client.post(url + path, json=body)
             decode_worker = response.headers.get("x-pdspec-decode-worker", "")
+            request_id = response.headers.get("x-request-id", "")
             if response.status_code != 200:
                 return done("error", f"HTTP {response.status_code}: {response.text[:120]}")
             problem, _ = check_whole(response.content, body, chat)
@@ -398,7 +401,8 @@ def run(args) -> dict:
         "served_after_restart": served,
         "killed_workers_served_again": sum(count > 0 for count in served.values()),
         "proxy_rss_mb_start": round(rss_start, 1), "proxy_rss_mb_end": round(rss_end, 1),
-        "lost_examples": [asdict(r) for r, o in zip(records, outcomes) if o == "lost"][:20],
+        "lost_examples": [asdict(r) | {"started": round(r.started - t0, 1), "ended": round(r.ended - t0, 1)}
+                          for r, o in zip(records, outcomes) if o == "lost"][:20],
     }  # fmt: skip
     (args.out / "chaos.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "chaos.md").write_text(markdown(report))
