@@ -4,18 +4,24 @@
         --input-len 256 --output-len 32 --num-prompts 24 --concurrency 2 --rounds 3 \\
         --out loadtest/results/bench_tools/cpu
 
-Both tools get the same load: `--num-prompts` random prompts of `--input-len` tokens,
-`--output-len` tokens each (`ignore_eos`; vLLM sets it for its random dataset), at most
-`--concurrency` in flight, all sent at once. They run interleaved (pdspec, vLLM, vLLM,
-pdspec, ...) so drift hits both alike. Each round's figures are read from the tools' own
-result files: serve_bench.json (client-side figures only, `--no-worker-metrics`) and
-vLLM's `--save-result` JSON. Writes bench_tools.json, bench_tools.md and bench_tools.png
-(each figure's ratio, serve_bench / vllm bench serve, per round) to `--out`.
+Three runs per round, in an order that rotates from round to round so drift hits all
+alike: vLLM's tool on its random dataset, serve_bench on its own default prompts (token
+ids drawn uniformly, `--dataset uniform`), and serve_bench on vLLM's prompts
+(`--dataset vllm-random`: the same texts for the same seed). Each gets `--num-prompts`
+prompts of `--input-len` tokens, `--output-len` tokens each (`ignore_eos`; vLLM sets it
+for its random dataset), at most `--concurrency` in flight, all sent at once. Figures come
+from the tools' own result files (serve_bench.json, client side only; vLLM's
+`--save-result` JSON); with `--decode-url`, the decode worker's mean acceptance length
+over each run too (its spec-decode counters before and after). Writes bench_tools.json,
+bench_tools.md and bench_tools.png (each figure's ratio to vLLM's, per round) to `--out`.
 
-What differs between the tools by design, and so is reported rather than compared:
-vLLM sends text prompts (random ids decoded, then re-encoded to the length), pdspec sends
-the token ids themselves; vLLM's ITL is per streamed chunk as pdspec's is, and its TPOT
-is (latency - TTFT) / (tokens - 1), as pdspec's.
+vLLM's tool gets `--temperature 0`, as serve_bench's requests are greedy: by default it
+sends no temperature, so the server samples at 1.0 (`--vllm-default-temperature` keeps
+that). Both tools time the same things: TTFT, ITL per streamed chunk, TPOT as (latency - TTFT) /
+(tokens - 1), throughput as tokens over the window from the first request sent to the
+last reply done. With speculative decoding the sampling and the prompts' content decide
+how many drafts are accepted, so how many tokens each decode step gives: vLLM's random
+dataset is runs of consecutive token ids, serve_bench's default is ids drawn uniformly.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import httpx
 
 # (figure, how serve_bench's phase gives it, vLLM's result key)
 FIGURES = (
@@ -41,11 +49,31 @@ FIGURES = (
 )
 
 
-def serve_bench_argv(args, out: Path, seed: int) -> list[str]:
+TOOLS = ("vllm_bench_serve", "serve_bench", "serve_bench_vllm_prompts")
+VLLM = "vllm_bench_serve"
+
+
+def serve_bench_argv(args, out: Path, seed: int, dataset: str) -> list[str]:
     return [sys.executable, "-m", "loadtest.serve_bench", "--url", args.url, "--no-worker-metrics", "--no-progress",
             "--input-len", str(args.input_len), "--output-len", str(args.output_len),
             "--num-prompts", str(args.num_prompts), "--concurrency", str(args.concurrency),
-            "--seed", str(seed), "--out", str(out)]  # fmt: skip
+            "--dataset", dataset, "--tokenizer", str(args.tokenizer), "--seed", str(seed), "--out", str(out)]  # fmt: skip
+
+
+def tool_argv(tool: str, args, out: Path, seed: int) -> list[str]:
+    if tool == VLLM:
+        return vllm_argv(args, out, seed)
+    return serve_bench_argv(args, out, seed, "uniform" if tool == "serve_bench" else "vllm-random")
+
+
+def acceptance_counters(decode_url: str | None) -> tuple[float, float] | None:
+    """(drafts, accepted tokens) of the decode worker, summed over its engines."""
+    if decode_url is None:
+        return None
+    from loadtest.serving import worker_metrics
+
+    values = worker_metrics.scrape_when_idle(httpx.Client(timeout=10), decode_url)
+    return values.get(worker_metrics.DRAFTS, 0.0), values.get(worker_metrics.ACCEPTED, 0.0)
 
 
 def vllm_argv(args, out: Path, seed: int) -> list[str]:
@@ -55,7 +83,10 @@ def vllm_argv(args, out: Path, seed: int) -> list[str]:
             "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
             "--max-concurrency", str(args.concurrency), "--request-rate", "inf", "--seed", str(seed),
             "--num-warmups", "0", "--disable-tqdm", "--save-result", "--result-dir", str(out),
-            "--result-filename", "vllm.json"]  # fmt: skip
+            "--result-filename", "vllm.json",
+            # Greedy, as serve_bench is: vLLM's tool no longer sets temperature 0 by itself,
+            # and sampled decoding accepts fewer drafts (see the module's docstring).
+            *([] if args.vllm_default_temperature else ["--temperature", "0"])]  # fmt: skip
 
 
 def run_tool(argv: list[str]) -> None:
@@ -74,17 +105,19 @@ def vllm_figures(out: Path) -> dict[str, float]:
     return {name: result[key] for name, _, key in FIGURES}
 
 
-def compare(rounds: list[dict]) -> dict[str, dict]:
-    """Per figure: each tool's median over rounds, and the ratio serve_bench / vLLM of
-    each round and of the medians."""
+def compare(rounds: list[dict], ours: str = "serve_bench") -> dict[str, dict]:
+    """Per figure: each tool's median over rounds, and the ratio `ours` / vLLM's of each
+    round and their median (None where vLLM's figure is 0 or missing)."""
     summary = {}
-    for name, _, _ in FIGURES:
-        ours = [r["serve_bench"][name] for r in rounds]
-        theirs = [r["vllm_bench_serve"][name] for r in rounds]
-        ratios = [a / b for a, b in zip(ours, theirs) if b]
+    names = [name for name, _, _ in FIGURES] + ["decode_acceptance_length"]
+    for name in names:
+        pairs = [(r[ours].get(name), r[VLLM].get(name)) for r in rounds]
+        if all(a is None for a, _ in pairs):
+            continue
+        ratios = [a / b for a, b in pairs if a is not None and b]
         summary[name] = {
-            "serve_bench": statistics.median(ours),
-            "vllm_bench_serve": statistics.median(theirs),
+            ours: statistics.median(a for a, _ in pairs if a is not None),
+            VLLM: statistics.median(b for _, b in pairs if b is not None),
             "ratio_median": statistics.median(ratios) if ratios else None,
             "ratios": ratios,
         }
@@ -95,35 +128,43 @@ def run(args) -> dict:
     rounds = []
     with tempfile.TemporaryDirectory(prefix="bench-tools-") as scratch:
         for index in range(args.rounds):
-            # ABBA: pdspec first in even rounds, vLLM first in odd ones.
-            order = ("serve_bench", "vllm_bench_serve") if index % 2 == 0 else ("vllm_bench_serve", "serve_bench")
+            order = TOOLS[index % 3:] + TOOLS[:index % 3]  # each tool first in turn
             figures = {}
             for tool in order:
                 out = Path(scratch) / f"{index}-{tool}"
-                seed = args.seed + index
-                run_tool(serve_bench_argv(args, out, seed) if tool == "serve_bench" else vllm_argv(args, out, seed))
-                figures[tool] = pdspec_figures(out) if tool == "serve_bench" else vllm_figures(out)
+                before = acceptance_counters(args.decode_url)
+                run_tool(tool_argv(tool, args, out, args.seed + index))
+                after = acceptance_counters(args.decode_url)
+                figures[tool] = vllm_figures(out) if tool == VLLM else pdspec_figures(out)
+                if before is not None and after is not None and after[0] > before[0]:
+                    figures[tool]["decode_acceptance_length"] = 1.0 + (after[1] - before[1]) / (after[0] - before[0])
                 print(f"round {index + 1}/{args.rounds} {tool}: {figures[tool]['output_tokens_per_s']:.1f} out tok/s",
                       file=sys.stderr, flush=True)  # fmt: skip
             rounds.append({"round": index, "order": list(order), **figures})
     return {
         "command": "python -m loadtest.micro.bench_tools " + " ".join(args.argv),
         "url": args.url, "model": args.model, "input_len": args.input_len, "output_len": args.output_len,
-        "num_prompts": args.num_prompts, "concurrency": args.concurrency,
-        "rounds": rounds, "summary": compare(rounds),
+        "num_prompts": args.num_prompts, "concurrency": args.concurrency, "rounds": rounds,
+        "summary": compare(rounds, "serve_bench"),
+        "summary_vllm_prompts": compare(rounds, "serve_bench_vllm_prompts"),
     }  # fmt: skip
 
 
 def markdown(report: dict) -> str:
     lines = [f"Command: `{report['command']}`", "",
              f"{report['num_prompts']} prompts of {report['input_len']} tokens, {report['output_len']} output tokens, "
-             f"concurrency {report['concurrency']}, {len(report['rounds'])} interleaved rounds (medians).", "",
-             "| figure | serve_bench | vllm bench serve | ratio (median) | ratios per round |",
-             "| --- | --- | --- | --- | --- |"]  # fmt: skip
-    for name, row in report["summary"].items():
-        ratio = "" if row["ratio_median"] is None else f"{row['ratio_median']:.3f}"
-        lines.append(f"| {name} | {row['serve_bench']:.4g} | {row['vllm_bench_serve']:.4g} | {ratio} | "
-                     + ", ".join(f"{r:.3f}" for r in row["ratios"]) + " |")  # fmt: skip
+             f"concurrency {report['concurrency']}, {len(report['rounds'])} interleaved rounds (medians)."]  # fmt: skip
+    for key, ours, title in (("summary", "serve_bench", "serve_bench's own prompts (ids drawn uniformly)"),
+                             ("summary_vllm_prompts", "serve_bench_vllm_prompts", "serve_bench on vLLM's prompts")):
+        if key not in report:
+            continue
+        lines += ["", f"{title} against `vllm bench serve`:", "",
+                  "| figure | serve_bench | vllm bench serve | ratio (median) | ratios per round |",
+                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        for name, row in report[key].items():
+            ratio = "" if row["ratio_median"] is None else f"{row['ratio_median']:.3f}"
+            lines.append(f"| {name} | {row[ours]:.4g} | {row[VLLM]:.4g} | {ratio} | "
+                         + ", ".join(f"{r:.3f}" for r in row["ratios"]) + " |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -135,9 +176,12 @@ def plot(report: dict, path: Path) -> None:
 
     names = [n for n, row in report["summary"].items() if row["ratios"]]
     fig, ax = plt.subplots(figsize=(8, 3.4))
-    for i, name in enumerate(names):
-        ratios = report["summary"][name]["ratios"]
-        ax.scatter([i] * len(ratios), ratios, color="tab:blue", s=18)
+    for key, color, label, shift in (("summary", "tab:blue", "serve_bench's own prompts", -0.12),
+                                     ("summary_vllm_prompts", "tab:orange", "serve_bench on vLLM's prompts", 0.12)):
+        for i, name in enumerate(names):
+            ratios = report.get(key, {}).get(name, {}).get("ratios", [])
+            ax.scatter([i + shift] * len(ratios), ratios, color=color, s=18, label=label if i == 0 else None)
+    ax.legend(fontsize=7)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("serve_bench / vllm bench serve")
@@ -162,7 +206,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--num-prompts", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="each round runs the three; the order rotates")
+    parser.add_argument("--decode-url", help="the decode worker: its acceptance length over each run")
+    parser.add_argument("--vllm-default-temperature", action="store_true",
+                        help="run vLLM's tool as its defaults do, with no --temperature (the server's default, "
+                        "1.0: sampled) instead of --temperature 0")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)

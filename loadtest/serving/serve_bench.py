@@ -4,7 +4,8 @@ vLLM server), with the workers' own counters over each measured phase.
     python -m loadtest.serve_bench --url http://127.0.0.1:8000 --ab \\
         --input-len 8192 --output-len 8 --num-prompts 128 --concurrency 32 --phases 3
 
-Each phase sends `--num-prompts` fresh random token-id prompts (streamed, `ignore_eos`),
+Each phase sends `--num-prompts` fresh random prompts (token ids drawn uniformly, or with
+`--dataset vllm-random` the texts `vllm bench serve --dataset-name random` sends; streamed, `ignore_eos`),
 at each load level given (`--concurrency 1 4 16`, or `--request-rate 2 8`). With `--ab`
 every phase runs twice, once with the prefill worker's drafts policy `auto` and once
 `always`, switched through `pdspec drafts` on the same running stack and interleaved
@@ -37,7 +38,7 @@ from loadtest.serving import serve_report
 
 from loadtest.serving import queue_sampler, worker_metrics
 from pdspec.contract import DRAFTS_POLICIES
-from loadtest.serving.serve_client import completion_body, random_prompts, run_load
+from loadtest.serving.serve_client import completion_body, random_prompts, run_load, vllm_random_prompts
 from loadtest.serving.serve_stats import parse_slos, summarize
 
 POLICIES = DRAFTS_POLICIES
@@ -81,12 +82,12 @@ def loads_from(args: argparse.Namespace) -> list[Load]:
 
 
 def local_stack_defaults() -> dict:
-    """Worker URLs, run folder and the target's vocabulary of a local `pdspec up`."""
+    """Worker URLs, run folder, the target (its tokenizer) and its vocabulary of a local `pdspec up`."""
     from pdspec.settings import UpCommand
     from pdspec.worker.launch import resolve_model_paths
 
     up = UpCommand()
-    vocab = None
+    target = vocab = None
     try:
         target, _ = resolve_model_paths(up.model)
         vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
@@ -97,7 +98,17 @@ def local_stack_defaults() -> dict:
         "decode_url": f"http://{up.decode.host}:{up.decode.port}",
         "run_dir": up.run_dir,
         "vocab_size": vocab,
+        "tokenizer": target,
     }
+
+
+def make_prompts(args: argparse.Namespace, count: int, vocab: int, tokenizer, seed: int) -> list:
+    """`--dataset uniform`: token ids drawn uniformly below `vocab`; `vllm-random`: the texts
+    `vllm bench serve --dataset-name random --seed SEED` sends (so the two tools can be
+    compared on one workload: the content changes how many drafts the decode worker accepts)."""
+    if args.dataset == "vllm-random":
+        return vllm_random_prompts(count, args.input_len, tokenizer, seed)
+    return random_prompts(count, args.input_len, vocab, seed=seed)
 
 
 def set_drafts_policy(run_dir: Path, policy: str) -> None:
@@ -179,6 +190,9 @@ def run_benchmark(args: argparse.Namespace) -> dict:
     decode_url = None if args.no_worker_metrics else (args.decode_url or defaults["decode_url"])
     run_dir = Path(args.run_dir) if args.run_dir else defaults["run_dir"]
     vocab = args.vocab_size or defaults["vocab_size"] or 4096
+    tokenizer = args.tokenizer or defaults["tokenizer"]
+    if args.dataset == "vllm-random" and tokenizer is None:
+        raise SystemExit("--dataset vllm-random needs --tokenizer (no local target model found)")
     model = args.model or first_model(args.url)
     slos = parse_slos(args.goodput or [])
     loads = loads_from(args)
@@ -201,7 +215,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
                 if args.ab:
                     set_drafts_policy(run_dir, "auto")
                 progress.phase("warm-up")
-                prompts = random_prompts(args.warmup, args.input_len, vocab, seed=args.seed - 1)
+                prompts = make_prompts(args, args.warmup, vocab, tokenizer, seed=args.seed - 1)
                 bodies = [completion_body(model, p, args.output_len) for p in prompts]
                 asyncio.run(run_load(args.url, bodies, loads[0].concurrency, None, timeout_s=args.timeout,
                                      on_done=progress.done))  # fmt: skip
@@ -214,7 +228,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
                 if policy is not None:
                     set_drafts_policy(run_dir, policy)
                 progress.phase(f"phase {index + 1}/{len(plan)} {load.label}" + (f" {policy}" if policy else ""))
-                prompts = random_prompts(args.num_prompts, args.input_len, vocab, seed=args.seed + index)
+                prompts = make_prompts(args, args.num_prompts, vocab, tokenizer, seed=args.seed + index)
                 bodies = [completion_body(model, p, args.output_len) for p in prompts]
                 before = idle_counters()
                 results, duration, queue = asyncio.run(
@@ -250,6 +264,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
         "output_len": args.output_len,
         "num_prompts": args.num_prompts,
         "vocab_size": vocab,
+        "dataset": args.dataset,
         "ab": args.ab,
         "saturation_min": args.saturation_min,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -283,6 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="share of the prefill worker's queue readings (every 0.25 s of a phase) that must have "
                              "requests waiting; a phase below it never saturated the prefill worker and is flagged, "
                              "not averaged into the A/B figures (default %(default)s)")  # fmt: skip
+    parser.add_argument("--dataset", choices=("uniform", "vllm-random"), default="uniform",
+                        help="uniform: token ids drawn uniformly below --vocab-size; vllm-random: the texts of "
+                        "`vllm bench serve --dataset-name random` for the same seed (needs a tokenizer)")  # fmt: skip
+    parser.add_argument("--tokenizer", help="for --dataset vllm-random (default: the local target model)")
     parser.add_argument("--vocab-size", type=int, help="token ids drawn below this (default: the target's config)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")

@@ -1,7 +1,8 @@
-"""The load generator of serve_bench: random token-id prompts, streamed completions.
+"""The load generator of serve_bench: random prompts, streamed completions.
 
 Prompts are lists of token ids (the proxy and vLLM take them as `prompt` on
-/v1/completions), fresh for every phase, so no prefix-cache hit makes a phase cheaper.
+/v1/completions) drawn uniformly, or the texts of vLLM's own random dataset; fresh for
+every phase, so no prefix-cache hit makes a phase cheaper.
 `ignore_eos` keeps every reply at `max_tokens`, whatever the weights.
 """
 
@@ -12,6 +13,7 @@ import json
 import random
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -27,7 +29,21 @@ def random_prompts(count: int, length: int, vocab_size: int, seed: int) -> list[
     return rng.integers(FIRST_TOKEN_ID, vocab_size, size=(count, length)).tolist()
 
 
-def completion_body(model: str, prompt: list[int], max_tokens: int) -> dict:
+def vllm_random_prompts(count: int, length: int, tokenizer_path: str | Path, seed: int) -> list[str]:
+    """The prompts `vllm bench serve --dataset-name random --seed SEED` sends: vLLM's own
+    RandomDataset sampler (runs of consecutive token ids from a random offset, decoded,
+    then re-encoded to `length` tokens), the same texts for the same seed and tokenizer."""
+    from vllm.benchmarks.datasets import RandomDataset
+    from vllm.tokenizers import get_tokenizer
+
+    tokenizer = get_tokenizer(str(tokenizer_path))
+    samples = RandomDataset(random_seed=seed).sample(
+        tokenizer=tokenizer, num_requests=count, input_len=length, output_len=1, range_ratio=0.0, prefix_len=0
+    )
+    return [sample.prompt for sample in samples]
+
+
+def completion_body(model: str, prompt: list[int] | str, max_tokens: int) -> dict:
     return {
         "model": model,
         "prompt": prompt,
@@ -41,7 +57,8 @@ def completion_body(model: str, prompt: list[int], max_tokens: int) -> dict:
 
 async def stream_completion(client: httpx.AsyncClient, url: str, body: dict) -> RequestResult:
     """One streamed completion, timed chunk by chunk."""
-    prompt_tokens = len(body["prompt"])
+    prompt = body["prompt"]
+    prompt_tokens = len(prompt) if isinstance(prompt, list) else 0  # text: the server's usage counts it
     started = time.perf_counter()
     ttft, last, gaps, usage, finished = None, 0.0, [], None, False
     try:
