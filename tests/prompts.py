@@ -79,3 +79,16 @@ def acceptance_length(before: dict, after: dict) -> float:
     )
     assert drafts > 0
     return 1 + accepted / drafts
+
+
+# A tool for the tool-call tests: a strict schema (vLLM, as OpenAI, holds the arguments to
+# it only for a strict tool; otherwise a named choice fixes the name and lets the arguments
+# be any JSON, seen: "n"), short enough that greedy JSON ends within a few dozen tokens.
+WEATHER_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"type": "string", "enum": ["c", "f"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+WEATHER_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                                   "parameters": WEATHER_SCHEMA, "strict": True}}]  # fmt: skip

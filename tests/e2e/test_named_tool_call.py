@@ -15,16 +15,9 @@ import openai
 import pytest
 
 from tests import harness
-from tests.prompts import unique_prompt
+from tests.prompts import WEATHER_TOOLS, unique_prompt
 
-SCHEMA = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"type": "string", "enum": ["c", "f"]}},
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
-                                           "parameters": SCHEMA, "strict": True}}]  # fmt: skip
+TOOLS = WEATHER_TOOLS
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 

@@ -25,6 +25,7 @@ import pytest
 from openai import OpenAI
 
 from tests import harness
+from tests.prompts import WEATHER_TOOLS
 
 # Starts workers of its own: in a full run, after the shared stack is gone (two cores).
 pytestmark = pytest.mark.after_stack
@@ -35,16 +36,7 @@ BASE = 21000
 # pdspec writes them key by key, so this flag adds to them. (vLLM's dotted form: pdspec's
 # CLI cannot read a JSON object inside its list.)
 STRUCTURED_OUTPUTS = json.dumps(["--structured-outputs-config.enable_in_reasoning", "true"])
-WEATHER_SCHEMA = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"type": "string", "enum": ["c", "f"]}},
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
-# `strict`: vLLM (as OpenAI) holds the arguments to the schema only for a strict tool;
-# otherwise a named choice fixes the name and lets the arguments be any JSON (seen: "n").
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
-                                           "parameters": WEATHER_SCHEMA, "strict": True}}]  # fmt: skip
+TOOLS = WEATHER_TOOLS
 # A reasoning part and an answer part, in granite's markers.
 REASONED = r"Here is my thought process: [a-z]{3,12}( [a-z]{3,12}){0,3}\. Here is my response: [a-z]{3,12}\."
 THOUGHT = r"[a-z]{3,12}( [a-z]{3,12}){0,3}\."
