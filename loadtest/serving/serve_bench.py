@@ -190,7 +190,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
     decode_url = None if args.no_worker_metrics else (args.decode_url or defaults["decode_url"])
     run_dir = Path(args.run_dir) if args.run_dir else defaults["run_dir"]
     vocab = args.vocab_size or defaults["vocab_size"] or 4096
-    tokenizer = args.tokenizer or defaults["tokenizer"]
+    tokenizer = args.tokenizer or defaults.get("tokenizer")
     if args.dataset == "vllm-random" and tokenizer is None:
         raise SystemExit("--dataset vllm-random needs --tokenizer (no local target model found)")
     model = args.model or first_model(args.url)

@@ -373,3 +373,20 @@ def test_without_worker_metrics_the_queue_fields_are_none(monkeypatch):
                                        "--no-progress"])  # fmt: skip
         (phase,) = serve_bench.run_benchmark(args)["phases"]
     assert {name: phase[name] for name in serve_bench.SATURATION_FIELDS} == dict.fromkeys(serve_bench.SATURATION_FIELDS)
+
+
+def test_vllm_random_prompts_are_vllms_random_dataset_for_the_seed():
+    """`--dataset vllm-random`: the texts `vllm bench serve --dataset-name random --seed S`
+    sends, so both tools can be run on one workload (loadtest/micro/bench_tools.py)."""
+    from transformers import AutoTokenizer
+
+    from loadtest.serving.serve_client import vllm_random_prompts
+    from pdspec.models.build import install_models
+    from tests.harness import models_dir
+
+    install_models(models_dir())  # a no-op once installed (`make test` does it first)
+    target = models_dir() / "target"
+    first, again, other = (vllm_random_prompts(4, 64, target, seed) for seed in (3, 3, 4))
+    assert first == again and first != other and len(first) == 4
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    assert all(abs(len(tokenizer.encode(p, add_special_tokens=False)) - 64) <= 1 for p in first)
