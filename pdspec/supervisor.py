@@ -123,7 +123,7 @@ def plan_children(settings: UpCommand) -> list[Child]:
     for role, base in roles:
         replicas = replica_settings(base) if role != "colocated" else [base]
         for index, worker in enumerate(replicas):
-            name = role if len(replicas) == 1 else f"{role}-{index}"
+            name = replica_name(role, index, len(replicas))
             run_dir = replica_run_dir(settings.run_dir, role, index)
             prepare_run_dir(role, run_dir)  # before launch_spec: it names files in there
             spec = launch_spec(role, settings.model, worker, run_dir)
@@ -154,6 +154,11 @@ def plan_children(settings: UpCommand) -> list[Child]:
     return children
 
 
+def replica_name(role: str, index: int, count: int) -> str:
+    """A worker's name in logs and run folders: the role alone, or `<role>-<i>` in a fleet."""
+    return role if count == 1 else f"{role}-{index}"
+
+
 def worker_gpus(worker: WorkerSettings) -> frozenset[str]:
     """The GPUs a worker's engine uses: its CUDA_VISIBLE_DEVICES, or GPU 0 when unset (where
     vLLM puts a one-GPU engine, so two unset workers share it)."""
@@ -163,24 +168,19 @@ def worker_gpus(worker: WorkerSettings) -> frozenset[str]:
 def start_waves(children: list[Child]) -> list[list[Child]]:
     """The order `pdspec up` starts its children in: a worker sharing a GPU with an earlier
     one starts only once that one is ready (two vLLM engines measuring one GPU's free
-    memory at once fail: "No available memory for the cache blocks"); all others at once,
-    in the first wave; the proxy (no GPU, last in `children`) with the last wave, since
-    its readiness needs the workers anyway."""
-    waves: list[list[Child]] = []
-    placed: list[tuple[Child, int]] = []
-    for child in children:
-        if child.gpus is None:
-            wave = 0
-        else:
-            wave = max((w + 1 for other, w in placed if other.gpus and other.gpus & child.gpus), default=0)
-        placed.append((child, wave))
-    last = max((w for _, w in placed), default=0)
-    for child, wave in placed:
-        if child.name == "proxy":
-            wave = last
+    memory at once fail: "No available memory for the cache blocks"); the others at once.
+    Children without a GPU (the proxy; every child on the CPU build) start with the last
+    wave: the proxy's readiness needs the workers anyway, and on the CPU there is one wave."""
+    waves: list[list[Child]] = [[]]
+    placed: dict[str, int] = {}  # child name -> its wave
+    on_gpus = [c for c in children if c.gpus is not None]
+    for child in on_gpus:
+        wave = max((placed[o.name] + 1 for o in on_gpus if o.name in placed and o.gpus & child.gpus), default=0)
+        placed[child.name] = wave
         while len(waves) <= wave:
             waves.append([])
         waves[wave].append(child)
+    waves[-1] += [c for c in children if c.gpus is None]
     return waves
 
 

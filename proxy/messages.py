@@ -29,9 +29,9 @@ from proxy.legs import PREFILL_KV_REQUEST, decode_body
 
 def decode_only_reason(body: dict[str, Any]) -> str | None:
     """A grammar-constrained request is marked (as for chat, see proxy/legs.py: prefilled
-    by its decode worker only under `structured_outputs = "decode_only"`): vLLM turns an `output_config.format` with a `schema` into a
-    `response_format`, and a `tool_choice` of type `any` or `tool` into a required or
-    named chat `tool_choice`."""
+    by its decode worker only under `structured_outputs = "decode_only"`): vLLM turns an
+    `output_config.format` with a `schema` into a `response_format`, and a `tool_choice`
+    of type `any` or `tool` into a required or named chat `tool_choice`."""
     output_config = body.get("output_config")
     fmt = output_config.get("format") if isinstance(output_config, dict) else None
     if isinstance(fmt, dict) and fmt.get("schema"):  # `json_schema` in vLLM's model, by its alias

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import httpx
 
+from loadtest.serving import worker_metrics
+
 # (figure, how serve_bench's phase gives it, vLLM's result key)
 FIGURES = (
     ("completed", lambda p: p["completed"], "completed"),
@@ -66,14 +68,12 @@ def tool_argv(tool: str, args, out: Path, seed: int) -> list[str]:
     return serve_bench_argv(args, out, seed, "uniform" if tool == "serve_bench" else "vllm-random")
 
 
-def acceptance_counters(decode_url: str | None) -> tuple[float, float] | None:
-    """(drafts, accepted tokens) of the decode worker, summed over its engines."""
+def decode_counters(decode_url: str | None) -> dict[str, float] | None:
+    """The decode worker's counters once it is idle (None: no URL given)."""
     if decode_url is None:
         return None
-    from loadtest.serving import worker_metrics
-
-    values = worker_metrics.scrape_when_idle(httpx.Client(timeout=10), decode_url)
-    return values.get(worker_metrics.DRAFTS, 0.0), values.get(worker_metrics.ACCEPTED, 0.0)
+    with httpx.Client(timeout=10) as client:
+        return worker_metrics.scrape_when_idle(client, decode_url)
 
 
 def vllm_argv(args, out: Path, seed: int) -> list[str]:
@@ -132,12 +132,14 @@ def run(args) -> dict:
             figures = {}
             for tool in order:
                 out = Path(scratch) / f"{index}-{tool}"
-                before = acceptance_counters(args.decode_url)
+                before = decode_counters(args.decode_url)
                 run_tool(tool_argv(tool, args, out, args.seed + index))
-                after = acceptance_counters(args.decode_url)
+                after = decode_counters(args.decode_url)
                 figures[tool] = vllm_figures(out) if tool == VLLM else pdspec_figures(out)
-                if before is not None and after is not None and after[0] > before[0]:
-                    figures[tool]["decode_acceptance_length"] = 1.0 + (after[1] - before[1]) / (after[0] - before[0])
+                if before is not None and after is not None:
+                    accepted = worker_metrics.acceptance_length(worker_metrics.deltas(before, after))
+                    if accepted is not None:
+                        figures[tool]["decode_acceptance_length"] = accepted
                 print(f"round {index + 1}/{args.rounds} {tool}: {figures[tool]['output_tokens_per_s']:.1f} out tok/s",
                       file=sys.stderr, flush=True)  # fmt: skip
             rounds.append({"round": index, "order": list(order), **figures})

@@ -48,12 +48,15 @@ ERROR_PAUSE_S = 1.0
 
 
 def worker_urls(base: int, prefill_replicas: int, decode_replicas: int) -> dict[str, str]:
-    """Worker name -> URL as `pdspec up` names and places them: consecutive ports from each
-    role's base, `<role>-<i>` when a role has more than one."""
-    def names(role: str, count: int, port: int) -> dict[str, str]:
-        return {(role if count == 1 else f"{role}-{i}"): f"http://127.0.0.1:{port + i}" for i in range(count)}
+    """Worker name -> URL as `pdspec up` names and places them (`up_argv`'s role ports)."""
+    from pdspec.settings import WorkerSettings
+    from pdspec.supervisor import replica_name, replica_settings
 
-    return names("prefill", prefill_replicas, base + 100) | names("decode", decode_replicas, base + 200)
+    urls = {}
+    for role, port, count in (("prefill", base + 100, prefill_replicas), ("decode", base + 200, decode_replicas)):
+        for i, worker in enumerate(replica_settings(WorkerSettings(port=port, replicas=count))):
+            urls[replica_name(role, i, count)] = f"http://{worker.host}:{worker.port}"
+    return urls
 
 
 @dataclass
