@@ -32,6 +32,10 @@ COUNTERS = (
     "vllm:spec_decode_num_drafts_total",
     "vllm:spec_decode_num_draft_tokens_total",
     "vllm:spec_decode_num_accepted_tokens_total",
+    # Why a rep may run slow: requests preempted for KV room (their prefill redone), and
+    # prefill-worker KV released by lease expiry rather than by a decode worker's read.
+    "vllm:num_preemptions_total",
+    "vllm:nixl_num_kv_expired_reqs_total",
 )
 
 

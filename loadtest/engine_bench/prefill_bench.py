@@ -142,7 +142,8 @@ def bench(
                 total = result.counters.setdefault(mode, {})
                 for name, value in counters.items():
                     total[name] = total.get(name, 0.0) + value
-                print(f"  mbt {mbt} rep {rep}/{reps} {mode:6s} {rate:10.0f} tok/s", flush=True)
+                preempted = counters.get("vllm:num_preemptions_total", 0.0)
+                print(f"  mbt {mbt} rep {rep}/{reps} {mode:6s} {rate:10.0f} tok/s  preemptions {preempted:.0f}", flush=True)
         # Which processes wrote the drafter engine's metrics (pid-named files): where a counter
         # reads 0, this says whether its engine core wrote here at all (kv_only/h200-prefill-worker).
         print("  drafter engine's metrics files:", [Path(f).name for f in drafter.metrics_files()], flush=True)

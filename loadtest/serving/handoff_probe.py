@@ -10,9 +10,10 @@ For each of `--requests` fresh random prompts (no prefix-cache hit helps) it mea
 - `decode_local_ttft_ms`: the decode worker alone with no `kv_transfer_params`, so it
   prefills the prompt itself (what one worker on one core costs, prefill included);
 
-and, from the decode worker's /metrics around the run, vLLM's own NIXL figures: mean
-transfer time (`vllm:nixl_xfer_time_seconds`, post to completion seen) and mean queue
-time (`vllm:request_queue_time_seconds`, which includes waiting for the pull).
+and, from the decode worker's /metrics around each pulled leg (so its local prefills are
+left out), vLLM's own means: NIXL transfer time (`vllm:nixl_xfer_time_seconds`, post to
+completion seen) and post time, queue time (`vllm:request_queue_time_seconds`, which
+includes waiting for the pull) and the decode side's own prefill step.
 
 `python -m loadtest.handoff_probe --proxy-url URL --prefill-url URL --decode-url URL`
 prints the per-request rows and the medians as JSON.
@@ -25,6 +26,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -33,23 +35,29 @@ from loadtest.serving import worker_metrics
 from loadtest.serving.serve_client import completion_body, random_prompts
 from proxy.legs import PREFILL_KV_REQUEST  # what the proxy sends the prefill worker
 
-NIXL_METRICS = (
-    "vllm:nixl_xfer_time_seconds_sum",
-    "vllm:nixl_xfer_time_seconds_count",
-    "vllm:request_queue_time_seconds_sum",
-    "vllm:request_queue_time_seconds_count",
-)
+# vLLM's own histograms on the decode worker, each read as its mean over the run.
+DECODE_HISTOGRAMS = {
+    "nixl_xfer_time_mean_ms": "vllm:nixl_xfer_time_seconds",  # post to completion seen
+    "nixl_post_time_mean_ms": "vllm:nixl_post_time_seconds",  # building and posting the read
+    "request_queue_time_mean_ms": "vllm:request_queue_time_seconds",  # waiting, the pull included
+    "request_prefill_time_mean_ms": "vllm:request_prefill_time_seconds",  # the decode side's first step
+}
 
 
 def first_token_ms(client: httpx.Client, url: str, body: dict) -> float:
-    """Milliseconds to the first streamed event that carries text."""
+    """Milliseconds to the first streamed event that carries text. The stream is read to
+    its end (a few tokens), so the request finishes rather than being aborted: vLLM records
+    a request's queue and prefill times only when it finishes."""
     started = time.perf_counter()
+    first = None
     with client.stream("POST", url + "/v1/completions", json=body) as response:
         response.raise_for_status()
         for line in response.iter_lines():
-            if line.startswith("data:") and '"text"' in line:
-                return (time.perf_counter() - started) * 1000
-    raise RuntimeError(f"{url}: stream ended with no token")
+            if first is None and line.startswith("data:") and '"text"' in line:
+                first = (time.perf_counter() - started) * 1000
+    if first is None:
+        raise RuntimeError(f"{url}: stream ended with no token")
+    return first
 
 
 def prefill_leg(client: httpx.Client, url: str, model: str, prompt: list[int]) -> tuple[float, dict]:
@@ -81,21 +89,24 @@ def probe(
 ) -> dict:
     """Run the four measurements per request, one request in flight at a time."""
     prompts = random_prompts(3 * requests, input_len, vocab_size, seed)
-    before = worker_metrics.scrape_when_idle(client, decode_url)
     proxy_before = proxy_legs(client, proxy_url)
+    pulls: dict[str, float] = {}  # the decode worker's histograms over the pulled legs alone
     rows = []
     for i in range(requests):
         via_proxy, direct, local = prompts[3 * i : 3 * i + 3]
         row = {"proxy_ttft_ms": first_token_ms(client, proxy_url, completion_body(model, via_proxy, max_tokens))}
         row["prefill_leg_ms"], params = prefill_leg(client, prefill_url, model, direct)
         pulled = dict(completion_body(model, direct, max_tokens), kv_transfer_params=params)
+        before = worker_metrics.scrape_when_idle(client, decode_url)
         row["decode_pull_ttft_ms"] = first_token_ms(client, decode_url, pulled)
+        after = worker_metrics.scrape_when_idle(client, decode_url)
+        for name, value in after.items():
+            pulls[name] = pulls.get(name, 0.0) + value - before.get(name, 0.0)
         row["decode_local_ttft_ms"] = first_token_ms(client, decode_url, completion_body(model, local, max_tokens))
         rows.append(row)
-    after = worker_metrics.scrape_when_idle(client, decode_url)
     proxy_after = proxy_legs(client, proxy_url)
     return {
-        "rows": rows, "median": medians(rows), "decode_metrics": metric_means(before, after),
+        "rows": rows, "median": medians(rows), "decode_pull_metrics": metric_means({}, pulls),
         "proxy_leg_mean_ms": {
             leg: round((proxy_after[leg][0] - proxy_before.get(leg, (0.0, 0.0))[0])
                        / max(1.0, proxy_after[leg][1] - proxy_before.get(leg, (0.0, 0.0))[1]) * 1000, 1)
@@ -127,10 +138,7 @@ def metric_means(before: dict[str, float], after: dict[str, float]) -> dict[str,
         total = after.get(f"{name}_sum", 0.0) - before.get(f"{name}_sum", 0.0)
         return round(total / count * 1000, 1) if count else None
 
-    return {
-        "nixl_xfer_time_mean_ms": mean_ms("vllm:nixl_xfer_time_seconds"),
-        "request_queue_time_mean_ms": mean_ms("vllm:request_queue_time_seconds"),
-    }
+    return {key: mean_ms(name) for key, name in DECODE_HISTOGRAMS.items()}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -142,6 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--input-len", type=int, default=512)
     parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--out", type=Path, help="also write the rows and medians here, as JSON")
     args = parser.parse_args(argv)
     with httpx.Client(timeout=120) as client:
         result = probe(
@@ -151,6 +160,8 @@ def main(argv: list[str] | None = None) -> dict:
     for row in result["rows"]:
         print("  ".join(f"{k} {v:8.1f}" for k, v in row.items()), file=sys.stderr)
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 

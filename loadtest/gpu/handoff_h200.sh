@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The 1P1D hand-off on the lent H200 (kind nvidia-h200): both workers of
+# deploy/profiles/dummy/qwen3-8b-eagle3-1p1d.toml on GPU 0 at 40% each (the share of
+# deploy/profiles/one-gpu-1p1d.toml), CUDA graphs on both, started by `pdspec up` itself
+# (workers sharing a GPU start one after another). One device call, after
+# ../shared/tools/gpu-stage installed vLLM 0.33 into /tmp/site on the same warm machine:
+#
+#   bash loadtest/gpu/handoff_h200.sh
+#
+# Once the proxy is ready:
+# - loadtest.handoff_probe: 4,096-token prompts one at a time, where the hand-off's time
+#   goes (the proxy's TTFT, the prefill leg alone, the decode leg's pull alone, the decode
+#   worker prefilling locally: colocated on one engine), with the decode worker's NIXL
+#   and queue means over the pulled legs;
+# - loadtest.serve_bench at concurrency 1, 4, 16 and 32 (4,096 tokens in, 64 out, the
+#   latency workload's shape at 16 prompts a level), once through the proxy (1P1D) and
+#   once at the decode worker alone (it prefills locally: one engine, the other idle).
+# Prefill chunks are 2,048 tokens on both workers (the latency workload's mbt).
+# Everything comes back in $OUT/handoff.tar.gz, with up-log.txt and the probe's JSON.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/handoff-out}
+READY_S=${READY_S:-440}     # pdspec up's start, both engines compiled cold
+if [ -n "${DRY_RUN_CPU:-}" ]; then export PYTHONPATH=$PWD; else source loadtest/gpu/device_env.sh 1; fi
+export PDSPEC_HOME=${PDSPEC_HOME:-/tmp/pdspec-home} VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/pdspec-vllm-cache}
+RESULTS=/tmp/handoff-results
+rm -rf "$RESULTS" && mkdir -p "$OUT" "$RESULTS"
+proxy=http://127.0.0.1:8000 prefill=http://127.0.0.1:8100 decode=http://127.0.0.1:8200
+model=${MODEL:-Qwen3-8B-dummy}
+input_len=${INPUT_LEN:-4096}
+# STACK (a dry run on the CPU sets it to nothing: the local model pair) picks the stack.
+STACK=${STACK-"--config deploy/profiles/dummy/qwen3-8b-eagle3-1p1d.toml"}
+GPU_ARGS=(--prefill.cuda_visible_devices 0 --decode.cuda_visible_devices 0
+  --prefill.gpu_memory_utilization 0.4 --decode.gpu_memory_utilization 0.4)
+[ -z "$STACK" ] && GPU_ARGS=()
+
+started=$(date +%s)
+# shellcheck disable=SC2086  # STACK is words on purpose
+setsid python3 -m pdspec.cli $STACK up "${GPU_ARGS[@]}" \
+  --prefill.max_num_batched_tokens 2048 --decode.max_num_batched_tokens 2048 \
+  --restart never --ready_timeout_s "$READY_S" > "$RESULTS/up-log.txt" 2>&1 &
+up=$!
+stop() {  # pdspec up stops its children on SIGTERM; any left (each runs in its own session) by the PID it logged
+  kill -TERM "$up" 2>/dev/null
+  for _ in $(seq 60); do kill -0 "$up" 2>/dev/null || break; sleep 0.5; done
+  for pid in $up $(grep -o 'pid [0-9]*' "$RESULTS/up-log.txt" | cut -d' ' -f2); do
+    kill -0 "$pid" 2>/dev/null && { echo "left running: $pid"; kill -KILL -- "-$pid" 2>/dev/null; }
+  done
+}
+pack() {
+  cp "$RESULTS/up-log.txt" "$OUT/" 2>/dev/null
+  cp "$PDSPEC_HOME"/run/logs/*.log "$RESULTS/" 2>/dev/null
+  tar czf "$OUT/handoff.tar.gz" -C "$RESULTS" . 2>/dev/null
+  cp "$RESULTS"/probe.json "$OUT/" 2>/dev/null
+  ls -la "$OUT"
+}
+trap 'stop; pack' EXIT
+trap 'exit 143' TERM INT  # a timeout still stops the stack and packs what there is
+
+python3 - "$proxy" "$READY_S" "$up" <<'PY' || exit 1
+import sys, time, os, httpx
+url, limit, pid = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+t0 = time.monotonic()
+while time.monotonic() - t0 < limit:
+    try:
+        if httpx.get(url + "/ready", timeout=2).status_code == 200:
+            print(f"proxy ready after {time.monotonic() - t0:.0f} s"); sys.exit(0)
+    except httpx.HTTPError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        print("pdspec up exited before ready"); sys.exit(1)
+    time.sleep(1)  # readiness poll interval
+print("not ready in time"); sys.exit(1)
+PY
+echo "ready at $(( $(date +%s) - started )) s"
+nvidia-smi --query-gpu=memory.used,memory.total --format=csv > "$RESULTS/nvidia-smi.txt" 2>&1
+
+python3 -m loadtest.handoff_probe --proxy-url $proxy --prefill-url $prefill --decode-url $decode \
+  --model $model --requests "${REQUESTS:-12}" --input-len "$input_len" --out "$RESULTS/probe.json"
+echo "probe done at $(( $(date +%s) - started )) s"
+sweep=(--model $model --input-len "$input_len" --output-len 64 --num-prompts "${NUM_PROMPTS:-16}" --concurrency 1 4 16 32
+       --warmup 4 --no-progress --prefill-url $prefill --decode-url $decode --run-dir "$PDSPEC_HOME/run")
+# Each sweep takes about 40 s here; one that would not end inside the device call is skipped.
+LAST_SWEEP_START_S=${LAST_SWEEP_START_S:-500}
+if [ $(( $(date +%s) - started )) -lt "$LAST_SWEEP_START_S" ]; then
+  python3 -m loadtest.serve_bench --url $proxy "${sweep[@]}" --label 1p1d --out "$RESULTS/1p1d"
+  echo "1p1d sweep done at $(( $(date +%s) - started )) s"
+fi
+if [ $(( $(date +%s) - started )) -lt "$LAST_SWEEP_START_S" ]; then
+  python3 -m loadtest.serve_bench --url $decode "${sweep[@]}" --label decode-worker-alone --no-worker-metrics \
+    --out "$RESULTS/decode-alone"
+  echo "decode-alone sweep done at $(( $(date +%s) - started )) s"
+fi
+for pair in prefill=$prefill decode=$decode proxy=$proxy; do
+  python3 -c "import httpx, sys; sys.stdout.write(httpx.get(sys.argv[1] + '/metrics', timeout=10).text)" "${pair#*=}" \
+    > "$RESULTS/${pair%%=*}-metrics.txt"
+done
