@@ -2,7 +2,9 @@
 
 Each pdspec worker exports `pdspec_worker_info` (pdspec/worker/worker_info.py). A decode
 worker reads the prefill worker's KV blocks, its drafter's layers included, so both must
-run the same target model, the same drafter and method, and the same KV block size.
+run the same target model, the same drafter and method, the same KV block size, and the
+same KV connector direction (pull or push: a push decode worker waits for a WRITE a pull
+prefill worker never sends).
 NIXL's handshake catches some of this only when the first request is already on its
 way (a 500), and not all of it. `num_speculative_tokens` may differ (vLLM does not hash
 it, and the prefill worker proposes with K=0 anyway), as may the drafts policy.

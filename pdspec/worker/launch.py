@@ -31,6 +31,9 @@ from pdspec.worker.roles import ROLES
 Role = Literal["prefill", "decode", "colocated"]
 
 KV_ROLES: dict[Role, str] = {name: spec.kv_role for name, spec in ROLES.items()}
+# vLLM's names for the two directions (vLLM 0.32 and 0.33 register both; NixlConnector is
+# its alias of NixlPullConnector).
+KV_CONNECTORS: dict[str, str] = {"pull": "NixlConnector", "push": "NixlPushConnector"}
 LOCAL_MODEL_NAME = "pdspec-tiny"
 SCHEDULER_CLS = "pdspec.worker.engine.k0_scheduler.K0Scheduler"
 
@@ -136,7 +139,9 @@ def kv_transfer_config(role: Literal["prefill", "decode"], worker: WorkerSetting
     device = worker.kv_buffer_device
     if device == "auto":
         device = "cpu" if cpu else "cuda"
-    config = {"kv_connector": "NixlConnector", "kv_role": KV_ROLES[role], "kv_buffer_device": device}
+    config = {
+        "kv_connector": KV_CONNECTORS[worker.kv_transfer], "kv_role": KV_ROLES[role], "kv_buffer_device": device,
+    }  # fmt: skip
     if role == "decode":
         # A KV pull that fails (the prefill worker died or restarted under it) is
         # recomputed here, not a 500 for the client.

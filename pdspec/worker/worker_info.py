@@ -33,8 +33,8 @@ log = logging.getLogger("pdspec.worker_info")
 METRIC = WORKER_INFO_METRIC
 HELP = "1 per worker; labels: its role and the config its engine runs with."
 LABELS = (
-    "role", "model", "drafter", "method", "num_speculative_tokens", "block_size", "vllm_version", "drafts_policy",
-    *KV_EVENTS_LABELS,
+    "role", "model", "drafter", "method", "num_speculative_tokens", "block_size", "kv_connector", "vllm_version",
+    "drafts_policy", *KV_EVENTS_LABELS,
 )  # fmt: skip
 # `gauge_<mode>_<id>.db` is how prometheus-client's collector learns a gauge's mode.
 INFO_FILE = "gauge_mostrecent_pdspecinfo.db"
@@ -53,10 +53,20 @@ def labels_from_config(vllm_config: Any, role: str, drafts_policy: str) -> dict[
         "method": str(spec.method) if spec is not None else "none",
         "num_speculative_tokens": str(spec.num_speculative_tokens if spec is not None else 0),
         "block_size": str(vllm_config.cache_config.block_size),
+        # Pull and push workers cannot pair: a push decode worker waits for a WRITE that a
+        # pull prefill worker never sends.
+        "kv_connector": kv_connector_label(getattr(vllm_config, "kv_transfer_config", None)),
         "vllm_version": vllm.__version__,
         "drafts_policy": drafts_policy,
         **kv_events_labels(getattr(vllm_config, "kv_events_config", None)),
     }
+
+
+def kv_connector_label(config: Any) -> str:
+    """The KV connector's direction: pull, push, or empty without one. vLLM's NixlConnector
+    is its pull connector under an older name."""
+    name = str(getattr(config, "kv_connector", "") or "")
+    return {"NixlConnector": "pull", "NixlPullConnector": "pull", "NixlPushConnector": "push"}.get(name, name)
 
 
 def kv_events_labels(config: Any) -> dict[str, str]:

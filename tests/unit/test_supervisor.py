@@ -84,6 +84,27 @@ def test_workers_on_their_own_gpus_start_together(tmp_path, monkeypatch):
         ["prefill worker"], ["decode worker", "proxy"]]  # GPU 1 is in both
 
 
+def test_workers_sharing_a_gpu_and_pulling_are_warned(tmp_path, monkeypatch):
+    from pdspec.supervisor import kv_transfer_advice
+
+    shared = UpCommand(run_dir=tmp_path)  # both on GPU 0
+    assert kv_transfer_advice(plan_children(shared), shared) is None  # this CPU build: no GPUs
+    advice = kv_transfer_advice(gpu_children(tmp_path, shared, monkeypatch), shared)
+    assert advice is not None and "share GPU 0" in advice and "push" in advice
+    pushing = UpCommand(run_dir=tmp_path, prefill={"kv_transfer": "push"}, decode={"kv_transfer": "push"})
+    assert kv_transfer_advice(gpu_children(tmp_path, pushing, monkeypatch), pushing) is None
+    apart = UpCommand(run_dir=tmp_path, prefill={"cuda_visible_devices": "0"}, decode={"cuda_visible_devices": "1"})
+    assert kv_transfer_advice(gpu_children(tmp_path, apart, monkeypatch), apart) is None
+
+
+def test_prefill_and_decode_moving_kv_differently_are_refused():
+    from pdspec.supervisor import StartupError, check_kv_transfer
+
+    check_kv_transfer(UpCommand(prefill={"kv_transfer": "push"}, decode={"kv_transfer": "push"}))
+    with pytest.raises(StartupError, match="prefill.kv_transfer is push but decode.kv_transfer is pull"):
+        check_kv_transfer(UpCommand(prefill={"kv_transfer": "push"}))
+
+
 def test_on_the_cpu_build_everything_starts_at_once(tmp_path):
     # This machine's build: cores are split, not measured, so nothing waits.
     assert names(start_waves(plan_children(UpCommand(run_dir=tmp_path)))) == [

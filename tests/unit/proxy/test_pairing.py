@@ -15,7 +15,7 @@ from proxy.pool import WorkerPool
 from tests.standin import StandinBehaviour, ThreadServer, create_standin
 
 A = {"role": "x", "model": "/m/t", "drafter": "/m/eagle3", "method": "eagle3", "num_speculative_tokens": "3",
-     "block_size": "128", "vllm_version": "0.32.0", "drafts_policy": "auto"}  # fmt: skip
+     "block_size": "128", "kv_connector": "pull", "vllm_version": "0.32.0", "drafts_policy": "auto"}  # fmt: skip
 
 
 def config(**changes) -> dict:
@@ -52,7 +52,7 @@ def test_matching_pair_is_admitted_and_k_and_policy_may_differ():
 
 
 @pytest.mark.parametrize("field, value", [("model", "/m/other"), ("drafter", ""), ("method", "none"),
-                                          ("block_size", "64")])  # fmt: skip
+                                          ("block_size", "64"), ("kv_connector", "push")])  # fmt: skip
 def test_a_decode_worker_that_differs_is_refused_and_named(field, value, caplog):
     ps = pools([{}], [{}, {field: value}])
     counted = Counted()

@@ -15,8 +15,8 @@ from proxy.worker_info import PAIRING_FIELDS, parse_worker_info
 
 LABELS = {
     "role": "prefill", "model": "/m/target", "drafter": "/m/eagle3", "method": "eagle3",
-    "num_speculative_tokens": "3", "block_size": "128", "vllm_version": "0.32.0", "drafts_policy": "auto",
-    "kv_events_endpoint": "tcp://*:5650", "kv_events_replay_endpoint": "tcp://*:5651", "kv_events_topic": "kv",
+    "num_speculative_tokens": "3", "block_size": "128", "kv_connector": "pull", "vllm_version": "0.32.0",
+    "drafts_policy": "auto", "kv_events_endpoint": "tcp://*:5650", "kv_events_replay_endpoint": "tcp://*:5651", "kv_events_topic": "kv",
 }  # fmt: skip
 
 
@@ -78,6 +78,20 @@ def test_no_drafter_reads_as_method_none():
     labels = worker_info.labels_from_config(config, "decode", "auto")
     assert (labels["method"], labels["drafter"], labels["num_speculative_tokens"]) == ("none", "", "0")
     assert labels["kv_events_endpoint"] == labels["kv_events_replay_endpoint"] == ""  # no KV events config
+
+
+def test_kv_connector_label_is_the_transfer_direction():
+    """vLLM's KVTransferConfig as pdspec's launcher builds it, read back as pull or push
+    (NixlConnector is vLLM's alias of its pull connector)."""
+    from vllm.config import KVTransferConfig
+
+    from pdspec.settings import WorkerSettings
+    from pdspec.worker.launch import kv_transfer_config
+
+    for transfer in ("pull", "push"):
+        config = KVTransferConfig(**kv_transfer_config("prefill", WorkerSettings(kv_transfer=transfer), cpu=True))
+        assert worker_info.kv_connector_label(config) == transfer
+    assert worker_info.kv_connector_label(None) == ""  # a colocated server: no connector
 
 
 def test_kv_event_labels_follow_the_engine_config():

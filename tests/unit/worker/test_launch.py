@@ -30,6 +30,19 @@ def test_roles_get_their_nixl_role_and_the_same_drafter(role, kv_role):
     assert "--enable-prompt-tokens-details" in argv  # the proxy's cached_tokens come from it
 
 
+@pytest.mark.parametrize("transfer, connector", [("pull", "NixlConnector"), ("push", "NixlPushConnector")])
+def test_kv_transfer_names_vllms_connector_for_its_direction(transfer, connector):
+    """kv_transfer = push is vLLM's NixlPushConnector on both roles (the one-GPU profile's:
+    with no NVLink peer, UCX serves a pull's READ over TCP)."""
+    import vllm.distributed.kv_transfer.kv_connector.factory as factory
+
+    for role in ("prefill", "decode"):
+        argv = launch.vllm_argv(role, ModelSettings(models_dir=Path("/m")), WorkerSettings(kv_transfer=transfer), cpu=True)
+        config = json.loads(option(argv, "--kv-transfer-config"))
+        assert config["kv_connector"] == connector
+        assert connector in factory.KVConnectorFactory._registry  # a name vLLM itself registers
+
+
 def test_gpu_build_uses_cuda_kv_buffer_and_memory_share():
     worker = WorkerSettings(gpu_memory_utilization=0.4, enforce_eager=False)
     argv = launch.vllm_argv("decode", ModelSettings(target="/q/Qwen3-8B", drafter="/q/eagle3"), worker, cpu=False)
