@@ -14,7 +14,8 @@
 #   and queue means over the pulled legs;
 # - loadtest.serve_bench at concurrency 1, 4, 16 and 32 (4,096 tokens in, 64 out, the
 #   latency workload's shape at 16 prompts a level), once through the proxy (1P1D) and
-#   once at the decode worker alone (it prefills locally: one engine, the other idle).
+#   once at the decode worker alone with other prompts (--seed 100: the decode worker holds
+#   the first sweep's prompts in its prefix cache), prefilling locally: one engine.
 # Prefill chunks are 2,048 tokens on both workers (the latency workload's mbt).
 # Everything comes back in $OUT/handoff.tar.gz, with up-log.txt and the probe's JSON.
 set -uo pipefail
@@ -33,11 +34,15 @@ STACK=${STACK-"--config deploy/profiles/dummy/qwen3-8b-eagle3-1p1d.toml"}
 GPU_ARGS=(--prefill.cuda_visible_devices 0 --decode.cuda_visible_devices 0
   --prefill.gpu_memory_utilization 0.4 --decode.gpu_memory_utilization 0.4)
 [ -z "$STACK" ] && GPU_ARGS=()
+# push, as deploy/profiles/one-gpu-1p1d.toml: on one GPU UCX serves a pull's READ over TCP
+# (the 2026-12-01 runs, KV_TRANSFER=pull: 1.3-1.6 s for a 4,096-token prompt's KV).
+KV_TRANSFER=${KV_TRANSFER:-push}
 
 started=$(date +%s)
 # shellcheck disable=SC2086  # STACK is words on purpose
 setsid python3 -m pdspec.cli $STACK up "${GPU_ARGS[@]}" \
   --prefill.max_num_batched_tokens 2048 --decode.max_num_batched_tokens 2048 \
+  --prefill.kv_transfer "$KV_TRANSFER" --decode.kv_transfer "$KV_TRANSFER" \
   --restart never --ready_timeout_s "$READY_S" > "$RESULTS/up-log.txt" 2>&1 &
 up=$!
 stop() {  # pdspec up stops its children on SIGTERM; any left (each runs in its own session) by the PID it logged
@@ -89,7 +94,7 @@ if [ $(( $(date +%s) - started )) -lt "$LAST_SWEEP_START_S" ]; then
   echo "1p1d sweep done at $(( $(date +%s) - started )) s"
 fi
 if [ $(( $(date +%s) - started )) -lt "$LAST_SWEEP_START_S" ]; then
-  python3 -m loadtest.serve_bench --url $decode "${sweep[@]}" --label decode-worker-alone --no-worker-metrics \
+  python3 -m loadtest.serve_bench --url $decode "${sweep[@]}" --seed 100 --label decode-worker-alone --no-worker-metrics \
     --out "$RESULTS/decode-alone"
   echo "decode-alone sweep done at $(( $(date +%s) - started )) s"
 fi

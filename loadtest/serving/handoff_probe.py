@@ -141,17 +141,53 @@ def metric_means(before: dict[str, float], after: dict[str, float]) -> dict[str,
     return {key: mean_ms(name) for key, name in DECODE_HISTOGRAMS.items()}
 
 
+STAGES = ("proxy_ttft_ms", "prefill_leg_ms", "decode_pull_ttft_ms", "decode_local_ttft_ms")
+
+
+def plot_stages(results: dict[str, dict], path: Path) -> None:
+    """Median milliseconds of each stage, one group of bars per probe run (label: its JSON)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / max(1, len(results))
+    for i, (label, result) in enumerate(results.items()):
+        values = [result["median"][stage] for stage in STAGES]
+        bars = ax.bar([x + i * width for x in range(len(STAGES))], values, width, label=label)
+        ax.bar_label(bars, fmt="%.0f", fontsize=8)
+    ax.set_xticks([x + width * (len(results) - 1) / 2 for x in range(len(STAGES))],
+                  [stage.removesuffix("_ms").replace("_", " ") for stage in STAGES])  # fmt: skip
+    ax.set_ylabel("median ms")
+    ax.set_title("1P1D hand-off, stage by stage (one request at a time)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--proxy-url", required=True)
-    parser.add_argument("--prefill-url", required=True)
-    parser.add_argument("--decode-url", required=True)
+    parser.add_argument("--plot", nargs="+", metavar="LABEL=JSON",
+                        help="plot earlier runs' --out files side by side into --plot-out, and exit")
+    parser.add_argument("--plot-out", type=Path, default=Path("handoff_probe.png"))
+    parser.add_argument("--proxy-url")
+    parser.add_argument("--prefill-url")
+    parser.add_argument("--decode-url")
     parser.add_argument("--model", default="pdspec-tiny")
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--input-len", type=int, default=512)
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--out", type=Path, help="also write the rows and medians here, as JSON")
     args = parser.parse_args(argv)
+    if args.plot:
+        runs = {label: json.loads(Path(file).read_text()) for label, _, file in (a.partition("=") for a in args.plot)}
+        plot_stages(runs, args.plot_out)
+        print(f"wrote {args.plot_out}")
+        return runs
+    if not (args.proxy_url and args.prefill_url and args.decode_url):
+        parser.error("--proxy-url, --prefill-url and --decode-url are needed to probe")
     with httpx.Client(timeout=120) as client:
         result = probe(
             client, args.proxy_url, args.prefill_url, args.decode_url, args.model,

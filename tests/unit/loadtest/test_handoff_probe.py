@@ -22,3 +22,17 @@ def test_decode_metric_means_are_deltas_over_the_run():
 
 def test_no_transfers_gives_no_mean():
     assert metric_means({}, {})["nixl_xfer_time_mean_ms"] is None
+
+
+def test_runs_plot_side_by_side(tmp_path):
+    """`--plot LABEL=JSON ...` draws earlier runs' medians, one group of bars per stage."""
+    import json
+
+    from loadtest.serving.handoff_probe import STAGES, main
+
+    for name, ms in (("pull", 1500.0), ("push", 120.0)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"median": {stage: ms for stage in STAGES}}))
+    runs = main(["--plot", f"pull={tmp_path / 'pull.json'}", f"push={tmp_path / 'push.json'}",
+                 "--plot-out", str(tmp_path / "stages.png")])  # fmt: skip
+    assert list(runs) == ["pull", "push"] and runs["push"]["median"]["proxy_ttft_ms"] == 120.0
+    assert (tmp_path / "stages.png").stat().st_size > 0
