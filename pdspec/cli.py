@@ -21,8 +21,8 @@ USAGE = """usage: pdspec [--config FILE.toml] <command> [options]
 commands:
   up        start a prefill worker, a decode worker and the proxy (1P1D), then wait
   proxy     run the OpenAI-compatible P/D proxy
-  prefill   run a prefill worker (vLLM, NixlConnector kv_producer)
-  decode    run a decode worker (vLLM, NixlConnector kv_consumer)
+  prefill   run a prefill worker (vLLM, NIXL kv_producer)
+  decode    run a decode worker (vLLM, NIXL kv_consumer)
   models    install the local small model pair (trained target + EAGLE3 drafter)
   drafts    switch a running worker between K=0 when unusable (auto) and always drafting
   bench     start a profile's stack, run a named workload (loadtest.serve_bench), stop it

@@ -126,9 +126,10 @@ class WorkerSettings(BaseModel):
         "pull", description="How the prompt's KV moves over NIXL: pull (vLLM's NixlConnector: the decode worker "
         "READs it from the prefill worker) or push (NixlPushConnector: the prefill worker WRITEs it into the "
         "blocks the decode worker registers). Both workers must agree (the proxy's pairing check refuses a pair "
-        "that does not). Take push where the workers' GPUs share no NVLink, one GPU included: UCX's cuda_ipc "
-        "serves GET there over TCP, measured 0.44 GB/s on one H200 (1.3 s for a 4,096-token prompt of "
-        "Qwen3-8B) against a PUT at GPU copy speed.",
+        "that does not). Take push where the workers' GPUs share no NVLink or RDMA, one GPU included: UCX serves "
+        "a READ there over TCP, measured 0.44 GB/s on one H200 (1.3 s for a 4,096-token prompt of Qwen3-8B), "
+        "and a WRITE over cuda_ipc. A push prefill worker finds the request by its id: one X-Request-Id on "
+        "both legs (the proxy sends one).",
     )
     nixl_progress_delay_us: int = Field(
         1000,
@@ -286,8 +287,8 @@ class ProxySettings(BaseModel):
     )
     eject_after_failures: int = Field(2, description="Consecutive failed checks that eject a worker.")
     readmit_after_successes: int = Field(2, description="Consecutive good checks that re-admit an ejected worker.")
-    # Pairing safety: workers' pdspec_worker_info must agree on model, drafter, method
-    # and block size (proxy/pairing.py).
+    # Pairing safety: workers' pdspec_worker_info must agree on model, drafter, method,
+    # block size and KV connector direction (proxy/pairing.py).
     expected_worker_config: dict[PairingField, str | int] = Field(
         default_factory=dict,
         description="What every worker must report, e.g. {\"block_size\": 128}; fields left out (or all, "

@@ -329,7 +329,10 @@ class Disaggregator:
             with worker.lease():
                 try:
                     resp = await self.client.request(
-                        worker.url, "POST", path, leg, {"X-Request-Id": request_id + "-release", **self.worker_headers},
+                        # The prefill's own request id: a push prefill worker (NixlPushConnector)
+                        # finds the blocks to WRITE by the decode request's id, not by
+                        # kv_transfer_params, so another id would leave them held.
+                        worker.url, "POST", path, leg, {"X-Request-Id": request_id, **self.worker_headers},
                         self.settings.decode_timeout_s,
                     )  # fmt: skip
                     await resp.read()

@@ -94,7 +94,7 @@ class ProxyMetrics:
             pairing_refusals=Counter(
                 "pdspec_proxy_pairing_refusals",
                 "Workers refused because their pdspec_worker_info differs from the pairing reference, by pool "
-                "and differing field (model, drafter, method, block_size; worker_info: none exported).",
+                "and differing field (model, drafter, method, block_size, kv_connector; worker_info: none exported).",
                 ["pool", "field"], registry=registry,
             ),
             refused_workers=Gauge(

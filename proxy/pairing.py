@@ -43,9 +43,17 @@ EXPECTED = "proxy.expected_worker_config"
 NO_INFO = "worker_info"  # the "field" of a refusal for a worker that exports no info
 
 
+# What a field reads as when a worker's info lacks it: workers from before pdspec exported
+# `kv_connector` all pulled (vLLM's NixlConnector), so an upgrade pairs old with new.
+FIELD_DEFAULTS = {"kv_connector": "pull"}
+
+
+def field_of(info: dict[str, str] | None, name: str) -> str:
+    return (info or {}).get(name, FIELD_DEFAULTS.get(name, ""))
+
+
 def config_of(worker: Worker) -> tuple[str, ...]:
-    info = worker.info or {}
-    return tuple(info.get(name, "") for name in PAIRING_FIELDS)
+    return tuple(field_of(worker.info, name) for name in PAIRING_FIELDS)
 
 
 class Pairing:
@@ -77,7 +85,7 @@ class Pairing:
 
     def _meets_expected(self, worker: Worker) -> bool:
         info = worker.info or {}
-        return all(info.get(name, "") == value for name, value in self.expected.items())
+        return all(field_of(info, name) == value for name, value in self.expected.items())
 
     def _choose_reference(self, pools: list[WorkerPool], known: list[tuple[WorkerPool, Worker]]) -> dict | None:
         if self.reference is not None:
@@ -109,9 +117,9 @@ class Pairing:
             return
         reference = {**(self.reference or {}), **self.expected}
         differing = {
-            name: {"worker": (worker.info or {}).get(name, ""), "reference": reference[name]}
+            name: {"worker": field_of(worker.info, name), "reference": reference[name]}
             for name in PAIRING_FIELDS
-            if name in reference and (worker.info or {}).get(name, "") != reference[name]
+            if name in reference and field_of(worker.info, name) != reference[name]
         }
         if not differing:
             self._admit(pool, worker)

@@ -255,7 +255,8 @@ def build() -> dict:
             f'lost_batches|restarts"}}[{RATE}]))', "{{kind}}")])
 
     p.add("table", "Workers",
-          "pdspec_worker_info of each worker: role, model, drafter, method, K, block size, vLLM version, "
+          "pdspec_worker_info of each worker: role, model, drafter, method, K, block size, KV connector (pull or "
+          "push), vLLM version, "
           "drafts policy. Prefill and decode of one model must agree on all but K.",
           [('pdspec_worker_info{role=~"$role", instance=~"$instance"}', "")], w=24, h=6, instant=True,
           options={"showHeader": True})

@@ -21,7 +21,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/handoff-out}
-READY_S=${READY_S:-440}     # pdspec up's start, both engines compiled cold
+# pdspec up's start: 218 s with both engines' compile cache warm, about 600 s cold (the
+# first engine alone took 342 s), which does not fit one device call with the probe: on a
+# fresh machine, run the script twice (the first call warms the cache).
+READY_S=${READY_S:-440}
 if [ -n "${DRY_RUN_CPU:-}" ]; then export PYTHONPATH=$PWD; else source loadtest/gpu/device_env.sh 1; fi
 export PDSPEC_HOME=${PDSPEC_HOME:-/tmp/pdspec-home} VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/pdspec-vllm-cache}
 RESULTS=/tmp/handoff-results
@@ -59,7 +62,7 @@ pack() {
   cp "$RESULTS"/probe.json "$OUT/" 2>/dev/null
   ls -la "$OUT"
 }
-trap 'stop; pack' EXIT
+trap 'pack; stop; pack' EXIT  # pack first: a timeout's KILL may come before the stop ends
 trap 'exit 143' TERM INT  # a timeout still stops the stack and packs what there is
 
 python3 - "$proxy" "$READY_S" "$up" <<'PY' || exit 1
@@ -87,8 +90,9 @@ python3 -m loadtest.handoff_probe --proxy-url $proxy --prefill-url $prefill --de
 echo "probe done at $(( $(date +%s) - started )) s"
 sweep=(--model $model --input-len "$input_len" --output-len 64 --num-prompts "${NUM_PROMPTS:-16}" --concurrency 1 4 16 32
        --warmup 4 --no-progress --prefill-url $prefill --decode-url $decode --run-dir "$PDSPEC_HOME/run")
-# Each sweep takes about 40 s here; one that would not end inside the device call is skipped.
-LAST_SWEEP_START_S=${LAST_SWEEP_START_S:-500}
+# A sweep took 105-120 s pulling on one GPU (transfers queue); one that would begin after
+# LAST_SWEEP_START_S is skipped, so the call ends inside the device's 600 s.
+LAST_SWEEP_START_S=${LAST_SWEEP_START_S:-420}
 if [ $(( $(date +%s) - started )) -lt "$LAST_SWEEP_START_S" ]; then
   python3 -m loadtest.serve_bench --url $proxy "${sweep[@]}" --label 1p1d --out "$RESULTS/1p1d"
   echo "1p1d sweep done at $(( $(date +%s) - started )) s"

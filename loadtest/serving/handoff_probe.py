@@ -10,8 +10,9 @@ For each of `--requests` fresh random prompts (no prefix-cache hit helps) it mea
 - `decode_local_ttft_ms`: the decode worker alone with no `kv_transfer_params`, so it
   prefills the prompt itself (what one worker on one core costs, prefill included);
 
-and, from the decode worker's /metrics around each pulled leg (so its local prefills are
-left out), vLLM's own means: NIXL transfer time (`vllm:nixl_xfer_time_seconds`, post to
+and, from each worker's /metrics around each pulled leg (so the decode worker's local
+prefills are left out; the prefill worker posts the transfer when the KV is pushed), vLLM's
+own means: NIXL transfer time (`vllm:nixl_xfer_time_seconds`, post to
 completion seen) and post time, queue time (`vllm:request_queue_time_seconds`, which
 includes waiting for the pull) and the decode side's own prefill step.
 
@@ -35,22 +36,23 @@ from loadtest.serving import worker_metrics
 from loadtest.serving.serve_client import completion_body, random_prompts
 from proxy.legs import PREFILL_KV_REQUEST  # what the proxy sends the prefill worker
 
-# vLLM's own histograms on the decode worker, each read as its mean over the run.
+# vLLM's own histograms, each read as its mean over the pulled legs.
 DECODE_HISTOGRAMS = {
     "nixl_xfer_time_mean_ms": "vllm:nixl_xfer_time_seconds",  # post to completion seen
-    "nixl_post_time_mean_ms": "vllm:nixl_post_time_seconds",  # building and posting the read
+    "nixl_post_time_mean_ms": "vllm:nixl_post_time_seconds",  # building and posting the transfer
     "request_queue_time_mean_ms": "vllm:request_queue_time_seconds",  # waiting, the pull included
     "request_prefill_time_mean_ms": "vllm:request_prefill_time_seconds",  # the decode side's first step
 }
 
 
-def first_token_ms(client: httpx.Client, url: str, body: dict) -> float:
+def first_token_ms(client: httpx.Client, url: str, body: dict, request_id: str | None = None) -> float:
     """Milliseconds to the first streamed event that carries text. The stream is read to
     its end (a few tokens), so the request finishes rather than being aborted: vLLM records
     a request's queue and prefill times only when it finishes."""
     started = time.perf_counter()
     first = None
-    with client.stream("POST", url + "/v1/completions", json=body) as response:
+    headers = {"X-Request-Id": request_id} if request_id else {}
+    with client.stream("POST", url + "/v1/completions", json=body, headers=headers) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if first is None and line.startswith("data:") and '"text"' in line:
@@ -60,13 +62,15 @@ def first_token_ms(client: httpx.Client, url: str, body: dict) -> float:
     return first
 
 
-def prefill_leg(client: httpx.Client, url: str, model: str, prompt: list[int]) -> tuple[float, dict]:
+def prefill_leg(client: httpx.Client, url: str, model: str, prompt: list[int], request_id: str) -> tuple[float, dict]:
     body = {
         "model": model, "prompt": prompt, "max_tokens": 1, "stream": False,
         "kv_transfer_params": PREFILL_KV_REQUEST,
     }  # fmt: skip
     started = time.perf_counter()
-    response = client.post(url + "/v1/completions", json=body)
+    # One X-Request-Id on both legs, as the proxy sends: a push prefill worker matches the
+    # decode worker's registration to its finished request by that id.
+    response = client.post(url + "/v1/completions", json=body, headers={"X-Request-Id": request_id})
     response.raise_for_status()
     elapsed = (time.perf_counter() - started) * 1000
     params = response.json().get("kv_transfer_params")
@@ -90,23 +94,29 @@ def probe(
     """Run the four measurements per request, one request in flight at a time."""
     prompts = random_prompts(3 * requests, input_len, vocab_size, seed)
     proxy_before = proxy_legs(client, proxy_url)
-    pulls: dict[str, float] = {}  # the decode worker's histograms over the pulled legs alone
+    # Each worker's histograms over the pulled legs alone: the decode worker's, and the
+    # prefill worker's, which posts the transfer when the KV is pushed (kv_transfer = push).
+    pulls: dict[str, dict[str, float]] = {"decode": {}, "prefill": {}}
     rows = []
     for i in range(requests):
         via_proxy, direct, local = prompts[3 * i : 3 * i + 3]
         row = {"proxy_ttft_ms": first_token_ms(client, proxy_url, completion_body(model, via_proxy, max_tokens))}
-        row["prefill_leg_ms"], params = prefill_leg(client, prefill_url, model, direct)
+        request_id = f"handoff-probe-{seed}-{i}-{time.time_ns()}"
+        row["prefill_leg_ms"], params = prefill_leg(client, prefill_url, model, direct, request_id)
         pulled = dict(completion_body(model, direct, max_tokens), kv_transfer_params=params)
-        before = worker_metrics.scrape_when_idle(client, decode_url)
-        row["decode_pull_ttft_ms"] = first_token_ms(client, decode_url, pulled)
-        after = worker_metrics.scrape_when_idle(client, decode_url)
-        for name, value in after.items():
-            pulls[name] = pulls.get(name, 0.0) + value - before.get(name, 0.0)
+        urls = {"decode": decode_url, "prefill": prefill_url}
+        before = {side: worker_metrics.scrape_when_idle(client, url) for side, url in urls.items()}
+        row["decode_pull_ttft_ms"] = first_token_ms(client, decode_url, pulled, request_id)
+        for side, url in urls.items():
+            after = worker_metrics.scrape_when_idle(client, url)
+            for name, value in after.items():
+                pulls[side][name] = pulls[side].get(name, 0.0) + value - before[side].get(name, 0.0)
         row["decode_local_ttft_ms"] = first_token_ms(client, decode_url, completion_body(model, local, max_tokens))
         rows.append(row)
     proxy_after = proxy_legs(client, proxy_url)
     return {
-        "rows": rows, "median": medians(rows), "decode_pull_metrics": metric_means({}, pulls),
+        "rows": rows, "median": medians(rows), "decode_pull_metrics": metric_means({}, pulls["decode"]),
+        "prefill_pull_metrics": metric_means({}, pulls["prefill"]),
         "proxy_leg_mean_ms": {
             leg: round((proxy_after[leg][0] - proxy_before.get(leg, (0.0, 0.0))[0])
                        / max(1.0, proxy_after[leg][1] - proxy_before.get(leg, (0.0, 0.0))[1]) * 1000, 1)

@@ -45,13 +45,14 @@ def test_both_workers_export_the_config_they_run(stack):
         info = worker_info(url)
         assert info == {
             "role": role, "model": str(models / "target"), "drafter": str(models / "eagle3"), "method": "eagle3",
-            "num_speculative_tokens": "3", "block_size": vllm_block_size(url), "vllm_version": vllm.__version__,
+            "num_speculative_tokens": "3", "block_size": vllm_block_size(url), "kv_connector": "pull",
+            "vllm_version": vllm.__version__,
             "drafts_policy": "auto", "kv_events_endpoint": f"tcp://*:{kv_ports[role]}",
             "kv_events_replay_endpoint": f"tcp://*:{kv_ports[role] + 1}", "kv_events_topic": "kv",
         }  # fmt: skip
     ready = httpx.get(stack.proxy_url + "/ready").json()
     assert ready["pairing"]["refused"] == [] and ready["pairing"]["unverified"] == []
-    assert ready["pairing"]["reference"] == {k: info[k] for k in ("model", "drafter", "method", "block_size")}
+    assert ready["pairing"]["reference"] == {k: info[k] for k in ("model", "drafter", "method", "block_size", "kv_connector")}
 
 
 def test_drafts_policy_label_follows_pdspec_drafts(stack):

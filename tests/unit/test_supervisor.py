@@ -87,8 +87,11 @@ def test_workers_on_their_own_gpus_start_together(tmp_path, monkeypatch):
 def test_workers_sharing_a_gpu_and_pulling_are_warned(tmp_path, monkeypatch):
     from pdspec.supervisor import kv_transfer_advice
 
+    import pdspec.worker.launch as launch
+
     shared = UpCommand(run_dir=tmp_path)  # both on GPU 0
-    assert kv_transfer_advice(plan_children(shared), shared) is None  # this CPU build: no GPUs
+    monkeypatch.setattr(launch, "is_cpu_build", lambda: True)
+    assert kv_transfer_advice(plan_children(shared), shared) is None  # a CPU build: no GPUs
     advice = kv_transfer_advice(gpu_children(tmp_path, shared, monkeypatch), shared)
     assert advice is not None and "share GPU 0" in advice and "push" in advice
     pushing = UpCommand(run_dir=tmp_path, prefill={"kv_transfer": "push"}, decode={"kv_transfer": "push"})

@@ -72,6 +72,15 @@ def test_a_decode_worker_that_differs_is_refused_and_named(field, value, caplog)
     assert [w.url for w in ps[1].healthy()] == ["http://decode-0:8000"]
 
 
+def test_a_worker_from_before_kv_connector_pairs_as_a_puller():
+    """Workers from before pdspec exported kv_connector all pulled: an upgrade that replaces
+    one role first still pairs, and a pusher is still refused against them."""
+    ps = pools([{}], [{}, {"kv_connector": "push"}])
+    del ps[0].workers[0].info["kv_connector"]  # the old prefill worker
+    Pairing().update(ps)
+    assert admitted(ps) == {"prefill": [True], "decode": [True, False]}
+
+
 def test_the_config_both_pools_share_wins_over_the_first_worker():
     ps = pools([{"block_size": "64"}, {}], [{}, {}])
     Pairing().update(ps)
