@@ -10,7 +10,7 @@ three times one worker's cache), plus one proxy per policy in front of the same 
 - with `--vllm-router PATH`, vLLM's Rust router's `cache_aware` P/D mode over NIXL.
 Two workloads, each run once per policy with fresh token ids (so no run finds another's
 blocks): `shared_prefix` (groups of a long context plus a short question, Poisson
-arrivals) and `multi_turn` (sessions whose every turn re-sends the history, a stand-in
+arrivals; `--system N` puts one common N-token system prompt before every context) and `multi_turn` (sessions whose every turn re-sends the history, a stand-in
 for the last answer, and a new message; sessions run side by side, turns in order).
 
 Per (workload, policy): vLLM's own prefix-cache hit rate on each pool (its counters'
@@ -50,8 +50,15 @@ MODEL = "pdspec-tiny"
 FIRST_ID, VOCAB = 10, 4000
 
 
-def shared_prefix(rng: random.Random, groups: int, context: int, question: int, requests: int) -> list[list[int]]:
-    contexts = [[rng.randrange(FIRST_ID, VOCAB) for _ in range(context)] for _ in range(groups)]
+def shared_prefix(
+    rng: random.Random, groups: int, context: int, question: int, requests: int, system: int = 0
+) -> list[list[int]]:
+    """Requests of `groups` groups: a group's context plus a fresh question, all after one
+    common system prompt of `system` tokens (0: none). With a system prompt longer than
+    the proxy's affinity key (the first 256 characters), the prompt's start no longer
+    tells the groups apart, as in most real deployments."""
+    preamble = [rng.randrange(FIRST_ID, VOCAB) for _ in range(system)]
+    contexts = [preamble + [rng.randrange(FIRST_ID, VOCAB) for _ in range(context)] for _ in range(groups)]
     return [rng.choice(contexts) + [rng.randrange(FIRST_ID, VOCAB) for _ in range(question)] for _ in range(requests)]
 
 
@@ -252,7 +259,7 @@ def run(args) -> dict:
                     started = time.perf_counter()
                     if workload == "shared_prefix":
                         prompts = shared_prefix(random.Random(seed), args.groups, args.context, args.question,
-                                                args.requests)  # fmt: skip
+                                                args.requests, args.system)  # fmt: skip
                         results = asyncio.run(run_shared_prefix(url, prompts, args.rate, args.max_tokens, seed, bar))
                     else:
                         results, prompts = asyncio.run(run_multi_turn(url, args.sessions, args.turns, args.start,
@@ -341,6 +348,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--context", type=int, default=768)
     parser.add_argument("--question", type=int, default=64)
+    parser.add_argument("--system", type=int, default=0,
+                        help="shared_prefix: tokens of one system prompt every request starts with (0: none)")
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--rate", type=float, default=1.0, help="shared_prefix arrivals per second (Poisson)")
     parser.add_argument("--sessions", type=int, default=4)

@@ -24,6 +24,15 @@ def test_bound_equals_the_ideal_when_caches_hold_everything():
     assert affinity_lru_hit_rate(prompts, B, workers=2, capacity_blocks=1000) == ideal_hit_rate(prompts, B)
 
 
+def test_a_system_prompt_starts_every_group_alike():
+    """--system: one preamble before every group's context, so the prompts' first tokens
+    (the proxy's affinity key) no longer tell the groups apart; the groups still differ."""
+    prompts = shared_prefix(random.Random(0), groups=4, context=16, question=3, requests=40, system=12)
+    assert len({tuple(p[:12]) for p in prompts}) == 1
+    assert len({tuple(p[:28]) for p in prompts}) == 4
+    assert all(len(p) == 12 + 16 + 3 for p in prompts)
+
+
 def test_bound_falls_when_the_groups_do_not_fit():
     prompts = shared_prefix(random.Random(0), groups=8, context=16, question=3, requests=80)
     roomy = affinity_lru_hit_rate(prompts, B, workers=2, capacity_blocks=16)  # 4 groups of 4 blocks each
