@@ -54,6 +54,16 @@ def complete(client: httpx.Client, base_url: str, path: str, body: dict) -> str:
                 parts.append(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
     return "".join(parts)
 
+
+def completion_outputs(client: httpx.Client, base_url: str, stream: bool) -> list[str]:
+    """COMPLETION_PROMPTS' greedy outputs from one endpoint, asserted non-empty (what the
+    colocated reference's "completions" hold)."""
+    outputs = [complete(client, base_url, "/v1/completions", completion_body(p, stream=stream))
+               for p in COMPLETION_PROMPTS]  # fmt: skip
+    assert all(outputs), "empty completion"
+    return outputs
+
+
 # Held-out prompts for acceptance: code-like text the models never trained on verbatim.
 ACCEPTANCE_PROMPTS = [
     "def load_settings(filename):\n    \"\"\"Read the settings file and return a dict.\"\"\"\n",

@@ -9,7 +9,7 @@ import pytest
 
 from tests import harness
 from tests.e2e.test_kv_transfer import by_source, scrape_with_sources
-from tests.prompts import COMPLETION_PROMPTS, complete, completion_body, unique_prompt
+from tests.prompts import completion_body, completion_outputs, unique_prompt
 
 PUSH = ["--prefill.kv_transfer", "push", "--decode.kv_transfer", "push"]
 
@@ -29,12 +29,7 @@ def test_both_workers_report_the_push_connector(push_stack):
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_pushed_kv_gives_the_colocated_output(push_stack, reference_outputs, client, stream):
-    outputs = [
-        complete(client, push_stack.proxy_url, "/v1/completions", completion_body(p, stream=stream))
-        for p in COMPLETION_PROMPTS
-    ]
-    assert all(outputs), "empty completion"
-    assert outputs == reference_outputs["completions"]
+    assert completion_outputs(client, push_stack.proxy_url, stream) == reference_outputs["completions"]
 
 
 def test_the_decode_worker_receives_the_prompt_rather_than_computing_it(push_stack, client):

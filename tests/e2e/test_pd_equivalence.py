@@ -3,17 +3,12 @@ colocated vLLM server's, for completions and chat, streamed and not."""
 
 import pytest
 
-from tests.prompts import CHAT_MESSAGES, COMPLETION_PROMPTS, chat_body, complete, completion_body
+from tests.prompts import CHAT_MESSAGES, COMPLETION_PROMPTS, chat_body, complete, completion_body, completion_outputs
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_completions_match_colocated(stack, reference_outputs, client, stream):
-    outputs = [
-        complete(client, stack.proxy_url, "/v1/completions", completion_body(p, stream=stream))
-        for p in COMPLETION_PROMPTS
-    ]
-    assert all(outputs), "empty completion"
-    assert outputs == reference_outputs["completions"]
+    assert completion_outputs(client, stack.proxy_url, stream) == reference_outputs["completions"]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
