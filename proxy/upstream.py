@@ -39,6 +39,7 @@ the request could have been processed.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from urllib.parse import urlsplit
@@ -50,6 +51,7 @@ import httptools
 _HIGH_WATER = 256 * 1024
 _LOW_WATER = _HIGH_WATER // 2
 _IDLE_PER_ORIGIN = 256
+_HEAD_END = re.compile(rb"\r?\n\r?\n")  # the empty line that ends a head (llhttp takes bare LF too)
 
 # Connection states.
 IDLE, SENT, BODY, DONE, BROKEN = range(5)
@@ -184,7 +186,8 @@ class UpstreamResponse:
 
 class _Connection(asyncio.Protocol):
     __slots__ = ("loop", "pool", "transport", "parser", "response", "state", "keep_alive", "close_delimited",
-                 "paused", "bytes_received", "head_bytes", "last_io", "idle_timeout_s", "deadline", "timer")  # fmt: skip
+                 "paused", "bytes_received", "head_bytes", "last_io", "idle_timeout_s", "deadline", "timer",
+                 "head_chunks", "interim_offset", "await_status_line")  # fmt: skip
 
     def __init__(self, loop: asyncio.AbstractEventLoop, pool: _OriginPool) -> None:
         self.loop = loop
@@ -202,6 +205,11 @@ class _Connection(asyncio.Protocol):
         self.idle_timeout_s: float | None = None
         self.deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
+        # The reply's segments until its final head is parsed (references, not copies): read
+        # only when an interim reply ends, to see what follows it (_after_interim).
+        self.head_chunks: list[bytes] = []
+        self.interim_offset = 0
+        self.await_status_line = False
 
     # --- one exchange ---------------------------------------------------------------------
 
@@ -210,6 +218,9 @@ class _Connection(asyncio.Protocol):
         self.response = response
         self.bytes_received = 0
         self.head_bytes = 0
+        self.head_chunks = []
+        self.interim_offset = 0
+        self.await_status_line = False
         self.keep_alive = False
         self.close_delimited = False
         self.last_io = now = self.loop.time()
@@ -237,6 +248,12 @@ class _Connection(asyncio.Protocol):
         if not self.bytes_received and data[0] in b"\r\n":  # llhttp would skip it: h11 does not, nor do we
             self._fail(UpstreamError("protocol_error", "worker reply starts with an empty line"))
             return
+        if state == SENT:
+            if self.await_status_line and data[0] in b"\r\n":
+                self._fail(UpstreamError("protocol_error", "worker reply has an empty line after an interim reply"))
+                return
+            self.await_status_line = False
+            self.head_chunks.append(data)
         self.bytes_received += len(data)
         try:
             # llhttp skips CR and LF between messages without a callback, so a segment
@@ -283,6 +300,21 @@ class _Connection(asyncio.Protocol):
         if self.state == DONE:
             raise _ExtraBytes
 
+    def _after_interim(self) -> None:
+        """An interim reply's head is complete: the final reply's status line must follow
+        at once. llhttp skips CR and LF between messages; h11 refuses them, and so do we
+        (the same rule as for an empty line before the first reply). Rare: the proxy never
+        asks for 100 Continue."""
+        received = b"".join(self.head_chunks)
+        end = _HEAD_END.search(received, self.interim_offset)
+        if end is None:  # cannot happen: llhttp saw this head end in these bytes
+            return
+        self.interim_offset = end.end()
+        if self.interim_offset == len(received):
+            self.await_status_line = True  # what follows comes in the next segment
+        elif received[self.interim_offset] in b"\r\n":
+            raise UpstreamError("protocol_error", "worker reply has an empty line after an interim reply")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self.head_bytes += len(name) + len(value) + 4
         if self.head_bytes > self.pool.max_header_bytes:
@@ -297,7 +329,9 @@ class _Connection(asyncio.Protocol):
                 raise UpstreamError("protocol_error", "worker switched protocols unasked")
             response.headers.clear()  # an interim reply: the final one follows
             self.head_bytes = 0
+            self._after_interim()
             return
+        self.head_chunks = []  # the final head: nothing more to look back at
         headers = response.headers
         coding = headers.get("transfer-encoding")
         if coding is not None and coding.strip().lower() != "chunked":

@@ -315,6 +315,25 @@ def test_client_agrees_with_h11(loop, tiny_high_water, case):
     assert got.same_as(expected), f"client {got} != h11 {expected}"
 
 
+@pytest.mark.parametrize("chunks", [
+    [b"HTTP/1.1 100 OK\r\n\r\n\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"],  # found by CI's run of the above
+    [b"HTTP/1.1 100 OK\r\n\r\n", b"\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"],  # the line in a segment of its own
+    [b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 100 OK\r\n\r\n\r\nHTTP/1.1 200 OK\r\n\r\n"],
+])
+def test_an_empty_line_after_an_interim_reply_is_an_error_as_in_h11(loop, chunks):
+    expected = h11_outcome(chunks, "open")
+    assert expected.error
+    assert loop.run_until_complete(client_outcome(chunks, "open", "read")).same_as(expected)
+
+
+def test_interim_replies_then_the_final_one_are_read_as_in_h11(loop):
+    chunks = [b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\n", b"Link: </a>\r\n\r\n",
+              b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"]  # fmt: skip
+    expected = h11_outcome(chunks, "open")
+    assert not expected.error and expected.body == b"ok"
+    assert loop.run_until_complete(client_outcome(chunks, "open", "read")).same_as(expected)
+
+
 @settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
 @given(wire=final_response(), trailing=st.one_of(final_response(), st.binary(min_size=1, max_size=8)),
        data=st.data())  # fmt: skip
