@@ -205,8 +205,7 @@ class _Connection(asyncio.Protocol):
         self.idle_timeout_s: float | None = None
         self.deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
-        # The reply's segments until its final head is parsed (references, not copies): read
-        # only when an interim reply ends, to see what follows it (_after_interim).
+        # The reply's segments until its final head (references): read after an interim reply.
         self.head_chunks: list[bytes] = []
         self.interim_offset = 0
         self.await_status_line = False
@@ -303,8 +302,7 @@ class _Connection(asyncio.Protocol):
     def _after_interim(self) -> None:
         """An interim reply's head is complete: the final reply's status line must follow
         at once. llhttp skips CR and LF between messages; h11 refuses them, and so do we
-        (the same rule as for an empty line before the first reply). Rare: the proxy never
-        asks for 100 Continue."""
+        (as before the first reply). Rare: the proxy never asks for 100 Continue."""
         received = b"".join(self.head_chunks)
         end = _HEAD_END.search(received, self.interim_offset)
         if end is None:  # cannot happen: llhttp saw this head end in these bytes
