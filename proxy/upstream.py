@@ -219,7 +219,7 @@ class _Connection(asyncio.Protocol):
         self.head_bytes = 0
         self.head_chunks = []
         self.interim_offset = 0
-        self.await_status_line = False
+        self.await_status_line = True
         self.keep_alive = False
         self.close_delimited = False
         self.last_io = now = self.loop.time()
@@ -244,12 +244,10 @@ class _Connection(asyncio.Protocol):
             self.close()
             return
         self.last_io = self.loop.time()
-        if not self.bytes_received and data[0] in b"\r\n":  # llhttp would skip it: h11 does not, nor do we
-            self._fail(UpstreamError("protocol_error", "worker reply starts with an empty line"))
-            return
         if state == SENT:
+            # A status line is due (first, and after an interim reply): llhttp skips CR/LF, h11 refuses it.
             if self.await_status_line and data[0] in b"\r\n":
-                self._fail(UpstreamError("protocol_error", "worker reply has an empty line after an interim reply"))
+                self._fail(_empty_line())
                 return
             self.await_status_line = False
             self.head_chunks.append(data)
@@ -300,9 +298,8 @@ class _Connection(asyncio.Protocol):
             raise _ExtraBytes
 
     def _after_interim(self) -> None:
-        """An interim reply's head is complete: the final reply's status line must follow
-        at once. llhttp skips CR and LF between messages; h11 refuses them, and so do we
-        (as before the first reply). Rare: the proxy never asks for 100 Continue."""
+        """An interim reply's head is complete: the final status line must follow at once, as
+        before the first reply (data_received). Rare: the proxy never asks for 100 Continue."""
         received = b"".join(self.head_chunks)
         end = _HEAD_END.search(received, self.interim_offset)
         if end is None:  # cannot happen: llhttp saw this head end in these bytes
@@ -311,7 +308,7 @@ class _Connection(asyncio.Protocol):
         if self.interim_offset == len(received):
             self.await_status_line = True  # what follows comes in the next segment
         elif received[self.interim_offset] in b"\r\n":
-            raise UpstreamError("protocol_error", "worker reply has an empty line after an interim reply")
+            raise _empty_line()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.head_bytes += len(name) + len(value) + 4
@@ -419,6 +416,10 @@ def _earliest(a: float | None, b: float | None) -> float:
 
 def _body_too_large(limit: int) -> UpstreamError:
     return UpstreamError("body_too_large", f"worker reply over {limit} bytes")
+
+
+def _empty_line() -> UpstreamError:
+    return UpstreamError("protocol_error", "worker reply has an empty line where a status line belongs")
 
 
 def _headers_too_large(limit: int) -> UpstreamError:
