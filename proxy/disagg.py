@@ -12,13 +12,24 @@ Failure handling, in order of the request's life:
   (or one of `kv_source_hosts`) and a port of `kv_source_ports`, so no reply can steer a
   decode worker to pull KV from anywhere else;
 - decode leg: retried on another decode worker only before its first byte reached the
-  client; afterwards a broken stream ends with an SSE error event, never a hang;
+  client; afterwards a broken stream ends with an SSE error event, never a hang. A
+  prefill's KV is handed to at most one decode request: once a decode leg carrying its
+  `kv_transfer_params` is on the wire, that worker may read it at any later time (a hung
+  worker reads it when it resumes) or have the prefill worker free it (vLLM does on an
+  abort or a refused request), so a retry prefills again (counted in
+  pdspec_proxy_kv_reprefills_total) rather than resend the same KV. A second read of the
+  same blocks can follow their free on the prefill worker: it reads another request's KV
+  and the decode worker's prefix cache keeps it under this prompt, giving later requests
+  with that prefix wrong outputs (seen in the chaos soak around hung decode workers);
 - decode-only: a request vLLM cannot serve through P/D (`legs.decode_only_reason`:
   beam search; grammar-constrained ones too under `structured_outputs = "decode_only"`)
   goes whole to a decode worker, which prefills it itself;
-- release: whenever the decode leg fails after a good prefill and no decode worker is
-  left holding the request (refused, 5xx, unreachable, timed out, no healthy decode
-  worker, client gone), a one-token release leg frees the prefill's KV (`_release_kv`).
+- release: when no decode leg with a good prefill's KV ever went on the wire (the decode
+  worker unreachable, no healthy decode worker, the client gone between the legs), a
+  one-token release leg frees the prefill's KV (`_release_kv`). Once one went, the decode
+  worker frees it (vLLM notifies the prefill worker when it aborts or refuses a request)
+  or, should that worker have died, the prefill worker's KV lease does
+  (`kv_lease_duration`, 30 s): a release then would be the second read above.
 """
 
 from __future__ import annotations
@@ -128,7 +139,9 @@ class Prefilled:
 
     kv_transfer_params: dict[str, Any] | None  # None: decode-only fallback
     cached_tokens: int | None  # the prefill worker's prefix-cache hits
-    decode_in_flight: bool = False  # a decode worker holds the request (it frees the KV if aborted)
+    # A decode leg carrying these kv_transfer_params went on the wire: that worker may read
+    # the KV or have it freed, so no other leg may carry them (see the module docstring).
+    handed_over: bool = False
     worker_url: str | None = None  # the prefill worker (None: the decode worker prefills)
 
 
@@ -189,11 +202,10 @@ class Disaggregator:
                     reply.headers["X-Pdspec-Prefill-Worker"] = prefilled.worker_url or "local"
                 return reply
             except BaseException as exc:
-                # A decode worker that received the request frees the KV itself when
-                # it aborts or refuses it in its serving layer (vLLM's
-                # `_with_kv_transfer_rejection_cleanup`); in every other case nothing
-                # would free it before the prefill worker's KV lease ends.
-                if prefilled.kv_transfer_params is not None and not prefilled.decode_in_flight:
+                # Once handed over, the decode worker frees the KV when it aborts or refuses
+                # the request (vLLM's `_with_kv_transfer_rejection_cleanup`), or the lease
+                # does; before that, nothing would free it until the lease ends.
+                if prefilled.kv_transfer_params is not None and not prefilled.handed_over:
                     self._release_kv(api, body, prefilled, request_id, release_reason(exc))
                 raise
         except PassThrough as passthrough:
@@ -291,6 +303,17 @@ class Disaggregator:
         text = data[:200].decode("utf-8", "replace")
         return LegFailed(502, f"{leg} worker {worker.url} answered HTTP {resp.status}: {text}", f"http_{resp.status}")
 
+    async def _prefill_again(self, api: Api, body: dict, prefilled: Prefilled, request_id: str, trace: NoTrace,
+                             plan: RoutePlan | None, failure: LegFailed | None) -> None:  # fmt: skip
+        """Fresh KV for a decode retry whose previous attempt was handed the old KV
+        (`prefilled` updated in place). A prefill that fails here ends the request as any
+        prefill failure does; under the fallback policy the retry prefills on its decode
+        worker."""
+        self.metrics.kv_reprefills.labels(status_class(failure.reason) if failure is not None else "unknown").inc()
+        fresh = await self._prefill(api, body, request_id, trace, plan)
+        prefilled.kv_transfer_params, prefilled.cached_tokens = fresh.kv_transfer_params, fresh.cached_tokens
+        prefilled.worker_url, prefilled.handed_over = fresh.worker_url, False
+
     # --- a prefill whose decode will never come ---------------------------------------
 
     def _release_kv(self, api: Api, body: dict, prefilled: Prefilled, request_id: str, reason: str) -> None:
@@ -353,6 +376,7 @@ class Disaggregator:
     ) -> Reply:
         headers = {"X-Request-Id": request_id}
         leg = orjson.dumps(api.decode_body(body, prefilled.kv_transfer_params))
+        disaggregated = prefilled.kv_transfer_params is not None
         handoff = trace.start("handoff") if prefilled.kv_transfer_params else None
         # Timed apart from the span, which is None when tracing is off.
         handoff_started = time.perf_counter() if prefilled.kv_transfer_params else None
@@ -361,6 +385,10 @@ class Disaggregator:
         cached, first = (plan.decode_cached, plan.decode_worker) if plan is not None else (None, None)
         key = _affinity(body, plan) if self.decode_pool.policy == "kv_aware" else None
         for attempt, worker in attempts(self.decode_pool, tries, key, cached, first):
+            if disaggregated and prefilled.handed_over:
+                # The failed attempt may still read this KV: this one gets KV of its own.
+                await self._prefill_again(api, body, prefilled, request_id, trace, plan, failure)
+                leg = orjson.dumps(api.decode_body(body, prefilled.kv_transfer_params))
             if self.kv_router is not None:
                 self.kv_router.routed(self.decode_pool, worker, plan)
             if self.settings.served_by_headers:
@@ -380,11 +408,6 @@ class Disaggregator:
                 raise
             relay = Relay(self, resp, worker, lease, trace, span, handoff, handoff_started)
             if body.get("stream"):
-                if prefilled.kv_transfer_params is not None:
-                    # Headers came before the decode worker read the KV: if the stream
-                    # breaks before its first event (after the API's preamble), the KV may
-                    # still be waiting.
-                    relay.on_lost = lambda reason: self._release_kv(api, body, prefilled, request_id, reason)
                 relay.preamble_events = api.preamble_events
                 stream, relay.error_event = api.stream(relay.chunks(), prefilled.cached_tokens)
                 return Reply(200, content_type="text/event-stream", stream=stream, headers=headers, closer=relay)
@@ -399,7 +422,7 @@ class Disaggregator:
         streaming response has started, its status can no longer change."""
 
         def sent() -> None:
-            prefilled.decode_in_flight = True
+            prefilled.handed_over = prefilled.kv_transfer_params is not None
 
         lease = worker.lease()
         try:
@@ -410,13 +433,11 @@ class Disaggregator:
             )  # fmt: skip
         except UpstreamError as exc:
             lease.release()
-            prefilled.decode_in_flight = False
             raise self._leg_failed("decode", worker, exc) from None
         except BaseException:
             lease.release()
             raise
         if resp.status != 200:
-            prefilled.decode_in_flight = False  # refused: the worker holds nothing
             lease.release()
             try:
                 data = await resp.read()
@@ -432,7 +453,7 @@ class Relay:
     chunk, and a stream that did not finish drops its connection so vLLM aborts."""
 
     __slots__ = ("owner", "resp", "worker", "lease", "trace", "span", "handoff", "handoff_started", "started",
-                 "closed", "on_lost", "preamble_events", "preamble", "error_event")  # fmt: skip
+                 "closed", "preamble_events", "preamble", "error_event")  # fmt: skip
 
     def __init__(self, owner: Disaggregator, resp: UpstreamResponse, worker: Worker, lease: Lease, trace: NoTrace,
                  span, handoff, handoff_started: float | None = None):  # fmt: skip
@@ -446,7 +467,6 @@ class Relay:
         self.handoff_started = handoff_started
         self.started = time.perf_counter()
         self.closed = False
-        self.on_lost = None  # called with a reason if the stream breaks before its first event
         # Events the decode worker sends before it has read the KV (the Responses API's
         # two; chat's first event comes after the engine's first output): the hand-off is
         # done only when the event after them begins.
@@ -455,7 +475,6 @@ class Relay:
         self.error_event = sse_error_event  # (status, message) -> the event ending a broken stream
 
     def _first_byte(self) -> None:
-        self.on_lost = None  # the decode worker has read the KV
         if self.handoff_started is not None:
             # Prefill reply to the decode worker's first byte: the NIXL pull and first step.
             self.owner.handoff_seconds.observe(time.perf_counter() - self.handoff_started)
@@ -504,8 +523,6 @@ class Relay:
             self.owner.metrics.stream_errors.inc()
             self.owner.metrics.leg_failures.labels("decode", exc.reason).inc()
             log.warning("decode stream from %s broke: %s", self.worker.url, exc.reason)
-            if self.on_lost is not None:  # no event yet
-                self.on_lost(status_class(exc.reason))
             self.close(error=exc.reason)
             yield self.error_event(502, f"decode worker failed mid-stream: {exc.reason}")
         finally:

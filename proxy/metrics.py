@@ -30,6 +30,7 @@ class ProxyMetrics:
     healthy_workers: Gauge
     worker_inflight: Gauge
     kv_releases: Counter
+    kv_reprefills: Counter
     inflight: Gauge
     pairing_refusals: Counter
     refused_workers: Gauge
@@ -89,6 +90,13 @@ class ProxyMetrics:
                 "http_4xx, http_5xx, connect_error, timeout, connection_reset, no_healthy_worker, ...: how the decode "
                 "leg failed) and how the release went (ok, http_4xx, ..., no_decode_worker).",
                 ["reason", "outcome"], registry=registry,
+            ),
+            kv_reprefills=Counter(
+                "pdspec_proxy_kv_reprefills",
+                "Prefills run again for a decode retry, by how the previous decode attempt failed: that attempt "
+                "was handed the first prefill's KV and may still read it, and a prefill's KV goes to one decode "
+                "request only.",
+                ["reason"], registry=registry,
             ),
             inflight=Gauge("pdspec_proxy_inflight_requests", "Client requests in flight.", registry=registry),
             pairing_refusals=Counter(

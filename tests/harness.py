@@ -236,6 +236,16 @@ def gauges(url: str) -> tuple[float | None, float | None]:
     return busy, values.get("vllm:kv_cache_usage_perc")
 
 
+def wait_for(condition, timeout_s: float = 30) -> bool:
+    """Whether `condition()` held within `timeout_s` (polled)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)  # poll interval
+    return condition()
+
+
 def wait_idle(url: str, timeout_s: float = 30) -> tuple[float | None, float | None]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

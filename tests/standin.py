@@ -47,6 +47,7 @@ class StandinBehaviour:
     metrics_reads: int = 0
     cancelled: int = 0  # legs whose client went away while they waited
     received: list[dict] = field(default_factory=list)
+    prefills: int = 0  # prefill legs answered: the n-th names block [[n]], so each prefill's KV is its own
     headers: list[dict] = field(default_factory=list)
     tokenize_status: int = 200
     tokenized: list[dict] = field(default_factory=list)  # /tokenize requests
@@ -82,8 +83,10 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
         if status != 200:
             return JSONResponse({"error": {"message": f"stand-in {status}", "type": "X", "code": status}}, status)
         if is_prefill:
+            behaviour.prefills += 1
             params = None if behaviour.omit_kv_params else {
-                "remote_engine_id": "standin", "remote_block_ids": [[1]], "remote_host": behaviour.remote_host,
+                "remote_engine_id": "standin", "remote_block_ids": [[behaviour.prefills]],
+                "remote_host": behaviour.remote_host,
                 "remote_port": behaviour.remote_port, "remote_request_id": request.headers.get("x-request-id"),
             }  # fmt: skip
             if responses:

@@ -120,23 +120,29 @@ def test_client_disconnect_during_prefill_frees_the_prefill_worker(cluster):
 
 
 def test_client_gone_between_the_legs_frees_the_prefill_kv_before_its_lease_ends(cluster):
-    """The prefill leg finishes on the real prefill worker; the first decode attempt
-    goes to a stand-in that refuses it, and the client leaves during the retry backoff,
-    so no decode worker holds the request. Without the proxy's one-token release the
-    prefill worker would keep the KV until its lease ends (30 s in vLLM 0.32); with it,
-    the real decode worker reads the KV and the prefill worker is idle within seconds."""
-    refusing = StandinBehaviour(fail_decodes=1000)
-    with ThreadServer(create_standin(refusing)) as standin:
+    """The prefill leg finishes on the real prefill worker; the first decode attempt goes
+    to a decode worker that is gone (admitted, then stopped: nothing reaches it), and the
+    client leaves during the retry backoff, so no decode worker got the request. Without
+    the proxy's one-token release the prefill worker would keep the KV until its lease ends
+    (30 s in vLLM 0.32); with it, the real decode worker reads the KV and the prefill worker
+    is idle within seconds."""
+    with ThreadServer(create_standin(StandinBehaviour())) as standin:
         proxy = harness.start_proxy(
             BASE + 2, prefill_urls=[cluster["p1"].url], decode_urls=[standin.url, cluster["d"].url],
-            decode_policy="round_robin", decode_retries=1, retry_backoff_s=5.0, health_interval_s=0.5,
+            decode_policy="round_robin", decode_retries=1, retry_backoff_s=5.0, health_interval_s=60,
             kv_source_ports=KV_SOURCE_PORTS,
         )  # fmt: skip
         try:
             harness.wait_healthy(proxy.url, proxy.process, path="/ready")
+            healthy = lambda: harness.scrape_labeled(proxy.url, "pdspec_proxy_healthy_workers")  # noqa: E731
+            assert harness.wait_for(lambda: healthy().get((("pool", "decode"),)) == 2, timeout_s=30), healthy()
+        finally:
+            standin.__exit__(None, None, None)  # gone, but still in the pool until the next check (60 s)
+        try:
             with pytest.raises(httpx.ReadTimeout):
                 httpx.post(proxy.url + "/v1/completions", json=completion_body(unique_prompt(150)), timeout=3)
-            assert len(refusing.received) == 1  # the refused decode attempt
+            failures = harness.scrape_labeled(proxy.url, "pdspec_proxy_leg_failures_total")
+            assert failures == {(("leg", "decode"), ("reason", "connect_error")): 1.0}  # the gone worker first
             assert harness.wait_idle(cluster["p1"].url, timeout_s=10) == (0, 0)
             releases = harness.scrape_labeled(proxy.url, "pdspec_proxy_kv_releases_total")
             assert releases == {(("outcome", "ok"), ("reason", "client_gone")): 1.0}
@@ -221,13 +227,14 @@ def test_stream_options_without_stream_is_refused_before_the_prefill_leg(cluster
     assert harness.scrape(cluster["p1"].url).get("vllm:prompt_tokens_total", 0) == before  # no prefill
 
 
-@pytest.mark.parametrize("status, reason", [(400, "http_4xx"), (503, "http_5xx")])
-def test_decode_failure_after_a_real_prefill_releases_its_kv(cluster, status, reason):
-    """The real prefill worker computes the prompt; the decode leg goes to a stand-in
-    that answers `status` (no retries). The proxy's release leg then goes to the real
-    decode worker, which reads the KV, so the prefill worker frees it within seconds
-    rather than at the end of its 30 s lease."""
-    refusing = StandinBehaviour(fail_decodes=1, fail_status=status)
+def test_a_refused_decode_leg_gets_no_second_read_and_the_lease_frees_the_kv(cluster):
+    """The real prefill worker computes the prompt; the decode leg goes to a stand-in that
+    answers 503 (no retries). The proxy sends no release: a vLLM decode worker that refuses
+    a request has the prefill worker free its KV itself, and a second read of blocks that
+    may be freed could cache another request's KV on a decode worker. This stand-in frees
+    nothing, so the prefill worker's KV lease (30 s in vLLM 0.32) is what frees the KV."""
+    refusing = StandinBehaviour(fail_decodes=1, fail_status=503)
+    decode_requests = harness.scrape(cluster["d"].url).get("vllm:request_success_total", 0.0)
     with ThreadServer(create_standin(refusing)) as standin:
         proxy = harness.start_proxy(
             BASE + 4, prefill_urls=[cluster["p1"].url], decode_urls=[standin.url, cluster["d"].url],
@@ -236,11 +243,13 @@ def test_decode_failure_after_a_real_prefill_releases_its_kv(cluster, status, re
         try:
             harness.wait_healthy(proxy.url, proxy.process, path="/ready")
             response = httpx.post(proxy.url + "/v1/completions", json=completion_body(unique_prompt(400)), timeout=60)
-            assert response.status_code == (400 if status == 400 else 502)
+            assert response.status_code == 502
             assert len(refusing.received) == 1 and refusing.received[0]["kv_transfer_params"]  # the refused decode
-            assert harness.wait_idle(cluster["p1"].url, timeout_s=10) == (0, 0)
-            releases = harness.scrape_labeled(proxy.url, "pdspec_proxy_kv_releases_total")
-            assert releases == {(("outcome", "ok"), ("reason", reason)): 1.0}
+            _, usage = harness.gauges(cluster["p1"].url)
+            assert usage is not None and usage > 0  # the KV is still held: nobody read it
+            assert harness.wait_idle(cluster["p1"].url, timeout_s=60) == (0, 0)  # the lease ends
+            assert harness.scrape_labeled(proxy.url, "pdspec_proxy_kv_releases_total") == {}
+            assert harness.scrape(cluster["d"].url).get("vllm:request_success_total", 0.0) == decode_requests
         finally:
             proxy.stop()
 

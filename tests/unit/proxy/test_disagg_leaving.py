@@ -1,16 +1,18 @@
 """What a request leaves behind when its client goes or a leg fails, against stand-in
-workers: every leg of every choice closed, every in-flight count back to zero, and
-prefilled KV released. (tests/e2e/test_faults.py checks the same on real workers.)"""
+workers: every leg of every choice closed, every in-flight count back to zero, prefilled
+KV released where no decode worker got it, and each prefill's KV handed to one decode leg
+only. (tests/e2e/test_faults.py checks the same on real workers.)"""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 import httpx
 import pytest
 
-from tests.proxy_cluster import Cluster
+from tests.proxy_cluster import Cluster, Fleet, sample
 
 STREAMED_N2 = {"model": "m", "prompt": "hello", "max_tokens": 5, "n": 2, "temperature": 1.0, "stream": True}
 
@@ -76,29 +78,67 @@ def decode_legs(behaviour) -> list[dict]:
     return [b for b in behaviour.received if not (b.get("kv_transfer_params") or {}).get("do_remote_decode")]
 
 
-def assert_released(decode: list[dict]) -> None:
-    """The last decode leg is the release of the one before: same KV params, one token."""
-    refused, release = decode[-2], decode[-1]
-    assert release["kv_transfer_params"] == refused["kv_transfer_params"] is not None
-    assert release["max_tokens"] == 1 and release["stream"] is False
+def assert_one_read(decode: list[dict]) -> None:
+    """Each prefill's KV params went to one decode leg only (no release, no resend)."""
+    params = [json.dumps(b["kv_transfer_params"], sort_keys=True) for b in decode if b.get("kv_transfer_params")]
+    assert len(params) == len(set(params)), params
 
 
-@pytest.mark.parametrize("status, reason", [(400, "http_4xx"), (503, "http_5xx")])
-def test_decode_refused_after_a_good_prefill_releases_the_kv(status, reason):
+@pytest.mark.parametrize("status", [400, 503])
+def test_a_refused_decode_is_not_followed_by_a_second_read_of_its_kv(status):
+    """vLLM's serving layer frees the KV of a request it refuses (it notifies the prefill
+    worker): a release leg would read blocks that may already hold another request's KV."""
     with Cluster(decode_retries=0) as c:
         c.d.fail_decodes, c.d.fail_status = 1, status
         response = httpx.post(c.url + "/v1/completions", json=BODY)
         assert response.status_code == (status if status < 500 else 502)
-        assert wait_for(lambda: releases(c.url) == {(reason, "ok"): 1.0}), releases(c.url)
-    assert_released(decode_legs(c.d))
+        metrics = httpx.get(c.url + "/metrics").text
+    assert len(decode_legs(c.d)) == 1
+    assert "pdspec_proxy_kv_releases_total{" not in metrics
 
 
-def test_decode_timeout_releases_the_kv():
+def test_a_timed_out_decode_sends_no_release():
+    """The decode worker has the request (a hung one reads the KV when it resumes)."""
     with Cluster(decode_retries=0, decode_timeout_s=0.5) as c:
-        c.d.delay_s = 2.0  # longer than the decode leg may take (the release times out too)
+        c.d.delay_s = 2.0  # longer than the decode leg may take
         assert httpx.post(c.url + "/v1/completions", json=BODY).status_code == 504
-        assert wait_for(lambda: releases(c.url) == {("timeout", "timeout"): 1.0}), releases(c.url)
-    assert_released(decode_legs(c.d))
+        assert wait_for(lambda: c.d.cancelled == 1)  # it saw the proxy leave
+        metrics = httpx.get(c.url + "/metrics").text
+    assert len(decode_legs(c.d)) == 1
+    assert "pdspec_proxy_kv_releases_total{" not in metrics
+
+
+def test_a_decode_retry_after_a_handed_over_attempt_prefills_again():
+    """A decode worker got the leg and failed: it may still read that KV, so the retry on
+    the other decode worker carries the KV of a second prefill."""
+    with Fleet(prefill=1, decode=2, decode_policy="round_robin", decode_retries=1, retry_backoff_s=0.01) as f:
+        failing, serving = f.decodes
+        failing.fail_decodes = 1
+        for _ in range(2):  # round robin: one of the two requests tries the failing worker first
+            response = httpx.post(f.url + "/v1/completions", json=BODY)
+            assert response.status_code == 200, response.text
+        metrics = httpx.get(f.url + "/metrics").text
+    refused = decode_legs(failing)[0]  # its first decode leg is the one it refused
+    assert f.prefills[0].prefills == 3  # two requests, one prefilled again
+    retried = [b for b in decode_legs(serving) if b["kv_transfer_params"]["remote_request_id"]
+               == refused["kv_transfer_params"]["remote_request_id"]]  # fmt: skip
+    assert len(retried) == 1 and retried[0]["kv_transfer_params"] != refused["kv_transfer_params"]
+    assert_one_read(decode_legs(failing) + decode_legs(serving))
+    assert sample(metrics, 'pdspec_proxy_kv_reprefills_total{reason="http_5xx"}') == 1.0
+    assert "pdspec_proxy_kv_releases_total{" not in metrics
+
+
+def test_a_decode_retry_after_an_unreachable_worker_keeps_the_kv():
+    """Nothing reached the first decode worker, so the KV is still unread: one prefill."""
+    with Fleet(prefill=1, decode=2, decode_policy="round_robin", decode_retries=1, retry_backoff_s=0.01,
+               health_interval_s=60) as f:  # fmt: skip
+        f.servers[1].__exit__(None, None, None)  # the first decode worker is gone
+        for _ in range(2):  # round robin: one of the two requests tries the gone worker first
+            assert httpx.post(f.url + "/v1/completions", json=BODY).status_code == 200
+        metrics = httpx.get(f.url + "/metrics").text
+    assert f.prefills[0].prefills == 2 and len(decode_legs(f.decodes[1])) == 2
+    assert sample(metrics, 'pdspec_proxy_leg_failures_total{leg="decode",reason="connect_error"}') >= 1.0
+    assert "pdspec_proxy_kv_reprefills_total{" not in metrics
 
 
 def test_no_healthy_decode_worker_sends_the_release_to_an_ejected_one():
@@ -120,16 +160,17 @@ def test_unreachable_decode_worker_still_gets_a_release_attempt_counted():
         assert wait_for(lambda: releases(c.url) == {("connect_error", "connect_error"): 1.0}), releases(c.url)
 
 
-def test_stream_broken_before_its_first_event_releases_the_kv():
-    """Headers were sent, but the decode worker broke before any event: it may never
-    have read the KV."""
+def test_stream_broken_before_its_first_event_sends_no_release():
+    """Headers came from the decode worker: it had the request, and vLLM frees the KV of a
+    request it aborts."""
     with Cluster(decode_retries=0) as c:
         c.d.break_stream_after = 0
         with httpx.stream("POST", c.url + "/v1/completions", json={**BODY, "stream": True}) as response:
             body = response.read()
         assert b'"error"' in body
-        assert wait_for(lambda: sum(releases(c.url).values()) == 1), releases(c.url)
-    assert_released(decode_legs(c.d))
+        metrics = httpx.get(c.url + "/metrics").text
+    assert len(decode_legs(c.d)) == 1
+    assert "pdspec_proxy_kv_releases_total{" not in metrics
 
 
 def test_a_good_request_sends_no_release():

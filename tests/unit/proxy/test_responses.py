@@ -210,34 +210,32 @@ def test_prefill_without_kv_params_is_an_error_not_a_silent_recompute():
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_failed_decode_gets_the_prefill_kv_released(stream):
+def test_a_refused_decode_sends_no_release(stream):
+    """The decode worker frees the KV of a request it refuses; a second read could see blocks
+    already holding another request's KV."""
     with Cluster(decode_retries=0) as c:
         c.d.fail_decodes = 1
         response = httpx.post(c.url + "/v1/responses", json={**BODY, "stream": stream})
-        wait_for(lambda: len(c.d.received) == 2)
         metrics = httpx.get(c.url + "/metrics").text
     assert response.status_code == 502
-    failed, release = c.d.received
-    assert release["kv_transfer_params"] == failed["kv_transfer_params"] is not None
-    assert release["max_output_tokens"] == 1 and release["stream"] is False and release["store"] is False
-    assert 'pdspec_proxy_kv_releases_total{outcome="ok",reason="http_5xx"} 1.0' in metrics
+    (failed,) = c.d.received
+    assert failed["kv_transfer_params"] is not None and "pdspec_proxy_kv_releases_total{" not in metrics
 
 
-def test_a_stream_broken_after_vllms_opening_events_still_gets_the_kv_released():
+def test_a_stream_broken_after_vllms_opening_events_sends_no_release():
     """vLLM sends response.created and response.in_progress before its engine has the
-    request: a stream that breaks then has not read the KV."""
+    request; a stream that breaks then was still received by the decode worker, whose
+    serving layer frees the KV (or its engine aborts the request), so no second read."""
     with Cluster() as c:
         c.d.break_stream_after = 2
         with httpx.stream("POST", c.url + "/v1/responses", json={**BODY, "stream": True}, timeout=10) as response:
             raw = response.read().decode()
-        wait_for(lambda: len(c.d.received) == 2)
         metrics = httpx.get(c.url + "/metrics").text
     events = parse_events(raw)
     assert [kind for kind, _ in events] == ["response.created", "response.in_progress", "error"]
     error = events[-1][1]
     assert error["sequence_number"] == 2 and error["code"] == "bad_gateway" and "mid-stream" in error["message"]
-    assert len(c.d.received) == 2 and c.d.received[1]["max_output_tokens"] == 1
-    assert 'pdspec_proxy_kv_releases_total{outcome="ok",reason="connection_reset"} 1.0' in metrics
+    assert len(c.d.received) == 1 and "pdspec_proxy_kv_releases_total{" not in metrics
     assert sample(metrics, 'pdspec_proxy_leg_seconds_count{leg="handoff"}') == 0  # the KV was never read
 
 
