@@ -306,6 +306,23 @@ class ProxySettings(BaseModel):
     max_queue: int = Field(1024, ge=0, description="Requests waiting for a slot; beyond it, 429 with Retry-After.")
     queue_timeout_s: float = Field(10.0, description="Longest wait in the queue; then 503.")
     retry_after_s: int = Field(1, description="Retry-After of a 429 or 503.")
+    # Admission by KV room on the prefill workers (proxy/kv_room.py).
+    prefill_kv_admission: bool = Field(
+        False, description="Send a prefill leg only to a prefill worker whose KV (read from its /metrics) has "
+        "room for the prompt; otherwise wait, up to queue_timeout_s, then 503 with Retry-After. A KV bottleneck "
+        "(decode workers taking KV more slowly than prefill workers make it) then queues in the proxy instead of "
+        "timing out prefill legs.",
+    )
+    prefill_kv_headroom: float = Field(
+        0.9, gt=0, le=1, description="prefill_kv_admission: the share of a prefill worker's KV the proxy fills.",
+    )
+    prefill_kv_read_interval_s: float = Field(
+        0.5, gt=0, description="prefill_kv_admission: how often each prefill worker's KV size and use are read.",
+    )
+    prompt_chars_per_token: float = Field(
+        3.0, gt=0, description="prefill_kv_admission: a text prompt's size in tokens, when its token ids are not "
+        "known (cache-aware routing reads them), is its characters over this.",
+    )
     max_body_bytes: int = Field(4 * 1024 * 1024, description="Largest request body; beyond it, 413.")
     # Client connections (proxy/connections.py): a head or a connection that would hold
     # the event loop or memory is refused before any of it reaches the app.

@@ -32,6 +32,7 @@ from proxy.disagg import Disaggregator
 from proxy.errors import ProxyError, error_response
 from proxy.fanout import choice_count, prompts_of
 from proxy.health import HealthChecker
+from proxy.kv_room import KvRoom
 from proxy.kv_routing import KvRouter
 from proxy.limits import ModelLimits
 from proxy.loop_lag import LoopLag
@@ -207,7 +208,12 @@ def create_app(settings: ProxySettings) -> ProxyApp:
         KvRouter(settings, client, prefill_pool, decode_pool, metrics, worker_auth_headers(settings.worker_api_key))
         if KvRouter.wanted(settings) else None
     )  # fmt: skip
-    disaggregator = Disaggregator(client, prefill_pool, decode_pool, metrics, settings, kv_router)
+    kv_room = (
+        KvRoom(client, prefill_pool, settings.prefill_kv_headroom, settings.prefill_kv_read_interval_s,
+               settings.queue_timeout_s, settings.retry_after_s, metrics, worker_auth_headers(settings.worker_api_key))
+        if settings.prefill_kv_admission else None
+    )  # fmt: skip
+    disaggregator = Disaggregator(client, prefill_pool, decode_pool, metrics, settings, kv_router, kv_room)
     limits = ModelLimits(client, decode_pool, disaggregator.worker_headers)
     tracing = Tracing(settings.otlp_traces_endpoint)
     pairing = Pairing(
@@ -227,6 +233,10 @@ def create_app(settings: ProxySettings) -> ProxyApp:
         await checker.check_all()  # admit the workers that are up before serving
         await limits.fetch()
         tasks = [asyncio.create_task(t) for t in (checker.run(), membership.run(), loop_lag.run())]
+        if kv_room is not None:
+            metrics.kv_room_waits.labels("admitted")
+            metrics.kv_room_waits.labels("timeout")
+            tasks.append(asyncio.create_task(kv_room.run()))
         # Everything built so far lives as long as the proxy: keep it out of the garbage
         # collector's view. The request path makes no reference cycles, so the automatic
         # collector's passes (which scale with the objects of every request in flight, and

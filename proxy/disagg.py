@@ -13,14 +13,11 @@ Failure handling, in order of the request's life:
   decode worker to pull KV from anywhere else;
 - decode leg: retried on another decode worker only before its first byte reached the
   client; afterwards a broken stream ends with an SSE error event, never a hang. A
-  prefill's KV is handed to at most one decode request: once a decode leg carrying its
-  `kv_transfer_params` is on the wire, that worker may read it at any later time (a hung
-  worker reads it when it resumes) or have the prefill worker free it (vLLM does on an
-  abort or a refused request), so a retry prefills again (counted in
-  pdspec_proxy_kv_reprefills_total) rather than resend the same KV. A second read of the
-  same blocks can follow their free on the prefill worker: it reads another request's KV
-  and the decode worker's prefix cache keeps it under this prompt, giving later requests
-  with that prefix wrong outputs (seen in the chaos soak around hung decode workers);
+  prefill's KV goes to one decode request only: a worker that got the leg may read the KV
+  later (a hung one, when it resumes) or have it freed (vLLM does on an abort or a
+  refusal), and a second read after that free caches another request's KV under this
+  prompt on the decode worker. So a retry after a sent leg prefills again
+  (pdspec_proxy_kv_reprefills_total) rather than resend the KV;
 - decode-only: a request vLLM cannot serve through P/D (`legs.decode_only_reason`:
   beam search; grammar-constrained ones too under `structured_outputs = "decode_only"`)
   goes whole to a decode worker, which prefills it itself;
@@ -49,6 +46,7 @@ from proxy.asgi import Reply
 from proxy.auth import worker_auth_headers
 from proxy.errors import ProxyError, sse_error_event
 from proxy.fanout import choice_count, fan_out
+from proxy.kv_room import KvRoom, prompt_tokens
 from proxy.kv_routing import KvRouter, RoutePlan
 from proxy.metrics import ProxyMetrics
 from proxy.pool import Lease, NoHealthyWorker, Worker, WorkerPool, affinity_key
@@ -107,14 +105,15 @@ def status_class(reason: str) -> str:
 
 def attempts(
     pool: WorkerPool, tries: int, affinity: str | None = None, cached: dict[str, int] | None = None,
-    first: Worker | None = None,
+    first: Worker | None = None, exclude: set[str] = frozenset(),
 ) -> Iterator[tuple[int, Worker]]:  # fmt: skip
-    """The workers a leg is tried on: up to `tries`, never the same one twice, picked by the
-    pool's policy when the attempt starts (so a retry sees health changes), the first one
-    `first` when it is still healthy (the decode worker a route plan chose). Ends early
-    when no healthy worker is left to try; the caller stops once a try succeeds and pauses
-    with `backoff` after a failure. A plain generator: left suspended, it is freed at once."""
-    tried: set[str] = set()
+    """The workers a leg is tried on: up to `tries`, never the same one twice nor one of
+    `exclude` (prefill workers without KV room), picked by the pool's policy when the
+    attempt starts (so a retry sees health changes), the first one `first` when it is still
+    healthy (the decode worker a route plan chose). Ends early when no healthy worker is
+    left to try; the caller stops once a try succeeds and pauses with `backoff` after a
+    failure. A plain generator: left suspended, it is freed at once."""
+    tried: set[str] = set(exclude)
     for attempt in range(tries):
         try:
             if attempt == 0 and first is not None and first in pool.healthy():
@@ -154,9 +153,11 @@ class Disaggregator:
         metrics: ProxyMetrics,
         settings: ProxySettings,
         kv_router: KvRouter | None = None,
+        kv_room: KvRoom | None = None,
     ) -> None:
         self.client = client
         self.kv_router = kv_router  # cache-aware routing (proxy/kv_routing.py), when a setting asks for it
+        self.kv_room = kv_room  # admission by the prefill workers' KV room (proxy/kv_room.py), when asked for
         self.prefill_pool = prefill_pool
         self.decode_pool = decode_pool
         self.metrics = metrics
@@ -223,9 +224,16 @@ class Disaggregator:
         leg = orjson.dumps(api.prefill_body(body))
         failure: LegFailed | None = None
         cached = plan.prefill_cached if plan is not None else None
-        for attempt, worker in attempts(self.prefill_pool, tries, key, cached):
+        tokens, full = 0, frozenset()
+        if self.kv_room is not None:
+            planned = plan.prompt_tokens if plan is not None else None
+            tokens = prompt_tokens(body, planned, self.settings.prompt_chars_per_token)
+            full = await self.kv_room.wait_for_room(tokens)
+        for attempt, worker in attempts(self.prefill_pool, tries, key, cached, exclude=full):
             if self.kv_router is not None:
                 self.kv_router.routed(self.prefill_pool, worker, plan)
+            if self.kv_room is not None:
+                self.kv_room.sent(worker.url, tokens)
             span = trace.start("prefill", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
             try:
                 prefilled = await self._prefill_once(worker, api, leg, request_id, trace.headers(span))
@@ -306,9 +314,7 @@ class Disaggregator:
     async def _prefill_again(self, api: Api, body: dict, prefilled: Prefilled, request_id: str, trace: NoTrace,
                              plan: RoutePlan | None, failure: LegFailed | None) -> None:  # fmt: skip
         """Fresh KV for a decode retry whose previous attempt was handed the old KV
-        (`prefilled` updated in place). A prefill that fails here ends the request as any
-        prefill failure does; under the fallback policy the retry prefills on its decode
-        worker."""
+        (`prefilled` updated in place); a failure here ends the request as any prefill's."""
         self.metrics.kv_reprefills.labels(status_class(failure.reason) if failure is not None else "unknown").inc()
         fresh = await self._prefill(api, body, request_id, trace, plan)
         prefilled.kv_transfer_params, prefilled.cached_tokens = fresh.kv_transfer_params, fresh.cached_tokens

@@ -31,6 +31,8 @@ class ProxyMetrics:
     worker_inflight: Gauge
     kv_releases: Counter
     kv_reprefills: Counter
+    kv_room_waits: Counter
+    prefill_kv_free_tokens: Gauge
     inflight: Gauge
     pairing_refusals: Counter
     refused_workers: Gauge
@@ -97,6 +99,16 @@ class ProxyMetrics:
                 "was handed the first prefill's KV and may still read it, and a prefill's KV goes to one decode "
                 "request only.",
                 ["reason"], registry=registry,
+            ),
+            kv_room_waits=Counter(
+                "pdspec_proxy_kv_room_waits",
+                "Prefill legs that waited for KV room on a prefill worker (prefill_kv_admission), by how the wait "
+                "ended: admitted, or timeout (503).", ["outcome"], registry=registry,
+            ),
+            prefill_kv_free_tokens=Gauge(
+                "pdspec_proxy_prefill_kv_free_tokens",
+                "Free KV tokens of each prefill worker at the proxy's last reading, less the prompts sent to it "
+                "since (prefill_kv_admission).", ["worker"], registry=registry,
             ),
             inflight=Gauge("pdspec_proxy_inflight_requests", "Client requests in flight.", registry=registry),
             pairing_refusals=Counter(

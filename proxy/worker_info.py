@@ -27,7 +27,7 @@ class InfoUnreadable(Exception):
     """The worker's /metrics could not be read (try again at the next check)."""
 
 
-def _samples(text: str, metric: str) -> list:
+def samples(text: str, metric: str) -> list:
     """The samples of one metric in a /metrics text, parsing only that metric's own lines."""
     wanted = (metric + "{", metric + " ", f"# HELP {metric} ", f"# TYPE {metric} ")
     lines = [line for line in text.splitlines() if line.startswith(wanted)]
@@ -39,13 +39,13 @@ def _samples(text: str, metric: str) -> list:
 
 def parse_worker_info(text: str) -> dict[str, str] | None:
     """The labels of the worker's info series, or None when it exports none."""
-    return next((dict(s.labels) for s in _samples(text, METRIC) if s.value == 1), None)
+    return next((dict(s.labels) for s in samples(text, METRIC) if s.value == 1), None)
 
 
 def parse_features_off(text: str) -> dict[str, str]:
     """The worker's engine features that are off, {feature: reason}."""
     return {s.labels.get("feature", "?"): s.labels.get("reason", "")
-            for s in _samples(text, FEATURE_METRIC) if s.value == 1 and s.labels.get("state") == "off"}  # fmt: skip
+            for s in samples(text, FEATURE_METRIC) if s.value == 1 and s.labels.get("state") == "off"}  # fmt: skip
 
 
 async def fetch_worker_info(

