@@ -136,6 +136,13 @@ class WorkerSettings(BaseModel):
         ge=0,
         description="Sleep of NIXL's progress thread between polls; 0 busy-spins a core.",
     )
+    kv_lease_s: int = Field(
+        120, ge=1, description="How long a prefill worker keeps a prompt's KV for its decode worker before freeing "
+        "it (the KV connector's kv_lease_duration; vLLM's default is 30), renewed by the decode worker's "
+        "heartbeats. Set alike on both roles. Longer than a decode engine's stall (about 50 s seen when a prefill "
+        "worker it read from died); a decode worker prefills itself a request that reached its scheduler more "
+        "than half of it after arriving (its KV may be gone).",
+    )
     kv_load_failure_policy: Literal["recompute", "fail"] = Field(
         "recompute", description="Decode worker: a KV pull that fails (its prefill worker died or restarted) is "
         "recomputed here (recompute), or ends the request with an error (fail, vLLM's default).",

@@ -21,6 +21,7 @@ from pdspec.worker.engine.control import (
     DRAFTS_FILE_ENV,
     KV_ONLY_ENV,
     ROLE_ENV,
+    STALE_KV_AFTER_ENV,
     TEST_DUMP_DRAFTER_KV_DIR_ENV,
     TEST_SKIP_DRAFTER_FILE_ENV,
 )
@@ -141,6 +142,7 @@ def kv_transfer_config(role: Literal["prefill", "decode"], worker: WorkerSetting
         device = "cpu" if cpu else "cuda"
     config = {
         "kv_connector": KV_CONNECTORS[worker.kv_transfer], "kv_role": KV_ROLES[role], "kv_buffer_device": device,
+        "kv_connector_extra_config": {"kv_lease_duration": worker.kv_lease_s},
     }  # fmt: skip
     if role == "decode":
         # A KV pull that fails (the prefill worker died or restarted under it) is
@@ -278,6 +280,8 @@ def worker_env(role: Role, worker: WorkerSettings, run_dir: Path, cpu: bool) -> 
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
     }
+    if role == "decode":  # the stale-KV guard (engine/stale_kv.py): half the prefill worker's lease
+        env[STALE_KV_AFTER_ENV] = f"{worker.kv_lease_s / 2:g}"
     if worker.test_hooks and role == "prefill":
         env[TEST_SKIP_DRAFTER_FILE_ENV] = str(skip_drafter_file(run_dir, role))
     if worker.test_hooks and role == "decode":

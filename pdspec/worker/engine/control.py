@@ -26,6 +26,7 @@ log = logging.getLogger("pdspec.engine")
 DRAFTS_ENV = "PDSPEC_DRAFTS"  # initial policy
 DRAFTS_FILE_ENV = "PDSPEC_DRAFTS_FILE"  # file holding the live policy, re-read per step
 ROLE_ENV = "PDSPEC_ROLE"
+STALE_KV_AFTER_ENV = "PDSPEC_STALE_KV_AFTER_S"  # decode worker: stale_kv.py's age limit (unset: off)
 DP_IDLE_RANK_VOTE_ENV = "PDSPEC_DP_IDLE_RANK_VOTE"  # "1" (default) or "0": vLLM's own vote
 
 KV_ONLY_ENV = "PDSPEC_KV_ONLY_DRAFTER"  # "1" (default) or "0": the start-up setting

@@ -28,6 +28,7 @@ from pdspec.worker.engine.metrics import (
     K_POSITIVE_AUTO_PROPOSALS,
     PROPOSALS,
 )
+from pdspec.worker.engine.stale_kv import StaleKvMixin, stale_after_from_env
 from pdspec.worker.worker_info import WorkerInfo
 
 log = logging.getLogger("pdspec.engine")
@@ -129,15 +130,18 @@ def _scheduler_classes() -> tuple[type, type]:
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    class K0SyncScheduler(_K0Mixin, Scheduler):
+    # The stale-KV guard (stale_kv.py) rides on the same class: vLLM takes one scheduler.
+    class K0SyncScheduler(StaleKvMixin, _K0Mixin, Scheduler):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._pdspec_init(self.vllm_config)
+            self._pdspec_stale_after_s = stale_after_from_env()
 
-    class K0AsyncScheduler(_K0Mixin, AsyncScheduler):
+    class K0AsyncScheduler(StaleKvMixin, _K0Mixin, AsyncScheduler):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._pdspec_init(self.vllm_config)
+            self._pdspec_stale_after_s = stale_after_from_env()
 
     return K0SyncScheduler, K0AsyncScheduler
 

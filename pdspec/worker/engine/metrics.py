@@ -28,3 +28,8 @@ RUNNER_PROPOSALS = Counter(
 RUNNER_K0_PROPOSALS = Counter(
     "pdspec_runner_k0_proposals", "V2 runner steps whose drafter ran with K=0, after the data-parallel agreement."
 )
+STALE_KV_RECOMPUTED = Counter(
+    "pdspec_stale_kv_recomputed",
+    "Decode requests prefilled here because their prefill worker's KV lease may have run out before the "
+    "scheduler got them (stale_kv.py).",
+)

@@ -19,9 +19,14 @@ def test_roles_get_their_nixl_role_and_the_same_drafter(role, kv_role):
     argv = launch.vllm_argv(role, model, WorkerSettings(), cpu=True)
     # A decode worker recomputes a prompt whose KV pull failed (its prefill worker died).
     recompute = {"kv_load_failure_policy": "recompute"} if role == "decode" else {}
+    # The same KV lease on both roles: the prefill worker keeps KV that long, the decode
+    # worker renews it (heartbeats) and trusts it for half of it (engine/stale_kv.py).
     assert json.loads(option(argv, "--kv-transfer-config")) == {
-        "kv_connector": "NixlConnector", "kv_role": kv_role, "kv_buffer_device": "cpu", **recompute,
+        "kv_connector": "NixlConnector", "kv_role": kv_role, "kv_buffer_device": "cpu",
+        "kv_connector_extra_config": {"kv_lease_duration": 120}, **recompute,
     }  # fmt: skip
+    env = launch.worker_env(role, WorkerSettings(kv_lease_s=90), Path("/run"), cpu=True)
+    assert env.get("PDSPEC_STALE_KV_AFTER_S") == ("45" if role == "decode" else None)
     assert json.loads(option(argv, "--speculative-config")) == {
         "method": "eagle3", "num_speculative_tokens": 3, "model": "/m/eagle3",
     }  # fmt: skip
