@@ -21,12 +21,10 @@ Failure handling, in order of the request's life:
 - decode-only: a request vLLM cannot serve through P/D (`legs.decode_only_reason`:
   beam search; grammar-constrained ones too under `structured_outputs = "decode_only"`)
   goes whole to a decode worker, which prefills it itself;
-- release: when no decode leg with a good prefill's KV ever went on the wire (the decode
-  worker unreachable, no healthy decode worker, the client gone between the legs), a
-  one-token release leg frees the prefill's KV (`_release_kv`). Once one went, the decode
-  worker frees it (vLLM notifies the prefill worker when it aborts or refuses a request)
-  or, should that worker have died, the prefill worker's KV lease does
-  (`kv_lease_duration`, 30 s): a release then would be the second read above.
+- release: when no decode leg with a good prefill's KV went on the wire (decode worker
+  unreachable or none healthy, client gone between the legs), a one-token leg frees the
+  KV (`_release_kv`); once one went, that worker frees it (vLLM does on an abort or a
+  refusal) or, had it died, the KV lease does: a release would be the second read above.
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ from proxy.asgi import Reply
 from proxy.auth import worker_auth_headers
 from proxy.errors import ProxyError, sse_error_event
 from proxy.fanout import choice_count, fan_out
-from proxy.kv_room import KvRoom, prompt_tokens
+from proxy.kv_room import KvRoom, reply_prompt_tokens
 from proxy.kv_routing import KvRouter, RoutePlan
 from proxy.metrics import ProxyMetrics
 from proxy.pool import Lease, NoHealthyWorker, Worker, WorkerPool, affinity_key
@@ -142,6 +140,7 @@ class Prefilled:
     # the KV or have it freed, so no other leg may carry them (see the module docstring).
     handed_over: bool = False
     worker_url: str | None = None  # the prefill worker (None: the decode worker prefills)
+    prompt_tokens: int | None = None  # as the prefill reply counted them
 
 
 class Disaggregator:
@@ -224,17 +223,15 @@ class Disaggregator:
         leg = orjson.dumps(api.prefill_body(body))
         failure: LegFailed | None = None
         cached = plan.prefill_cached if plan is not None else None
-        tokens, full = 0, frozenset()
+        (tokens, chars), full = (0, 0), frozenset()
         if self.kv_room is not None:
-            planned = plan.prompt_tokens if plan is not None else None
-            tokens = prompt_tokens(body, planned, self.settings.prompt_chars_per_token)
+            (tokens, chars) = self.kv_room.tokens_of(body, plan.prompt_tokens if plan is not None else None)
             full = await self.kv_room.wait_for_room(tokens)
         for attempt, worker in attempts(self.prefill_pool, tries, key, cached, exclude=full):
             if self.kv_router is not None:
                 self.kv_router.routed(self.prefill_pool, worker, plan)
-            if self.kv_room is not None:
-                self.kv_room.sent(worker.url, tokens)
             span = trace.start("prefill", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
+            room_leg, prefilled = self.kv_room.begin(worker.url, tokens, chars) if self.kv_room else None, None
             try:
                 prefilled = await self._prefill_once(worker, api, leg, request_id, trace.headers(span))
             except LegFailed as exc:
@@ -246,6 +243,9 @@ class Disaggregator:
             except PassThrough:
                 trace.end(span, "worker 4xx")
                 raise
+            finally:  # the KV it holds there now, by its reply's count (none if it failed)
+                if room_leg is not None:
+                    self.kv_room.end(room_leg, prefilled and (prefilled.prompt_tokens or room_leg.tokens))
             trace.end(span)
             (self.prefill_ok if attempt == 0 else self.metrics.prefill_outcomes.labels("retried_ok")).inc()
             return prefilled
@@ -282,7 +282,8 @@ class Disaggregator:
             # Without it the decode worker would silently recompute the prompt.
             raise LegFailed(502, "Prefill worker returned no kv_transfer_params; is it a kv_producer?", "no_kv_params")
         self._check_remote(params, worker)
-        return Prefilled(params, api.cached_tokens_of(reply), worker_url=worker.url)
+        return Prefilled(params, api.cached_tokens_of(reply), worker_url=worker.url,
+                         prompt_tokens=reply_prompt_tokens(reply))
 
     def _check_remote(self, params: dict, worker: Worker) -> None:
         """The decode worker will connect to (remote_host, remote_port) and pull KV from
@@ -317,15 +318,14 @@ class Disaggregator:
         (`prefilled` updated in place); a failure here ends the request as any prefill's."""
         self.metrics.kv_reprefills.labels(status_class(failure.reason) if failure is not None else "unknown").inc()
         fresh = await self._prefill(api, body, request_id, trace, plan)
-        prefilled.kv_transfer_params, prefilled.cached_tokens = fresh.kv_transfer_params, fresh.cached_tokens
-        prefilled.worker_url, prefilled.handed_over = fresh.worker_url, False
+        for name in Prefilled.__slots__:  # its KV, hits and worker; not handed over
+            setattr(prefilled, name, getattr(fresh, name))
 
     # --- a prefill whose decode will never come ---------------------------------------
 
     def _release_kv(self, api: Api, body: dict, prefilled: Prefilled, request_id: str, reason: str) -> None:
-        """The prefill worker holds the prompt's KV for a decode that will never come
-        (the client left between the legs, or the decode leg failed), and would keep it
-        until its KV lease ends (`kv_lease_duration`, 30 s by default in vLLM 0.32),
+        """The prefill worker holds the prompt's KV for a decode that will never come, and
+        would keep it until its KV lease ends (`worker.kv_lease_s`, 120 s by default),
         blocks other requests could use. vLLM has no call to drop it; what frees it is a
         decode worker reading it. So a one-token decode is sent in the background and its
         answer thrown away (counted in pdspec_proxy_kv_releases_total by reason and

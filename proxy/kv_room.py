@@ -12,15 +12,18 @@ with Retry-After): a KV bottleneck shows as queueing in the proxy, not as timeou
 Room is read, not guessed: every `prefill_kv_read_interval_s` the proxy reads each healthy
 prefill worker's /metrics: its KV size (`vllm:cache_config_info`: num_gpu_blocks x
 block_size, in tokens) and how much is in use (`vllm:kv_cache_usage_perc`, which counts
-blocks held for transfers). Between two readings the prompts of the prefill legs sent to
-a worker are added to its use, so a burst does not all go to one reading's room. A prompt
-fits when use + prompt <= size x `prefill_kv_headroom`; a prompt larger than that goes
-when the worker holds nothing, so no prompt waits forever. A worker whose room cannot be
-read (no such series: a plain stand-in, a failed read) is not held back: admission only
-ever delays a request for a worker known to be full.
+blocks held for transfers). To that reading's use it adds the prompts of the prefill legs
+in flight on the worker and of those answered since the reading began (the next reading
+sees their blocks), so a burst does not all go to one reading's room. A prompt fits when
+use + prompt <= size x `prefill_kv_headroom`; a prompt larger than that goes when the
+worker holds nothing, so no prompt waits forever. A worker whose room cannot be read (no
+such series: a plain stand-in, a failed read) is not held back: admission only ever
+delays a request for a worker known to be full.
 
-Prompt sizes are the route plan's token count when cache-aware routing read the ids, the
-ids of a token prompt, else the text's characters over `prompt_chars_per_token`.
+Prompt sizes: the route plan's token count when cache-aware routing read the ids, the ids
+of a token prompt, else the text's characters over a characters-per-token ratio that
+starts at `prompt_chars_per_token` and follows the prefill replies' own counts (their
+`usage`), which also replace the estimate of an answered leg.
 """
 
 from __future__ import annotations
@@ -46,19 +49,20 @@ CACHE_INFO, USAGE = "vllm:cache_config_info", "vllm:kv_cache_usage_perc"
 
 @dataclass
 class Room:
-    """One prefill worker's KV, as last read, plus what was sent to it since."""
+    """One prefill worker's KV at a reading: its size in tokens and the share in use."""
 
     size_tokens: int
     used_fraction: float
-    sent_tokens: int = 0  # prompts of the prefill legs sent since the reading
+
+    def fits(self, tokens: int, pending_tokens: int, headroom: float) -> bool:
+        """Whether a prompt of `tokens` fits beside the reading's use and `pending_tokens`
+        (prompts sent to the worker that the reading may not show)."""
+        if tokens > self.size_tokens * headroom:  # never fits: alone, then
+            return self.used_fraction == 0 and pending_tokens == 0
+        return tokens <= self.free_tokens(headroom) - pending_tokens
 
     def free_tokens(self, headroom: float) -> float:
-        return self.size_tokens * (headroom - self.used_fraction) - self.sent_tokens
-
-    def fits(self, tokens: int, headroom: float) -> bool:
-        if tokens > self.size_tokens * headroom:  # never fits: alone, then
-            return self.used_fraction == 0 and self.sent_tokens == 0
-        return tokens <= self.free_tokens(headroom)
+        return self.size_tokens * (headroom - self.used_fraction)
 
 
 def parse_room(text: str) -> Room | None:
@@ -74,22 +78,46 @@ def parse_room(text: str) -> Room | None:
     return Room(size, min(max(sum(used) / len(used), 0.0), 1.0))
 
 
-def prompt_tokens(body: dict[str, Any], planned: int | None, chars_per_token: float) -> int:
-    """The prompt's size in tokens: exact when known, else estimated from its text."""
-    if planned is not None:
-        return planned
+def prompt_size(body: dict[str, Any]) -> tuple[int | None, int]:
+    """(the prompt's token count when the body has token ids, its size in characters)."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return len(prompt)
+        return len(prompt), 0
     if isinstance(prompt, str):
-        return int(len(prompt) / chars_per_token) + 1
+        return None, len(prompt)
     text = {k: body.get(k) for k in ("prompt", "messages", "input", "instructions", "system", "tools")}
-    return int(len(orjson.dumps(text)) / chars_per_token) + 1
+    return None, len(orjson.dumps(text))
+
+
+def reply_prompt_tokens(reply: Any) -> int | None:
+    """The prompt's tokens as a prefill reply counts them (completions and chat:
+    usage.prompt_tokens; Responses and Messages: input tokens, cache reads included)."""
+    usage = reply.get("usage") if isinstance(reply, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    if isinstance(usage.get("prompt_tokens"), int):
+        return usage["prompt_tokens"]
+    if isinstance(usage.get("input_tokens"), int):
+        cache_reads = usage.get("cache_read_input_tokens")
+        return usage["input_tokens"] + (cache_reads if isinstance(cache_reads, int) else 0)
+    return None
+
+
+@dataclass
+class Leg:
+    """One prefill leg as admission counts it (see `KvRoom.begin` and `KvRoom.end`)."""
+
+    url: str
+    tokens: int  # as estimated when it was sent
+    chars: int  # the prompt's characters (0: its tokens were known)
 
 
 class KvRoom:
+    CALIBRATION_WEIGHT = 0.2  # of each prefill reply in the characters-per-token ratio
+
     def __init__(self, client: UpstreamClient, pool: WorkerPool, headroom: float, read_interval_s: float,
-                 wait_timeout_s: float, retry_after_s: int, metrics, headers: dict[str, str] | None = None):  # fmt: skip
+                 wait_timeout_s: float, retry_after_s: int, metrics, chars_per_token: float = 3.0,
+                 headers: dict[str, str] | None = None):  # fmt: skip
         self.client = client
         self.pool = pool
         self.headroom = headroom
@@ -97,14 +125,30 @@ class KvRoom:
         self.wait_timeout_s = wait_timeout_s
         self.retry_after_s = retry_after_s
         self.metrics = metrics
+        self.chars_per_token = chars_per_token
         self.headers = headers or {}
         self.rooms: dict[str, Room] = {}
+        self.inflight: dict[str, int] = {}  # prompt tokens of the prefill legs in flight, per worker
+        self.answered: dict[str, int] = {}  # prompt tokens of the legs answered, ever, per worker
+        self.answered_at_reading: dict[str, int] = {}  # `answered` when the last reading began
         self.waiting = 0
         self._read = asyncio.Event()  # set (and replaced) after each reading
 
+    def tokens_of(self, body: dict[str, Any], planned: int | None) -> tuple[int, int]:
+        """(the prompt's tokens, exact or estimated; its characters, 0 when exact)."""
+        if planned is not None:
+            return planned, 0
+        exact, chars = prompt_size(body)
+        if exact is not None:
+            return exact, 0
+        return int(chars / self.chars_per_token) + 1, chars
+
+    def pending(self, url: str) -> int:
+        return self.inflight.get(url, 0) + self.answered.get(url, 0) - self.answered_at_reading.get(url, 0)
+
     def fits(self, url: str, tokens: int) -> bool:
         room = self.rooms.get(url)
-        return room is None or room.fits(tokens, self.headroom)
+        return room is None or room.fits(tokens, self.pending(url), self.headroom)
 
     async def wait_for_room(self, tokens: int) -> set[str]:
         """Waits until a healthy prefill worker has room for `tokens`; returns the URLs of
@@ -134,21 +178,31 @@ class KvRoom:
             finally:
                 self.waiting -= 1
 
-    def sent(self, url: str, tokens: int) -> None:
-        """A prefill leg of `tokens` went to `url`: its room until the next reading."""
-        room = self.rooms.get(url)
-        if room is not None:
-            room.sent_tokens += tokens
+    def begin(self, url: str, tokens: int, chars: int) -> Leg:
+        """A prefill leg of `tokens` goes to `url`."""
+        self.inflight[url] = self.inflight.get(url, 0) + tokens
+        return Leg(url, tokens, chars)
+
+    def end(self, leg: Leg, reply_tokens: int | None) -> None:
+        """The leg is over; `reply_tokens`: the prompt's tokens as its reply counted them
+        (None: it failed, and holds no KV there)."""
+        self.inflight[leg.url] = self.inflight.get(leg.url, 0) - leg.tokens
+        if reply_tokens is None:
+            return
+        self.answered[leg.url] = self.answered.get(leg.url, 0) + reply_tokens
+        if leg.chars and reply_tokens > 0:
+            observed = leg.chars / reply_tokens
+            self.chars_per_token += self.CALIBRATION_WEIGHT * (observed - self.chars_per_token)
 
     async def read(self) -> None:
         """One reading of every healthy prefill worker; wakes the waiters."""
         workers = self.pool.healthy()
+        marks = {w.url: self.answered.get(w.url, 0) for w in workers}
         rooms = await asyncio.gather(*(self._read_one(w.url) for w in workers))
         self.rooms = {w.url: room for w, room in zip(workers, rooms) if room is not None}
-        for worker in self.pool.workers:
-            room = self.rooms.get(worker.url)
-            if room is not None:
-                self.metrics.prefill_kv_free_tokens.labels(worker.url).set(max(room.free_tokens(1.0), 0))
+        for url, room in self.rooms.items():
+            self.answered_at_reading[url] = marks[url]
+            self.metrics.prefill_kv_free_tokens.labels(url).set(max(room.free_tokens(1.0) - self.pending(url), 0))
         event, self._read = self._read, asyncio.Event()
         event.set()
 

@@ -63,9 +63,12 @@ class Stack:
 # chunks (as in the seed); no prefix caching on either worker, so a prompt sent twice is
 # prefilled and transferred twice; the test hooks on (pdspec/worker/engine/testing_hooks.py).
 NO_PREFIX_CACHE = '["--no-enable-prefix-caching"]'
+# A KV lease of 30 s (vLLM's default; pdspec's is 120 s): the observability test waits for
+# a prefill's KV to expire unread.
 TEST_STACK_ARGS = [
     "--prefill.max_num_batched_tokens", "512", "--prefill.test_hooks", "--decode.test_hooks",
     "--prefill.extra_vllm_args", NO_PREFIX_CACHE, "--decode.extra_vllm_args", NO_PREFIX_CACHE,
+    "--prefill.kv_lease_s", "30", "--decode.kv_lease_s", "30",
 ]  # fmt: skip
 
 

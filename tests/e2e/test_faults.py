@@ -29,9 +29,10 @@ CLIENT_TIMEOUT_S = 120
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     run = tmp_path_factory.mktemp("faults")
-    p1 = harness.start_worker("prefill", run / "p1", BASE + 101, BASE + 301, cpu_omp_threads_bind="0")
-    p2 = harness.start_worker("prefill", run / "p2", BASE + 102, BASE + 302, cpu_omp_threads_bind="0")
-    d = harness.start_worker("decode", run / "d", BASE + 201, BASE + 401, cpu_omp_threads_bind="1")
+    # A KV lease of 20 s (pdspec's default is 120): the refused-decode test waits for it.
+    p1 = harness.start_worker("prefill", run / "p1", BASE + 101, BASE + 301, cpu_omp_threads_bind="0", kv_lease_s=20)
+    p2 = harness.start_worker("prefill", run / "p2", BASE + 102, BASE + 302, cpu_omp_threads_bind="0", kv_lease_s=20)
+    d = harness.start_worker("decode", run / "d", BASE + 201, BASE + 401, cpu_omp_threads_bind="1", kv_lease_s=20)
     workers = [p1, p2, d]
     common = {"decode_urls": [d.url], "health_interval_s": 0.5, "prefill_timeout_s": 30, "decode_timeout_s": 60,
               "kv_source_ports": KV_SOURCE_PORTS}  # fmt: skip
@@ -124,7 +125,7 @@ def test_client_gone_between_the_legs_frees_the_prefill_kv_before_its_lease_ends
     to a decode worker that is gone (admitted, then stopped: nothing reaches it), and the
     client leaves during the retry backoff, so no decode worker got the request. Without
     the proxy's one-token release the prefill worker would keep the KV until its lease ends
-    (30 s in vLLM 0.32); with it, the real decode worker reads the KV and the prefill worker
+    (20 s here, 120 s by default); with it, the real decode worker reads the KV and the prefill worker
     is idle within seconds."""
     with ThreadServer(create_standin(StandinBehaviour())) as standin:
         proxy = harness.start_proxy(
@@ -232,7 +233,7 @@ def test_a_refused_decode_leg_gets_no_second_read_and_the_lease_frees_the_kv(clu
     answers 503 (no retries). The proxy sends no release: a vLLM decode worker that refuses
     a request has the prefill worker free its KV itself, and a second read of blocks that
     may be freed could cache another request's KV on a decode worker. This stand-in frees
-    nothing, so the prefill worker's KV lease (30 s in vLLM 0.32) is what frees the KV."""
+    nothing, so the prefill worker's KV lease (20 s here) is what frees the KV."""
     refusing = StandinBehaviour(fail_decodes=1, fail_status=503)
     decode_requests = harness.scrape(cluster["d"].url).get("vllm:request_success_total", 0.0)
     with ThreadServer(create_standin(refusing)) as standin:
@@ -247,7 +248,7 @@ def test_a_refused_decode_leg_gets_no_second_read_and_the_lease_frees_the_kv(clu
             assert len(refusing.received) == 1 and refusing.received[0]["kv_transfer_params"]  # the refused decode
             _, usage = harness.gauges(cluster["p1"].url)
             assert usage is not None and usage > 0  # the KV is still held: nobody read it
-            assert harness.wait_idle(cluster["p1"].url, timeout_s=60) == (0, 0)  # the lease ends
+            assert harness.wait_idle(cluster["p1"].url, timeout_s=45) == (0, 0)  # the lease ends
             assert harness.scrape_labeled(proxy.url, "pdspec_proxy_kv_releases_total") == {}
             assert harness.scrape(cluster["d"].url).get("vllm:request_success_total", 0.0) == decode_requests
         finally:

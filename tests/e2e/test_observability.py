@@ -230,7 +230,7 @@ def test_faults_fire_their_alerts(stack, client, prometheus, tmp_path):
             "PdspecNoHealthyWorker": [{"instance": no_decode_at, "pool": "decode"}],
             "PdspecProxyErrors": [{"instance": no_decode_at}],
             "PdspecTargetDown": [{"instance": host(gone_decode), "job": "pdspec-decode"}],
-            # The KV lease is 30 s in vLLM 0.32.
+            # The shared stack's KV lease is 30 s (harness.TEST_STACK_ARGS).
             "PdspecPrefillKvExpired": [{"instance": prefill_at}],
         }, timeout_s=150, keep_busy=keep_busy)  # fmt: skip
         firing = prometheus.api.firing()

