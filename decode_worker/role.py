@@ -14,6 +14,6 @@ ROLE = RoleSpec(
     side_channel_port=5700,
     kv_events_port=5750,
     cpu_core="1",
-    features=("k0_rule", "nixl_progress_delay", "kv_core_pinning"),
+    features=("k0_rule", "nixl_progress_delay", "kv_core_pinning", "stale_kv_guard"),
     hooks=("cpu_affinity", "testing_hooks"),  # tests only: nothing unless `test_hooks` is on
 )

@@ -34,7 +34,8 @@ KV_ONLY_PASS = "kv_only_pass"  # K=0 steps write the drafter KV without the rest
 NIXL_PROGRESS_DELAY = "nixl_progress_delay"  # NIXL's progress thread sleeps instead of spinning
 KV_CORE_PINNING = "kv_core_pinning"  # CPU: NixlConnector's KV core stays among the worker's cores
 DP_IDLE_RANK_VOTE = "dp_idle_rank_vote"  # an idle DP rank votes "skip drafts" on a prefill worker
-FEATURES = (K0_RULE, KV_ONLY_PASS, NIXL_PROGRESS_DELAY, KV_CORE_PINNING, DP_IDLE_RANK_VOTE)
+STALE_KV_GUARD = "stale_kv_guard"  # decode: a prefill's KV whose lease may have run out is not read
+FEATURES = (K0_RULE, KV_ONLY_PASS, NIXL_PROGRESS_DELAY, KV_CORE_PINNING, DP_IDLE_RANK_VOTE, STALE_KV_GUARD)
 ROLE_FEATURES = {name: spec.features for name, spec in ROLES.items()}  # the role packages say
 
 ENGINE_FEATURE = Gauge(

@@ -28,7 +28,7 @@ from pdspec.worker.engine.metrics import (
     K_POSITIVE_AUTO_PROPOSALS,
     PROPOSALS,
 )
-from pdspec.worker.engine.stale_kv import StaleKvMixin, stale_after_from_env
+from pdspec.worker.engine.stale_kv import StaleKvMixin, start_guard
 from pdspec.worker.worker_info import WorkerInfo
 
 log = logging.getLogger("pdspec.engine")
@@ -135,13 +135,13 @@ def _scheduler_classes() -> tuple[type, type]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._pdspec_init(self.vllm_config)
-            self._pdspec_stale_after_s = stale_after_from_env()
+            self._pdspec_stale_after_s = start_guard()
 
     class K0AsyncScheduler(StaleKvMixin, _K0Mixin, AsyncScheduler):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._pdspec_init(self.vllm_config)
-            self._pdspec_stale_after_s = stale_after_from_env()
+            self._pdspec_stale_after_s = start_guard()
 
     return K0SyncScheduler, K0AsyncScheduler
 

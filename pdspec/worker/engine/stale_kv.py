@@ -25,7 +25,8 @@ import os
 import time
 from typing import Any
 
-from pdspec.worker.engine.control import STALE_KV_AFTER_ENV
+from pdspec.worker.engine import features
+from pdspec.worker.engine.control import ROLE_ENV, STALE_KV_AFTER_ENV
 from pdspec.worker.engine.metrics import STALE_KV_RECOMPUTED
 
 log = logging.getLogger("pdspec.engine")
@@ -35,6 +36,14 @@ def stale_after_from_env() -> float | None:
     """The guard's age limit in seconds (None: off, as on a prefill worker)."""
     value = os.environ.get(STALE_KV_AFTER_ENV)
     return float(value) if value else None
+
+
+def start_guard() -> float | None:
+    """The limit, with the guard's state reported (the decode role's feature)."""
+    limit = stale_after_from_env()
+    if os.environ.get(ROLE_ENV) == "decode":
+        features.report(features.STALE_KV_GUARD, limit is not None, f"{STALE_KV_AFTER_ENV} is not set")
+    return limit
 
 
 def remote_kv_is_stale(request: Any, now: float, stale_after_s: float) -> bool:

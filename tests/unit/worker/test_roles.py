@@ -20,7 +20,9 @@ def test_settings_defaults_and_the_launcher_come_from_the_roles():
         )  # fmt: skip
         assert KV_ROLES[spec.name] == spec.kv_role
     assert features.ROLE_FEATURES == {"prefill": PREFILL.features, "decode": DECODE.features}
-    assert set(PREFILL.features) == set(features.FEATURES)  # a prefill worker has every feature
+    # Every feature belongs to a role; a prefill worker has all but the decode worker's guard.
+    assert set(PREFILL.features) | set(DECODE.features) == set(features.FEATURES)
+    assert set(PREFILL.features) == set(features.FEATURES) - {"stale_kv_guard"}
     assert "kv_only_pass" not in DECODE.features and "kv_only" not in DECODE.hooks
 
 

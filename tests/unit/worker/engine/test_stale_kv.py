@@ -61,3 +61,17 @@ def test_the_guard_is_off_without_a_limit(monkeypatch):
     assert old.kv_transfer_params == REMOTE
     monkeypatch.setenv(stale_kv.STALE_KV_AFTER_ENV, "60")
     assert stale_kv.stale_after_from_env() == 60.0
+
+
+@pytest.mark.parametrize("role, limit, state", [("decode", "60", ("on", "")),
+                                                ("decode", None, ("off", "PDSPEC_STALE_KV_AFTER_S is not set"))])
+def test_the_decode_worker_reports_the_guards_state(monkeypatch, role, limit, state):
+    from pdspec.worker.engine import features
+
+    monkeypatch.setenv("PDSPEC_ROLE", role)
+    if limit is None:
+        monkeypatch.delenv(stale_kv.STALE_KV_AFTER_ENV, raising=False)
+    else:
+        monkeypatch.setenv(stale_kv.STALE_KV_AFTER_ENV, limit)
+    assert stale_kv.start_guard() == (float(limit) if limit else None)
+    assert features.reported()[features.STALE_KV_GUARD] == state
