@@ -239,13 +239,13 @@ def gauges(url: str) -> tuple[float | None, float | None]:
     return busy, values.get("vllm:kv_cache_usage_perc")
 
 
-def wait_for(condition, timeout_s: float = 30) -> bool:
-    """Whether `condition()` held within `timeout_s` (polled)."""
+def wait_for(condition, timeout_s: float = 30, poll_s: float = 0.2) -> bool:
+    """Whether `condition()` held within `timeout_s` (polled every `poll_s`)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if condition():
             return True
-        time.sleep(0.2)  # poll interval
+        time.sleep(poll_s)
     return condition()
 
 

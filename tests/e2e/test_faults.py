@@ -156,15 +156,6 @@ def proxy_inflight(url: str) -> list[float]:
     return list(harness.scrape_labeled(url, "pdspec_proxy_worker_inflight").values())
 
 
-def wait_until(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)  # poll interval
-    return condition()
-
-
 async def n_choices_then_vanish(proxy_url: str, decode_url: str) -> bool:
     """A streamed n=2 request whose client leaves once the decode worker runs one of its
     choices; returns whether the reply had begun by then."""
@@ -208,8 +199,8 @@ def test_client_leaving_n_choices_frees_every_leg_and_all_kv(cluster):
             assert not began  # the case of the defect: choice 1 still in its prefill
             for worker in ("d", "p1"):
                 assert harness.wait_idle(cluster[worker].url, timeout_s=10) == (0, 0), worker
-            assert wait_until(lambda: slow.cancelled == 1, 10)
-            assert wait_until(lambda: proxy_inflight(proxy.url) == [0.0] * 3, 10), proxy_inflight(proxy.url)
+            assert harness.wait_for(lambda: slow.cancelled == 1, 10)
+            assert harness.wait_for(lambda: proxy_inflight(proxy.url) == [0.0] * 3, 10), proxy_inflight(proxy.url)
         finally:
             proxy.stop()
 

@@ -1,5 +1,7 @@
 """prefill_bench's reporting: interleaving order, the table and the baseline lines."""
 
+import json
+
 from loadtest.engine_bench.prefill_bench import BenchResult, baseline_lines, render, rep_orders
 
 
@@ -71,6 +73,11 @@ def test_the_prefill_worker_mode_builds_the_engine_pdspec_prefill_runs(tmp_path)
             skip = index + 1 < len(served) and not served[index + 1].startswith("--")
             continue
         without_server.append(item)
+    # The lease is the one option the benchmark sets apart (its KV released at once).
+    at = without_server.index("--kv-transfer-config") + 1
+    served_transfer = json.loads(without_server[at])
+    assert served_transfer.pop("kv_connector_extra_config") == {"kv_lease_duration": worker.kv_lease_s}
+    without_server[at] = json.dumps(served_transfer)
     assert option_flags(options) == without_server
     for name in ("VLLM_NIXL_SIDE_CHANNEL_PORT", "PDSPEC_NIXL_PROGRESS_DELAY_US", "PDSPEC_KV_ONLY_DRAFTER", "PDSPEC_ROLE"):
         assert bench["env"][name] == spec.env[name], name

