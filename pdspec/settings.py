@@ -327,8 +327,10 @@ class ProxySettings(BaseModel):
         0.5, gt=0, description="prefill_kv_admission: how often each prefill worker's KV size and use are read.",
     )
     prompt_chars_per_token: float = Field(
-        3.0, gt=0, description="prefill_kv_admission: a text prompt's size in tokens, when its token ids are not "
-        "known (cache-aware routing reads them), is its characters over this.",
+        2.0, gt=0, description="prefill_kv_admission: a text prompt's size in tokens, when its token ids are not "
+        "known (cache-aware routing reads them), is its characters over a ratio that starts here and follows the "
+        "prefill replies' own counts. Low on purpose: a prompt taken as larger than it is waits a little; one "
+        "taken as smaller can overfill a prefill worker before the ratio has learned.",
     )
     max_body_bytes: int = Field(4 * 1024 * 1024, description="Largest request body; beyond it, 413.")
     # Client connections (proxy/connections.py): a head or a connection that would hold

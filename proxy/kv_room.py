@@ -116,7 +116,7 @@ class KvRoom:
     CALIBRATION_WEIGHT = 0.2  # of each prefill reply in the characters-per-token ratio
 
     def __init__(self, client: UpstreamClient, pool: WorkerPool, headroom: float, read_interval_s: float,
-                 wait_timeout_s: float, retry_after_s: int, metrics, chars_per_token: float = 3.0,
+                 wait_timeout_s: float, retry_after_s: int, metrics, chars_per_token: float = 2.0,
                  headers: dict[str, str] | None = None):  # fmt: skip
         self.client = client
         self.pool = pool

@@ -108,7 +108,7 @@ BODY = {"model": "m", "prompt": "x" * 300, "max_tokens": 5}  # about 100 tokens
 
 def admission(**settings) -> dict:
     return {"prefill_kv_admission": True, "prefill_kv_read_interval_s": 0.05, "prefill_policy": "round_robin",
-            "retry_after_s": 2, **settings}  # fmt: skip
+            "retry_after_s": 2, "prompt_chars_per_token": 3.0, **settings}  # fmt: skip
 
 
 def wait_for(condition, timeout_s: float = 10.0) -> bool:
