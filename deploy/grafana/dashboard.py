@@ -195,6 +195,17 @@ def build() -> dict:
     p.add("timeseries", "KV releases (client gone between the legs)",
           "One-token decodes the proxy sent so a prefill worker frees KV nobody will read.",
           [(f"sum by (outcome) (increase(pdspec_proxy_kv_releases_total[{RATE}]))", "{{outcome}}")])
+    p.add("timeseries", "KV read once: re-prefills and stale KV recomputed",
+          "A: decode retries that prefilled again, by how the attempt before failed (a prefill's KV goes to one "
+          "decode request only). B: decode requests prefilled on their decode worker because their prefill "
+          "worker's KV lease may have run out before its scheduler got them (a stalled decode engine).",
+          [(f"sum by (reason) (increase(pdspec_proxy_kv_reprefills_total[{RATE}]))", "re-prefill {{reason}}"),
+           (f"sum by (instance) (increase(pdspec_stale_kv_recomputed_total[{RATE}]))", "stale {{instance}}")])
+    p.add("timeseries", "Prefill KV room (admission)",
+          "With proxy.prefill_kv_admission: A, each prefill worker's free KV tokens at the proxy's last reading, "
+          "less the prompts sent since; B, prefill legs that waited for room, by how the wait ended.",
+          [("pdspec_proxy_prefill_kv_free_tokens", "{{worker}}"),
+           (f"sum by (outcome) (increase(pdspec_proxy_kv_room_waits_total[{RATE}]))", "waited: {{outcome}}")])
 
     p.row("Latency and load")
     p.add("timeseries", "Time to first token p50 / p99 (workers)",
