@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -132,11 +133,18 @@ def test_a_full_prefill_worker_gets_no_prefill_legs_while_another_has_room():
     assert sample(metrics, 'pdspec_proxy_kv_room_waits_total{outcome="timeout"}') == 0.0
 
 
-def test_with_every_prefill_worker_full_a_request_waits_then_gets_503_with_retry_after():
-    with Fleet(prefill=1, decode=1, **admission(queue_timeout_s=0.5)) as f:
-        (worker,) = f.prefills
+@contextmanager
+def one_full_prefill_worker(**settings):
+    """A proxy with admission in front of one prefill worker whose KV is 95% used, read."""
+    with Fleet(prefill=1, decode=1, **admission(**settings)) as fleet:
+        (worker,) = fleet.prefills
         worker.kv_size_tokens, worker.kv_used = 1000, 0.95
-        assert wait_for(lambda: "pdspec_proxy_prefill_kv_free_tokens{" in httpx.get(f.url + "/metrics").text)
+        assert wait_for(lambda: "pdspec_proxy_prefill_kv_free_tokens{" in httpx.get(fleet.url + "/metrics").text)
+        yield fleet, worker
+
+
+def test_with_every_prefill_worker_full_a_request_waits_then_gets_503_with_retry_after():
+    with one_full_prefill_worker(queue_timeout_s=0.5) as (f, worker):
         started = time.monotonic()
         response = httpx.post(f.url + "/v1/completions", json=BODY)
         waited = time.monotonic() - started
@@ -148,10 +156,7 @@ def test_with_every_prefill_worker_full_a_request_waits_then_gets_503_with_retry
 
 
 def test_a_waiting_request_goes_once_a_reading_shows_room():
-    with Fleet(prefill=1, decode=1, **admission(queue_timeout_s=10)) as f:
-        (worker,) = f.prefills
-        worker.kv_size_tokens, worker.kv_used = 1000, 0.95
-        assert wait_for(lambda: "pdspec_proxy_prefill_kv_free_tokens{" in httpx.get(f.url + "/metrics").text)
+    with one_full_prefill_worker(queue_timeout_s=10) as (f, worker):
         result = {}
         thread = threading.Thread(target=lambda: result.update(r=httpx.post(f.url + "/v1/completions", json=BODY,
                                                                              timeout=20)))  # fmt: skip
