@@ -169,9 +169,12 @@ def test_the_dashboards_routing_row_on_a_real_prometheus(fleet, tmp_path_factory
         prometheus.wait_for("sum(pdspec_proxy_predicted_hit_tokens_total)", bool, what="the routing counters scraped")
         row = [q for q in panel_queries(load_dashboard()) if q.row == "Cache-aware routing"]
         assert len(row) >= 5
-        # Rates need two samples of a counter after it moved: scraped every second.
-        prometheus.wait_for(substitute(row[0].expr, "2m", "10m"), bool, what="the first panel's rate")
-        empty = [q.name for q in row if not prometheus.api.query(substitute(q.expr, "2m", "10m"))]
+        # Rates need two samples of a counter after it moved, from each target: scraped every
+        # second, but a busy worker's first scrapes can lag the proxy's (CI once queried the
+        # vLLM-hits panel a moment too early), so each panel gets its own wait.
+        empty = [q.name for q in row
+                 if not harness.wait_for(lambda q=q: bool(prometheus.api.query(substitute(q.expr, "2m", "10m"))),
+                                         timeout_s=60)]  # fmt: skip
         assert not empty, f"routing panels with no data: {empty}"
     finally:
         prometheus.stop()
