@@ -29,7 +29,6 @@ starts at `prompt_chars_per_token` and follows the prefill replies' own counts (
 from __future__ import annotations
 
 import asyncio
-import gzip
 import logging
 import time
 from dataclasses import dataclass
@@ -39,8 +38,8 @@ import orjson
 
 from proxy.errors import ProxyError
 from proxy.pool import WorkerPool
-from proxy.upstream import UpstreamClient, UpstreamError
-from proxy.worker_info import samples
+from proxy.upstream import UpstreamClient
+from proxy.worker_info import InfoUnreadable, fetch_metrics_text, samples
 
 log = logging.getLogger("pdspec.proxy.kv_room")
 
@@ -131,7 +130,6 @@ class KvRoom:
         self.inflight: dict[str, int] = {}  # prompt tokens of the prefill legs in flight, per worker
         self.answered: dict[str, int] = {}  # prompt tokens of the legs answered, ever, per worker
         self.answered_at_reading: dict[str, int] = {}  # `answered` when the last reading began
-        self.waiting = 0
         self._read = asyncio.Event()  # set (and replaced) after each reading
 
     def tokens_of(self, body: dict[str, Any], planned: int | None) -> tuple[int, int]:
@@ -170,13 +168,10 @@ class KvRoom:
                 raise ProxyError(503, "No prefill worker has KV room for this prompt now; retry later.",
                                  code="overloaded", headers={"Retry-After": str(self.retry_after_s)})  # fmt: skip
             waited = True
-            self.waiting += 1
             try:
                 await asyncio.wait_for(self._read.wait(), remaining)
             except asyncio.TimeoutError:
                 pass
-            finally:
-                self.waiting -= 1
 
     def begin(self, url: str, tokens: int, chars: int) -> Leg:
         """A prefill leg of `tokens` goes to `url`."""
@@ -208,17 +203,11 @@ class KvRoom:
 
     async def _read_one(self, url: str) -> Room | None:
         try:
-            resp = await self.client.request(url, "GET", "/metrics", headers={"Accept-Encoding": "gzip", **self.headers},
-                                             timeout_s=max(self.read_interval_s * 4, 1.0))  # fmt: skip
-            body = await resp.read()
-            if resp.status != 200:
-                return None
-            if resp.headers.get("content-encoding", "").lower() == "gzip":
-                body = gzip.decompress(body)
-            return parse_room(body.decode("utf-8", "replace"))
-        except (UpstreamError, OSError, EOFError) as exc:
+            text = await fetch_metrics_text(self.client, url, max(self.read_interval_s * 4, 1.0), self.headers)
+        except InfoUnreadable as exc:
             log.debug("cannot read the KV room of %s: %s", url, exc)
             return None
+        return parse_room(text) if text is not None else None
 
     async def run(self) -> None:
         while True:

@@ -48,25 +48,37 @@ def parse_features_off(text: str) -> dict[str, str]:
             for s in samples(text, FEATURE_METRIC) if s.value == 1 and s.labels.get("state") == "off"}  # fmt: skip
 
 
-async def fetch_worker_info(
-    client: UpstreamClient, url: str, timeout_s: float
-) -> tuple[dict[str, str] | None, dict[str, str]]:
-    """The worker's info labels (None: it has /metrics, or none at all: 404, without the
-    info, as plain vLLM) and its engine features that are off ({feature: reason})."""
+async def fetch_metrics_text(client: UpstreamClient, url: str, timeout_s: float,
+                             headers: dict[str, str] | None = None) -> str | None:  # fmt: skip
+    """A worker's /metrics text, asked for gzipped (None: it has no /metrics, 404).
+    Raises InfoUnreadable when it cannot be read."""
     try:
-        response = await client.request(url, "GET", "/metrics", headers={"Accept-Encoding": "gzip"},
+        response = await client.request(url, "GET", "/metrics", headers={"Accept-Encoding": "gzip", **(headers or {})},
                                         timeout_s=timeout_s)  # fmt: skip
         body = await response.read()
     except UpstreamError as exc:
         raise InfoUnreadable(exc.reason) from None
     if response.status == 404:
-        return None, {}
+        return None
     if response.status != 200:
         raise InfoUnreadable(f"/metrics answered {response.status}")
     try:
         if response.headers.get("content-encoding", "").lower() == "gzip":
             body = gzip.decompress(body)
-        text = body.decode("utf-8", "replace")
+    except (OSError, EOFError) as exc:  # a corrupt gzip body
+        raise InfoUnreadable(f"bad /metrics: {exc}") from None
+    return body.decode("utf-8", "replace")
+
+
+async def fetch_worker_info(
+    client: UpstreamClient, url: str, timeout_s: float
+) -> tuple[dict[str, str] | None, dict[str, str]]:
+    """The worker's info labels (None: it has /metrics, or none at all: 404, without the
+    info, as plain vLLM) and its engine features that are off ({feature: reason})."""
+    text = await fetch_metrics_text(client, url, timeout_s)
+    if text is None:
+        return None, {}
+    try:
         return parse_worker_info(text), parse_features_off(text)
-    except (OSError, EOFError, ValueError) as exc:  # a corrupt gzip body or an unparsable series
+    except ValueError as exc:  # an unparsable series
         raise InfoUnreadable(f"bad /metrics: {exc}") from None
