@@ -42,6 +42,10 @@ PROBES = (
     ("speculator", "_prefill", "pdspec:drafter_prefill"),
     ("speculator", "_run_model", "pdspec:drafter_forward"),
     ("speculator", "_pdspec_kv_only_pass", "pdspec:drafter_kv_only"),
+    # DFlash (V2): its K=0 branch stores the combined hidden states, then writes the context K/V.
+    ("speculator", "_store_hidden_states", "pdspec:dflash_store_hidden"),
+    ("speculator", "_precompute_context_kv", "pdspec:dflash_context_kv"),
+    ("drafter", "build_model_inputs_first_pass", "pdspec:dflash_context_kv"),  # V1 (context K/V inside)
     # Inside the KV-only pass (built at the first K=0 proposal, so probed after warm-up).
     ("drafter._pdspec_kv_only_cache.inner", "embed_input_ids", "pdspec:kv_only_embed"),
     ("drafter._pdspec_kv_only_cache", "project_kv", "pdspec:kv_only_kv_proj"),
@@ -154,7 +158,7 @@ def report(args, mode, wrapped, prof, elapsed, before, after) -> None:
         "",
         f"wrapped: {', '.join(wrapped)}",
         f"engine steps with a proposal: {steps:.0f} (K=0: {k0:.0f}); profiled run {elapsed:.2f} s "
-        f"(profiler overhead included)",
+        f"(profiler overhead included); {1000 * elapsed / max(steps, 1):.2f} ms a step",
         "",
         "| range | calls | host ms total | host ms / call | device ms total |",
         "| --- | --- | --- | --- | --- |",

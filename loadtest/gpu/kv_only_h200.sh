@@ -10,6 +10,8 @@
 #   bash loadtest/gpu/kv_only_h200.sh worker512  # bench512 with both engines built as a prefill worker
 #   bash loadtest/gpu/kv_only_h200.sh worker2048 #   (--as-prefill-worker: NixlConnector kv_producer, KV released at once)
 #   bash loadtest/gpu/kv_only_h200.sh dflashworker512  # dflash512 with both engines built as a prefill worker
+#   bash loadtest/gpu/kv_only_h200.sh dflashworker2048 #   the same at mbt 2048
+#   bash loadtest/gpu/kv_only_h200.sh dflashprofile    # a DFlash K=0 step, torch profiler (where its time goes)
 #
 # Qwen3-8B shape with random weights (deploy/shapes), EAGLE3 K=3, 16,384-token prompts,
 # V2 model runner, FLASH_ATTN. Each call must end inside the device's 10-minute limit,
@@ -22,13 +24,14 @@
 # Files come back from $OUT: the profile tables, prefill_bench.{md,json,png}, logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-what=${1:?usage: kv_only_h200.sh profile|bench512|bench2048|dflash512|worker512|worker2048|dflashworker512}
+what=${1:?usage: kv_only_h200.sh profile|bench512|bench2048|dflash512|worker512|worker2048|dflashworker512|dflashworker2048|dflashprofile}
 OUT=${OUT:-/tmp/kv-only-out}
 source loadtest/gpu/device_env.sh 1
 export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/pdspec-vllm-cache}  # kept for the next call on this machine
 mkdir -p "$OUT"
 
 shape=(--target deploy/shapes/qwen3-8b --drafter deploy/shapes/qwen3-8b-eagle3 --dummy --method eagle3 --k 3)
+dflash=(--target deploy/shapes/qwen3-8b --drafter deploy/shapes/qwen3-8b-dflash --dummy --method dflash --k 16)
 case "$what" in
   profile)
     python3 -m loadtest.profile_k0 "${shape[@]}" --prompts "${PROMPTS:-4}" --prompt-tokens 16384 --mbt 512 \
@@ -44,15 +47,17 @@ case "$what" in
     python3 -m loadtest.prefill_bench "${shape[@]}" --prompts "${PROMPTS:-32}" --prompt-tokens 16384 --mbt "$mbt" \
       --reps "${REPS:-3}" --baseline --modes auto full --as-prefill-worker --gpu-memory-utilization 0.4 \
       --out "$OUT" 2>&1 | tee "$OUT/bench-log.txt" | grep -v " INFO " ;;
-  dflash512|dflashworker512)
+  dflash512|dflashworker512|dflashworker2048)
     # vLLM 0.33's V2 DFlash speculator already runs only the context K/V precompute on
     # K=0 steps (no query pass): this measures what is left against no drafter.
-    # 16 prompts: its two engines start cold when it runs first on a GPU.
-    worker=(); [ "$what" = dflashworker512 ] && worker=(--as-prefill-worker)
-    python3 -m loadtest.prefill_bench --target deploy/shapes/qwen3-8b --drafter deploy/shapes/qwen3-8b-dflash \
-      --dummy --method dflash --k 16 --prompts "${PROMPTS:-16}" --prompt-tokens 16384 --mbt 512 \
-      --reps "${REPS:-3}" --baseline --modes auto "${worker[@]}" --gpu-memory-utilization 0.4 --out "$OUT" 2>&1 \
+    worker=(); case "$what" in dflashworker*) worker=(--as-prefill-worker) ;; esac
+    mbt=${what##*[a-z]}
+    python3 -m loadtest.prefill_bench "${dflash[@]}" --prompts "${PROMPTS:-16}" --prompt-tokens 16384 --mbt "$mbt" \
+      --reps "${REPS:-3}" --baseline --modes ${MODES:-auto} "${worker[@]}" --gpu-memory-utilization 0.4 --out "$OUT" 2>&1 \
       | tee "$OUT/bench-log.txt" | grep -v " INFO " ;;
+  dflashprofile)
+    python3 -m loadtest.profile_k0 "${dflash[@]}" --prompts "${PROMPTS:-4}" --prompt-tokens 16384 --mbt 512 \
+      --kv-only "${KV_ONLY:-on}" --gpu-memory-utilization 0.8 --out "$OUT" 2>&1 | tee "$OUT/profile-log.txt" | grep -v " INFO " ;;
   *) echo "unknown: $what" >&2; exit 2 ;;
 esac
 grep -h "KV-only drafter pass" "$OUT"/*-log.txt | sort | uniq -c | head -5  # on, off, or why not

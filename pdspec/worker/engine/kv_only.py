@@ -25,18 +25,24 @@ from pdspec.worker.engine.wrap_once import wrap_once
 log = logging.getLogger("pdspec.engine")
 
 
-def _kv_only_ready(proposer: Any, model: Any, blocker: Callable[[Any], str | None]) -> KvOnlyDrafterPass | None:
+def _kv_only_ready(
+    proposer: Any, model: Any, blocker: Callable[[Any], str | None], build: Callable[[Any, Any], Any] | None = None
+) -> Any:
     """The proposer's KV-only pass, built once; None where it cannot run (`blocker(proposer)`:
     the runner's own reasons, asked only the first time, since the connector check reads
-    code). Decided once per proposer, reported as the `kv_only_pass` engine feature."""
+    code). `build(proposer, model)` makes the pass (default: EAGLE3's `KvOnlyDrafterPass`).
+    Decided once per proposer, reported as the `kv_only_pass` engine feature."""
     cached = getattr(proposer, "_pdspec_kv_only_cache", False)
     if cached is not False:
         return cached
-    reason = blocker(proposer) or KvOnlyDrafterPass.unsupported_reason(model)
+    build = build or _build_eagle3_pass
+    reason = blocker(proposer)
     built = None
     if not reason:
         try:
-            built = KvOnlyDrafterPass(model, compiled=_engine_compiles(proposer))
+            built = build(proposer, model)
+        except KvOnlyUnsupported as exc:
+            reason = str(exc)
         except Exception as exc:  # internals other than the feature checks saw
             reason = f"cannot be built on this drafter ({type(exc).__name__}: {exc})"
     if reason:
@@ -46,6 +52,17 @@ def _kv_only_ready(proposer: Any, model: Any, blocker: Callable[[Any], str | Non
     features.report(features.KV_ONLY_PASS, built is not None, reason or "")
     proposer._pdspec_kv_only_cache = built
     return built
+
+
+class KvOnlyUnsupported(Exception):
+    """Raised by a pass builder: the drafter is one the pass does not cover (the reason)."""
+
+
+def _build_eagle3_pass(proposer: Any, model: Any) -> KvOnlyDrafterPass:
+    reason = KvOnlyDrafterPass.unsupported_reason(model)
+    if reason:
+        raise KvOnlyUnsupported(reason)
+    return KvOnlyDrafterPass(model, compiled=_engine_compiles(proposer))
 
 
 def _give_up_kv_only(proposer: Any) -> None:
@@ -83,19 +100,20 @@ def _v2_blocker(speculator: Any) -> str | None:
     return kv_only_connector_reason()
 
 
-def _decide_at_load(cls: type, blocker) -> None:
+def _decide_at_load(cls: type, blocker, build=None) -> None:
     """Decide (and report) the pass when the drafter is loaded, not at the first K=0 step,
     so a worker shows whether it is on before any traffic. A failure here leaves the
     decision to the first K=0 step."""
-    wrap_once(cls, "load_model", "kv_only_decide_at_load", lambda original: _deciding_at_load(original, blocker))
+    wrap_once(cls, "load_model", "kv_only_decide_at_load",
+              lambda original: _deciding_at_load(original, blocker, build))  # fmt: skip
 
 
-def _deciding_at_load(original: Any, blocker) -> Any:
+def _deciding_at_load(original: Any, blocker, build) -> Any:
     @functools.wraps(original)
     def load_model(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
         try:
-            _kv_only_ready(self, _unwrap(self.model), blocker)
+            _kv_only_ready(self, _unwrap(self.model), blocker, build)
         except Exception:  # noqa: BLE001 (an attribute this build lacks: decided later)
             log.debug("pdspec: KV-only pass not decided at load", exc_info=True)
         return result
@@ -303,6 +321,7 @@ def install_kv_only_drafter() -> None:
         EagleProposer._pdspec_kv_only_pass = _kv_only_pass
         install_kv_only_v1(EagleProposer)
         _decide_at_load(EagleProposer, _v1_blocker)
+    _install_dflash()
     try:
         from vllm.v1.worker.gpu.spec_decode.eagle.speculator import EagleSpeculator
     except ImportError:
@@ -310,3 +329,21 @@ def install_kv_only_drafter() -> None:
     EagleSpeculator._pdspec_kv_only_pass = _kv_only_pass
     install_kv_only_v2(EagleSpeculator)
     _decide_at_load(EagleSpeculator, _v2_blocker)
+
+
+def _install_dflash() -> None:
+    """DFlash drafters (kv_only_dflash.py): the pass on the V1 proposer, the count on V2."""
+    from pdspec.worker.engine.kv_only_dflash import install_dflash_v2_count, install_kv_only_dflash_v1
+
+    try:
+        from vllm.v1.spec_decode.dflash import DFlashProposer
+    except ImportError:
+        DFlashProposer = None  # noqa: N806
+    if DFlashProposer is not None and hasattr(DFlashProposer, "set_inputs_first_pass"):
+        DFlashProposer._pdspec_kv_only_pass = _kv_only_pass
+        install_kv_only_dflash_v1(DFlashProposer)
+    try:
+        from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
+    except ImportError:
+        return
+    install_dflash_v2_count(DFlashSpeculator)
