@@ -1,6 +1,9 @@
 """Equality of the KV-only drafter pass: the drafter's KV cache it writes against the
 full drafter pass's, on the same prompts, on one in-process engine.
 
+Any drafter the pass covers: EAGLE3 (one layer) and DFlash (the context K/V of every
+layer: `--drafter DIR --method dflash --k K`). Every drafter layer's blocks are compared.
+
 Prefill-only requests (`max_tokens=1`, so every step proposes with K=0), chunked at
 max_num_batched_tokens. The prompts run twice on the same engine: once with the KV-only
 pass off (vLLM's full drafter forward), once with it on. After every drafter call the
@@ -11,6 +14,7 @@ is written in full.
 
     python -m loadtest.kv_only_equality                 # eager, as pdspec's workers run
     python -m loadtest.kv_only_equality --compiled      # torch.compile, as the benchmarks run
+    python -m loadtest.kv_only_equality --drafter DIR --method dflash --k 4   # a DFlash drafter
 """
 
 from __future__ import annotations
@@ -26,11 +30,14 @@ from typing import Any
 
 
 def capture_drafter_kv(runner: Any, store: dict, counts: dict) -> None:
-    """Wrap the runner's drafter so each call copies the drafter KV blocks it completed."""
+    """Wrap the runner's drafter so each call copies the drafter KV blocks it completed
+    (every drafter layer's, stacked)."""
+    import torch
+
     drafter = runner.drafter
-    layer = drafter.model.model.layers[-1].self_attn.attn if hasattr(drafter.model, "model") else None
-    if layer is None:
-        raise SystemExit("not an EAGLE-style drafter with model.layers")
+    layers = [layer.self_attn.attn for layer in drafter.model.model.layers] if hasattr(drafter.model, "model") else []
+    if not layers:
+        raise SystemExit("not an EAGLE- or DFlash-style drafter with model.layers")
     block_size = runner.cache_config.block_size
     original = drafter.propose
 
@@ -46,7 +53,7 @@ def capture_drafter_kv(runner: Any, store: dict, counts: dict) -> None:
             for j in range(full_blocks):
                 key = (prompt, j)
                 if key not in store:
-                    store[key] = layer.kv_cache[int(table[i, j])].clone()
+                    store[key] = torch.stack([layer.kv_cache[int(table[i, j])] for layer in layers])
         return result
 
     drafter.propose = propose
@@ -105,6 +112,9 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, nargs="+", default=[40, 75, 128], help="prompt lengths, in blocks")
     parser.add_argument("--mbt", type=int, default=512)
     parser.add_argument("--compiled", action="store_true", help="torch.compile the models (default: eager)")
+    parser.add_argument("--drafter", help="drafter folder (default: the shipped EAGLE3 drafter)")
+    parser.add_argument("--method", default="eagle3")
+    parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -117,7 +127,7 @@ def main() -> None:
     vocab = json.loads((args.models_dir / "target" / "config.json").read_text())["vocab_size"]
     with plugin_engine(
         models_dir=args.models_dir, max_num_batched_tokens=args.mbt, max_model_len=4096,
-        enforce_eager=not args.compiled,
+        enforce_eager=not args.compiled, drafter=args.drafter, method=args.method, k=args.k,
     ) as engine:  # fmt: skip
         runner = find_runner(engine.llm)
         block_size = runner.cache_config.block_size
@@ -157,6 +167,7 @@ def main() -> None:
 
     result = compare(runs["full"], runs["kv-only"])
     result.update(
+        method=args.method,
         mode="compiled" if args.compiled else "eager",
         dtype=dtype,
         block_size=block_size,

@@ -32,3 +32,30 @@ def test_kv_only_pass_writes_the_full_passs_drafter_kv(tmp_path):
     assert report["blocks_missing_in_kv_only"] == 0
     assert report["blocks_bitwise_equal"] == report["blocks"], report
     assert result.returncode == 0
+
+
+def test_dflash_kv_only_pass_writes_the_full_passs_context_kv(tmp_path):
+    """DFlash on the V1 runner (pdspec/worker/engine/kv_only_dflash.py): the pass runs vLLM's
+    own context precompute alone, so every drafter layer's context K/V is bitwise the full
+    pass's. The drafter is the small target's untrained DFlash drafter (pdspec.models.dflash)."""
+    from pdspec.models.dflash import write_dflash_drafter
+
+    drafter = write_dflash_drafter(tmp_path / "dflash", k=4)
+    out = tmp_path / "equality.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "loadtest.kv_only_equality", "--models-dir", str(harness.models_dir()),
+         "--drafter", str(drafter), "--method", "dflash", "--k", "4",
+         "--prompts", "4", "--blocks", "10", "25", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.exists(), result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    print(json.dumps(report, indent=2))
+    assert report["method"] == "dflash"
+    assert report["k0_steps"] == report["steps"] > 0
+    assert report["kv_only_calls_in_full_run"] == 0
+    assert report["kv_only_calls_in_kv_only_run"] == report["steps"]
+    assert report["blocks"] == sum(report["prompt_tokens"]) // report["block_size"]
+    assert report["max_abs_value"] > 0  # the blocks hold K/V, not an untouched cache
+    assert report["blocks_bitwise_equal"] == report["blocks"], report
+    assert result.returncode == 0
