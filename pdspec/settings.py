@@ -237,9 +237,10 @@ class ProxySettings(BaseModel):
         "prefills itself.",
     )
     kv_aware_load_tokens: int = Field(
-        256, ge=0, description="kv_aware routing: one leg in flight on a worker costs as much as this many "
-        "prompt tokens it would have to prefill (the trade between cache hits and load; 1024 sent a shared "
-        "prefix away from its holder whenever one leg ran there: loadtest/results/routing/).",
+        256, ge=0, description="kv_aware routing: the fixed cost of one leg in flight on a worker, in prompt tokens "
+        "to prefill. A prefill worker's load also counts the uncached prompt tokens of the legs it runs; a decode "
+        "worker's is this cost alone (1024 sent a shared prefix away from its holder whenever one leg ran there: "
+        "loadtest/results/routing/).",
     )
     kv_index_max_blocks: int = Field(
         200_000, ge=1, description="Most KV blocks the proxy's cache index keeps per worker (about 230 bytes "

@@ -124,6 +124,14 @@ def attempts(
         yield attempt, worker
 
 
+def _uncached_tokens(plan: Any, worker: Worker) -> int:
+    """The prompt tokens a prefill leg makes `worker` compute, by the route plan (0: no
+    plan, or not kv_aware), which kv_aware routing counts as that worker's load."""
+    if plan is None or plan.prefill_cached is None:
+        return 0
+    return max(0, plan.prompt_tokens - plan.prefill_cached.get(worker.url, 0))
+
+
 async def backoff(attempt: int, tries: int, base_s: float) -> None:
     """The pause after failed attempt `attempt` (doubling), none after the last one."""
     if attempt + 1 < tries:
@@ -233,7 +241,8 @@ class Disaggregator:
             span = trace.start("prefill", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
             room_leg, prefilled = self.kv_room.begin(worker.url, tokens, chars) if self.kv_room else None, None
             try:
-                prefilled = await self._prefill_once(worker, api, leg, request_id, trace.headers(span))
+                prefilled = await self._prefill_once(worker, api, leg, request_id, trace.headers(span),
+                                                     _uncached_tokens(plan, worker))  # fmt: skip
             except LegFailed as exc:
                 trace.end(span, exc.message)
                 failure = exc
@@ -258,9 +267,11 @@ class Disaggregator:
         self.metrics.prefill_outcomes.labels("error").inc()
         raise ProxyError(failure.status, failure.message)
 
-    async def _prefill_once(self, worker: Worker, api: Api, leg: bytes, request_id: str, trace_headers) -> Prefilled:
+    async def _prefill_once(
+        self, worker: Worker, api: Api, leg: bytes, request_id: str, trace_headers, uncached_tokens: int = 0
+    ) -> Prefilled:
         started = time.perf_counter()
-        with worker.lease():
+        with worker.lease(uncached_tokens):
             try:
                 resp = await self.client.request(
                     worker.url, "POST", api.path, leg,

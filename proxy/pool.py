@@ -7,12 +7,14 @@ Prefill and decode workers are chosen independently. Policies:
 - `prefix_affinity` (prefill only): rendezvous hashing of the prompt's first bytes, so
   requests sharing a prefix land on the worker whose prefix cache holds it; falls back
   to least outstanding when that worker is much busier than the rest;
-- `kv_aware`: the worker whose prefix cache holds most of the prompt (the proxy's index
-  of the workers' KV events, proxy/kv_routing.py), each leg in flight on a worker
-  costing `load_tokens` cached tokens; ties go to the less loaded worker, then to the
-  prompt's rendezvous hash (so with nothing cached anywhere it is prefix affinity
-  among the least loaded). The same guard as prefix_affinity keeps a hot prefix from
-  piling onto one worker.
+- `kv_aware`: the worker with the least prefill work ahead of the prompt: the prompt
+  tokens its prefix cache lacks (the proxy's index of the workers' KV events,
+  proxy/kv_routing.py), plus the uncached prompt tokens of the prefill legs it is
+  already running (`Worker.pending_tokens`), plus `load_tokens` for each leg in flight
+  (a leg's fixed cost; on the decode pool, whose legs carry no token count, the whole
+  load). Ties go to the less loaded worker, then to the prompt's rendezvous hash (so
+  with nothing cached anywhere it is prefix affinity among the least loaded). The same
+  guard as prefix_affinity keeps a hot prefix from piling onto one worker.
 Only healthy workers that the pairing check admitted are chosen (see `health.py` and
 `pairing.py`); membership can change at run time.
 """
@@ -45,6 +47,7 @@ class Worker:
     url: str
     healthy: bool = True
     outstanding: int = 0
+    pending_tokens: int = 0  # uncached prompt tokens of the legs in flight that said theirs (kv_aware)
     consecutive_failures: int = 0
     consecutive_successes: int = 0
     seen_healthy: bool = True  # False for a member that has not yet passed a health check
@@ -62,23 +65,27 @@ class Worker:
     def __post_init__(self) -> None:
         self.host = urlsplit(self.url).hostname or ""
 
-    def lease(self) -> Lease:
+    def lease(self, tokens: int = 0) -> Lease:
         """One leg open on this worker (what `least_outstanding` routing counts), until the
         lease is released: use it as a context manager, or hand it on (a decode stream's
-        lease lives as long as the stream) and call `release()`, which is idempotent."""
+        lease lives as long as the stream) and call `release()`, which is idempotent.
+        `tokens`: the prompt tokens the leg makes the worker prefill (kv_aware's load)."""
         self.outstanding += 1
-        return Lease(self)
+        self.pending_tokens += tokens
+        return Lease(self, tokens)
 
 
 class Lease:
-    __slots__ = ("worker",)
+    __slots__ = ("worker", "tokens")
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Worker, tokens: int = 0) -> None:
         self.worker: Worker | None = worker
+        self.tokens = tokens
 
     def release(self) -> None:
         if self.worker is not None:
             self.worker.outstanding -= 1
+            self.worker.pending_tokens -= self.tokens
             self.worker = None
 
     def __enter__(self) -> Lease:
@@ -93,7 +100,7 @@ class WorkerPool:
     name: str
     workers: list[Worker]
     policy: Policy = "round_robin"
-    load_tokens: int = 1024  # kv_aware: what one leg in flight costs, in cached prompt tokens
+    load_tokens: int = 256  # kv_aware: what one leg in flight costs, in prompt tokens to prefill
     _counter: itertools.count = field(default_factory=itertools.count, repr=False)
     _rng: random.Random = field(default_factory=lambda: random.Random(0), repr=False)
 
@@ -122,7 +129,9 @@ class WorkerPool:
     def pick(
         self, affinity_key: str | None = None, exclude: set[str] = frozenset(), cached: dict[str, int] | None = None
     ) -> Worker:
-        """`cached`: prompt tokens each worker holds (kv_aware; absent: none)."""
+        """`cached`: prompt tokens each worker holds (kv_aware; absent: none). kv_aware
+        compares `cached - pending_tokens - load_tokens * outstanding`: the same order as
+        least work ahead, since the prompt's length is the same on every worker."""
         candidates = self.healthy(exclude)
         if not candidates:
             raise NoHealthyWorker(self.name)
@@ -139,7 +148,8 @@ class WorkerPool:
 
     def _kv_aware(self, candidates: list[Worker], cached: dict[str, int], key: str) -> Worker:
         def score(w: Worker) -> tuple:
-            return cached.get(w.url, 0) - self.load_tokens * w.outstanding, -w.outstanding, _rendezvous(key, w.url)
+            work_ahead = w.pending_tokens + self.load_tokens * w.outstanding
+            return cached.get(w.url, 0) - work_ahead, -w.outstanding, _rendezvous(key, w.url)
 
         best = max(candidates, key=score)
         least = min(candidates, key=lambda w: w.outstanding)

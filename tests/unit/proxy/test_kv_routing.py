@@ -128,6 +128,39 @@ def test_kv_aware_weighs_cache_against_load(outstanding, cached, expected):
     assert pool(*outstanding).pick(affinity_key="k", cached=cached).url in {f"http://w{i}" for i in expected}
 
 
+def test_kv_aware_counts_the_uncached_tokens_of_the_legs_a_worker_runs():
+    """Two legs each: the holder of 400 cached tokens still wins while its legs hit its
+    cache, and loses once they are long misses it must compute first."""
+    hits, misses = pool(2, 2, 2), pool(2, 2, 2)
+    hits.workers[1].pending_tokens = 2 * 50
+    misses.workers[1].pending_tokens = 2 * 800
+    assert hits.pick(affinity_key="k", cached={"http://w1": 400}).url == "http://w1"
+    assert misses.pick(affinity_key="k", cached={"http://w1": 400}).url != "http://w1"
+
+
+def test_a_lease_holds_its_tokens_until_released_once():
+    worker = Worker("http://w0")
+    with worker.lease(700):
+        lease = worker.lease(300)
+        assert (worker.outstanding, worker.pending_tokens) == (2, 1000)
+        lease.release()
+        lease.release()  # idempotent
+        assert (worker.outstanding, worker.pending_tokens) == (1, 700)
+    assert (worker.outstanding, worker.pending_tokens) == (0, 0)
+
+
+def test_a_prefill_leg_leases_the_tokens_the_plan_says_its_worker_lacks():
+    from proxy.disagg import _uncached_tokens
+    from proxy.kv_routing import RoutePlan
+
+    worker = Worker("http://w1")
+    plan = RoutePlan([], 1000, {"http://w1": 768}, None)
+    assert _uncached_tokens(plan, worker) == 232
+    assert _uncached_tokens(plan, Worker("http://w2")) == 1000
+    assert _uncached_tokens(RoutePlan([], 1000, None, None), worker) == 0  # prefill pool not kv_aware
+    assert _uncached_tokens(None, worker) == 0
+
+
 def test_kv_aware_ties_go_to_the_prompts_rendezvous_hash():
     picks = {pool(0, 0, 0).pick(affinity_key=f"prompt {i}", cached={}).url for i in range(30)}
     assert len(picks) == 3  # spread over the workers by prompt
