@@ -15,16 +15,22 @@ from tests import harness
 from tests.harness import REPO
 
 
-def test_kv_only_pass_writes_the_full_passs_drafter_kv(tmp_path):
+def run_equality(tmp_path, *args: str) -> tuple[dict, subprocess.CompletedProcess]:
+    """The equality tool's report on 4 prompts (and its process, for the exit status)."""
     out = tmp_path / "equality.json"
     result = subprocess.run(
         [sys.executable, "-m", "loadtest.kv_only_equality", "--models-dir", str(harness.models_dir()),
-         "--prompts", "4", "--blocks", "40", "75", "--json", str(out)],
+         "--prompts", "4", *args, "--json", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert out.exists(), result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out.read_text())
     print(json.dumps(report, indent=2))
+    return report, result
+
+
+def test_kv_only_pass_writes_the_full_passs_drafter_kv(tmp_path):
+    report, result = run_equality(tmp_path, "--blocks", "40", "75")
     assert report["k0_steps"] == report["steps"] > 0  # every step proposed with K=0
     assert report["kv_only_calls_in_full_run"] == 0  # the reference run used vLLM's forward
     assert report["kv_only_calls_in_kv_only_run"] == report["steps"]  # and this one the pass, every step
@@ -41,16 +47,8 @@ def test_dflash_kv_only_pass_writes_the_full_passs_context_kv(tmp_path):
     from pdspec.models.dflash import write_dflash_drafter
 
     drafter = write_dflash_drafter(tmp_path / "dflash", k=4)
-    out = tmp_path / "equality.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "loadtest.kv_only_equality", "--models-dir", str(harness.models_dir()),
-         "--drafter", str(drafter), "--method", "dflash", "--k", "4",
-         "--prompts", "4", "--blocks", "10", "25", "--json", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert out.exists(), result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads(out.read_text())
-    print(json.dumps(report, indent=2))
+    report, result = run_equality(tmp_path, "--drafter", str(drafter), "--method", "dflash", "--k", "4",
+                                  "--blocks", "10", "25")  # fmt: skip
     assert report["method"] == "dflash"
     assert report["k0_steps"] == report["steps"] > 0
     assert report["kv_only_calls_in_full_run"] == 0

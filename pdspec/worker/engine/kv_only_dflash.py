@@ -31,14 +31,7 @@ from typing import Any
 from pdspec.worker.engine import features
 from pdspec.worker.engine.connector_hooks import kv_only_connector_reason
 from pdspec.worker.engine.control import LiveFlag
-from pdspec.worker.engine.kv_only import (
-    KvOnlyUnsupported,
-    _decide_at_load,
-    _give_up_kv_only,
-    _kv_only_flag,
-    _kv_only_ready,
-    _unwrap,
-)
+from pdspec.worker.engine.kv_only import KvOnlyUnsupported, _decide_at_load, v1_k0_inputs, v1_k0_wrapper
 from pdspec.worker.engine.wrap_once import wrap_once
 
 # What vLLM's V1 DFlash proposer leaves for the context precompute after its input kernel.
@@ -77,57 +70,16 @@ def _dflash_v1_blocker(proposer: Any) -> str | None:
 
 def install_kv_only_dflash_v1(proposer_cls: type, flag: LiveFlag | None = None) -> None:
     """V1 runner: DFlash proposals with K=0 write the context K/V and skip the query pass."""
-    wrap_once(proposer_cls, "propose", "kv_only_dflash_v1", lambda original: _dflash_v1(original, flag))
+    wrap_once(proposer_cls, "propose", "kv_only_dflash_v1", lambda original: v1_k0_wrapper(
+        original, flag, _dflash_v1_blocker, _build_dflash_pass, _dflash_v1_kv_only_propose))  # fmt: skip
     _decide_at_load(proposer_cls, _dflash_v1_blocker, _build_dflash_pass)
 
 
-def _dflash_v1(original: Any, flag: LiveFlag | None) -> Any:
-    @functools.wraps(original)
-    def propose(self, num_speculative_tokens, *args, **kwargs):
-        if num_speculative_tokens != 0 or not (flag or _kv_only_flag()).current():
-            return original(self, num_speculative_tokens, *args, **kwargs)
-        model = _unwrap(self.model)
-        if _kv_only_ready(self, model, _dflash_v1_blocker, _build_dflash_pass) is None:
-            return original(self, num_speculative_tokens, *args, **kwargs)
-        try:
-            return _dflash_v1_kv_only_propose(self, *args, **kwargs)
-        except Exception:
-            _give_up_kv_only(self)  # the full pass below rewrites every context slot
-            return original(self, num_speculative_tokens, *args, **kwargs)
-
-    return propose
-
-
-def _dflash_v1_kv_only_propose(
-    self: Any,
-    target_token_ids: Any,
-    target_positions: Any,
-    target_hidden_states: Any,
-    next_token_ids: Any,
-    token_indices_to_sample: Any,
-    common_attn_metadata: Any,
-    sampling_metadata: Any,
-    mm_embed_inputs: Any = None,
-    num_rejected_tokens_gpu: Any = None,
-    slot_mappings: Any = None,
-) -> Any:
+def _dflash_v1_kv_only_propose(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
     import torch
 
-    # What vLLM's `propose` does before its forward, for a K=0 step (one query token a
-    # request, which the pass never runs).
-    self.num_speculative_tokens = 0
-    self._last_draft_probs = None
-    batch_size = common_attn_metadata.batch_size()
-    hidden_states = self.model.combine_hidden_states(target_hidden_states)
-    self.set_inputs_first_pass(
-        target_token_ids=target_token_ids,
-        next_token_ids=next_token_ids,
-        target_positions=target_positions,
-        target_hidden_states=hidden_states,
-        token_indices_to_sample=token_indices_to_sample,
-        cad=common_attn_metadata,
-        num_rejected_tokens_gpu=num_rejected_tokens_gpu,
-    )
+    # vLLM's input kernel for a K=0 step (one query token a request, which the pass never runs).
+    batch_size, _, _ = v1_k0_inputs(self, model, *args, **kwargs)
     # vLLM's `build_model_inputs_first_pass` writes the context K/V from these buffers.
     num_context = self._dflash_num_context
     self._pdspec_kv_only_pass(

@@ -11,6 +11,7 @@ import torch
 from pdspec.worker.engine import features, kv_only, kv_only_dflash
 from pdspec.worker.engine.control import LiveFlag, write_policy
 from pdspec.worker.engine.kv_only_dflash import install_dflash_v2_count, install_kv_only_dflash_v1
+from tests.unit.worker.engine.test_kv_only import FakeV1Proposer, v1_call
 
 
 class FakeDFlashModel:
@@ -18,29 +19,21 @@ class FakeDFlashModel:
         self.writes = []
 
     def combine_hidden_states(self, hidden):
-        return hidden * 2
+        return torch.full_like(hidden, 2.0)
 
     def precompute_and_store_context_kv(self, states, positions, slots=None):
         self.writes.append((states.clone(), positions.clone(), None if slots is None else slots.clone()))
 
 
-class FakeDFlashProposer:
-    """vLLM's V1 DFlash proposer as far as the pass reads it."""
+class FakeDFlashProposer(FakeV1Proposer):
+    """vLLM's V1 DFlash proposer as far as the pass reads it (`propose` is vLLM's full pass)."""
 
     method = "dflash"
-    uses_mrope = False
-    device = "cpu"
 
     def __init__(self):
-        self.model = FakeDFlashModel()
-        self.vllm_config = types.SimpleNamespace(parallel_config=types.SimpleNamespace(data_parallel_size=1))
+        super().__init__(FakeDFlashModel())
         self._context_positions_buffer = torch.zeros(16, dtype=torch.int64)
         self._context_slot_mapping_buffer = torch.zeros(16, dtype=torch.int64)
-        self.calls = []
-
-    def propose(self, num_speculative_tokens, **kwargs):
-        self.calls.append(("full", num_speculative_tokens))
-        return torch.zeros(1, num_speculative_tokens, dtype=torch.int64)
 
     def set_inputs_first_pass(self, target_token_ids, next_token_ids, target_positions, target_hidden_states,
                               token_indices_to_sample, cad, num_rejected_tokens_gpu):  # fmt: skip
@@ -51,18 +44,9 @@ class FakeDFlashProposer:
         self._context_slot_mapping_buffer[:n] = cad.slot_mapping[:n]
         return n + 1, None, cad
 
-    def _pdspec_kv_only_pass(self, kv_pass, *args):
-        self.calls.append(("kv-only",))
-        kv_pass.run(*args)
-
 
 def call(proposer, k):
-    cad = types.SimpleNamespace(batch_size=lambda: 1, slot_mapping=torch.arange(200, 204))
-    return proposer.propose(
-        k, target_token_ids=torch.tensor([1, 2, 3, 4]), target_positions=torch.arange(4),
-        target_hidden_states=torch.ones(4, 6), next_token_ids=torch.tensor([9]), token_indices_to_sample=None,
-        common_attn_metadata=cad, sampling_metadata=None,
-    )  # fmt: skip
+    return v1_call(proposer, k)  # target ids 1-4 at positions 0-3, slots 100-103
 
 
 @pytest.fixture
@@ -80,8 +64,8 @@ def test_v1_k0_writes_the_context_kv_from_vllms_buffers_and_skips_the_forward(pr
     assert drafts.shape == (1, 0)
     assert proposer.calls == [("kv-only",)]
     (states, positions, slots), = proposer.model.writes
-    assert torch.equal(states, torch.full((4, 6), 2.0))  # combined by the drafter's fc
-    assert positions.tolist() == [0, 1, 2, 3] and slots.tolist() == [200, 201, 202, 203]
+    assert torch.equal(states, torch.full((4, 24), 2.0))  # combined by the drafter's fc
+    assert positions.tolist() == [0, 1, 2, 3] and slots.tolist() == [100, 101, 102, 103]
     call(proposer, 4)
     assert proposer.calls[-1] == ("full", 4)
     write_policy(tmp_path / "switch", "off")
