@@ -7,6 +7,13 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 # host's shared GPUs out of service).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
+# The staged FlashInfer has no precompiled kernels (no flashinfer-cubin, no JIT cache), so
+# its top-k/top-p sampler builds itself with nvcc when an engine first samples: minutes on
+# a fresh machine (seen 2026-12-02: still building 51 s in, with the call's time running
+# out). vLLM's own sampler needs no build; speed of the sampling step is not what these
+# runs measure.
+export VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}
+
 # vLLM finds pdspec's general plugin (NIXL progress delay, the DP vote, the KV-only pass)
 # through an entry point; this checkout is not pip-installed there, so give it the
 # metadata alone.
