@@ -8,8 +8,8 @@ three times one worker's cache), plus one proxy per policy in front of the same 
 - `round_robin` (both pools), `prefix_affinity` (pdspec's default), `kv_aware` (both
   pools), `kv_aware` with conditional disaggregation;
 - with `--vllm-router PATH`, vLLM's Rust router's `cache_aware` P/D mode over NIXL.
-Two workloads, each run once per policy with fresh token ids (so no run finds another's
-blocks): `shared_prefix` (groups of a long context plus a short question, Poisson
+Two workloads, each run once per policy and round (`--repeats`) with fresh token ids (so
+no run finds another's blocks): `shared_prefix` (groups of a long context plus a short question, Poisson
 arrivals; `--system N` puts one common N-token system prompt before every context) and `multi_turn` (sessions whose every turn re-sends the history, a stand-in
 for the last answer, and a new message; sessions run side by side, turns in order).
 
@@ -17,7 +17,10 @@ Per (workload, policy): vLLM's own prefix-cache hit rate on each pool (its count
 deltas), the workload's `ideal_hit_rate` (the share of prompt tokens in a full block
 that an earlier request of the run had), `affinity_lru_hit_rate` (what a balanced
 affinity router reaches on caches of this size, simulated), TTFT and ITL (median, p90), output tokens/s,
-local prefills. Writes `routing_bench.json`, `routing_bench.md` and `routing_bench.png`.
+local prefills, pooled over the rounds (latencies over all their requests, hit rates over
+all their prompt tokens), with each round's TTFT p90 beside them; `rounds` in the JSON
+keeps every round's own figures. Writes `routing_bench.json`, `routing_bench.md` and
+`routing_bench.png`.
 """
 
 from __future__ import annotations
@@ -245,64 +248,113 @@ def run(args) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     up, workers = start_fleet(args, args.run_dir)
     proxies: dict = {}
-    runs = []
+    rounds: list[dict] = []  # one row per (round, workload, policy)
+    pooled: dict[tuple[str, str], dict] = {}  # what each (workload, policy) saw over all rounds
     try:
         proxies = start_proxies(args, workers, args.out)
-        total = len(proxies) * (args.requests + args.sessions * args.turns)
+        total = args.repeats * len(proxies) * (args.requests + args.sessions * args.turns)
         with tqdm(total=total, desc="routing_bench", unit="req") as bar:
-            for w_index, workload in enumerate(("shared_prefix", "multi_turn")):
-                for p_index, (policy, (_, url)) in enumerate(proxies.items()):
-                    seed = 1000 * w_index + p_index
-                    before = {pool: pool_hits(urls) for pool, urls in workers.items()}
-                    ours = policy != VLLM_ROUTER_POLICY  # the Rust router has no such counter
-                    local_before = proxy_count(url, "pdspec_proxy_local_prefills_total") if ours else 0.0
-                    started = time.perf_counter()
-                    if workload == "shared_prefix":
-                        prompts = shared_prefix(random.Random(seed), args.groups, args.context, args.question,
-                                                args.requests, args.system)  # fmt: skip
-                        results = asyncio.run(run_shared_prefix(url, prompts, args.rate, args.max_tokens, seed, bar))
-                    else:
-                        results, prompts = asyncio.run(run_multi_turn(url, args.sessions, args.turns, args.start,
-                                                                      args.step, args.max_tokens, seed, bar))
-                    window = time.perf_counter() - started
-                    after = {pool: pool_hits(urls) for pool, urls in workers.items()}
-                    rates = {pool: (after[pool][0] - before[pool][0]) / max(after[pool][1] - before[pool][1], 1)
-                             for pool in workers}  # fmt: skip
-                    runs.append({"workload": workload, "policy": policy, **summarize(results, window),
-                                 "prefill_hit_rate": rates["prefill"], "decode_hit_rate": rates["decode"],
-                                 "ideal_hit_rate": ideal_hit_rate(prompts, args.block_size),
-                                 # vLLM keeps one of a worker's blocks back (the null block).
-                                 # The fleet runs the shipped EAGLE3 drafter.
-                                 "affinity_lru_hit_rate": affinity_lru_hit_rate(
-                                     prompts, args.block_size, 2, args.kv_blocks - 1, drop_last_hit_block=True),
-                                 "local_prefills": (proxy_count(url, "pdspec_proxy_local_prefills_total")
-                                                    - local_before) if ours else 0.0})
+            for round_index in range(args.repeats):
+                for w_index, workload in enumerate(("shared_prefix", "multi_turn")):
+                    # Each round starts with another policy, so drift over the run hits all alike.
+                    order = list(enumerate(proxies.items()))
+                    order = order[round_index % len(order):] + order[:round_index % len(order)]
+                    for p_index, (policy, (_, url)) in order:
+                        seed = 1000 * w_index + 100 * round_index + p_index
+                        row, results = run_one(args, workers, workload, policy, url, seed, bar)
+                        rounds.append({"round": round_index, **row})
+                        pool_run(pooled.setdefault((workload, policy), {}), row, results)
     finally:
         for process, _ in proxies.values():
             process.terminate()
             process.wait(timeout=30)
         up.send_signal(2)
         up.wait(timeout=120)
+    runs = [{"workload": workload, "policy": policy, **pooled_summary(acc)} for (workload, policy), acc in pooled.items()]
     report = {"command": "python -m loadtest.routing_bench " + " ".join(args.argv), "kv_blocks": args.kv_blocks,
-              "block_size": args.block_size, "runs": runs}  # fmt: skip
+              "block_size": args.block_size, "repeats": args.repeats, "runs": runs, "rounds": rounds}  # fmt: skip
     (args.out / "routing_bench.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "routing_bench.md").write_text(markdown(report))
     plot(report, args.out / "routing_bench.png")
     return report
 
 
+def run_one(args, workers: dict, workload: str, policy: str, url: str, seed: int, bar) -> tuple[dict, list]:
+    """One workload through one policy's proxy, with fresh prompts (`seed`): its row, and
+    the requests' results (pooled over rounds by the caller)."""
+    before = {pool: pool_hits(urls) for pool, urls in workers.items()}
+    ours = policy != VLLM_ROUTER_POLICY  # the Rust router has no such counter
+    local_before = proxy_count(url, "pdspec_proxy_local_prefills_total") if ours else 0.0
+    started = time.perf_counter()
+    if workload == "shared_prefix":
+        prompts = shared_prefix(random.Random(seed), args.groups, args.context, args.question,
+                                args.requests, args.system)  # fmt: skip
+        results = asyncio.run(run_shared_prefix(url, prompts, args.rate, args.max_tokens, seed, bar))
+    else:
+        results, prompts = asyncio.run(run_multi_turn(url, args.sessions, args.turns, args.start,
+                                                      args.step, args.max_tokens, seed, bar))  # fmt: skip
+    window = time.perf_counter() - started
+    after = {pool: pool_hits(urls) for pool, urls in workers.items()}
+    hits = {pool: (after[pool][0] - before[pool][0], after[pool][1] - before[pool][1]) for pool in workers}
+    row = {"workload": workload, "policy": policy, **summarize(results, window),
+           "prefill_hit_rate": hits["prefill"][0] / max(hits["prefill"][1], 1),
+           "decode_hit_rate": hits["decode"][0] / max(hits["decode"][1], 1),
+           "ideal_hit_rate": ideal_hit_rate(prompts, args.block_size),
+           # vLLM keeps one of a worker's blocks back (the null block). The fleet runs the
+           # shipped EAGLE3 drafter.
+           "affinity_lru_hit_rate": affinity_lru_hit_rate(
+               prompts, args.block_size, 2, args.kv_blocks - 1, drop_last_hit_block=True),
+           "local_prefills": (proxy_count(url, "pdspec_proxy_local_prefills_total") - local_before) if ours else 0.0,
+           "window_s": window, "hits": hits}  # fmt: skip
+    return row, results
+
+
+def pool_run(acc: dict, row: dict, results: list) -> None:
+    """Adds one round's run to its (workload, policy) totals."""
+    acc.setdefault("results", []).extend(results)
+    acc["window_s"] = acc.get("window_s", 0.0) + row["window_s"]
+    acc["local_prefills"] = acc.get("local_prefills", 0.0) + row["local_prefills"]
+    for pool, (hit, asked) in row["hits"].items():
+        total = acc.setdefault("hits", {}).setdefault(pool, [0.0, 0.0])
+        total[0] += hit
+        total[1] += asked
+    for name in ("ideal_hit_rate", "affinity_lru_hit_rate"):
+        acc.setdefault(name, []).append(row[name])
+    acc.setdefault("ttft_p90_by_round", []).append((row["ttft_ms"] or {}).get("p90"))
+
+
+def pooled_summary(acc: dict) -> dict:
+    """A (workload, policy)'s figures over every round: latencies over all its requests,
+    hit rates over all its prompt tokens, the workload's rates averaged over its rounds'
+    prompts, and each round's TTFT p90 (the spread between rounds)."""
+    hits = acc["hits"]
+    return {**summarize(acc["results"], acc["window_s"]),
+            "prefill_hit_rate": hits["prefill"][0] / max(hits["prefill"][1], 1),
+            "decode_hit_rate": hits["decode"][0] / max(hits["decode"][1], 1),
+            "ideal_hit_rate": float(np.mean(acc["ideal_hit_rate"])),
+            "affinity_lru_hit_rate": float(np.mean(acc["affinity_lru_hit_rate"])),
+            "local_prefills": acc["local_prefills"], "ttft_p90_ms_by_round": acc["ttft_p90_by_round"]}  # fmt: skip
+
+
 def markdown(report: dict) -> str:
     lines = [f"Command: `{report['command']}`", "",
              "| workload | policy | failed | prefill hit | decode hit | ideal | balanced affinity (sim.) | TTFT p50 ms | "
-             "TTFT p90 ms | ITL p50 ms | out tok/s | local prefills |", "|" + " --- |" * 12]  # fmt: skip
+             "TTFT p90 ms | TTFT p90 ms by round | ITL p50 ms | out tok/s | local prefills |",
+             "|" + " --- |" * 13]  # fmt: skip
     for r in report["runs"]:
         ttft, itl = r["ttft_ms"] or {}, r["itl_ms"] or {}
         lines.append(f"| {r['workload']} | {r['policy']} | {r['failed']}/{r['requests']} | {r['prefill_hit_rate']:.2f} "
                      f"| {r['decode_hit_rate']:.2f} | {r['ideal_hit_rate']:.2f} | {r.get('affinity_lru_hit_rate', float('nan')):.2f} "
                      f"| {ttft.get('median', 0):.0f} | "
-                     f"{ttft.get('p90', 0):.0f} | {itl.get('median', 0):.0f} | {r['output_tokens_per_s']:.1f} | "
+                     f"{ttft.get('p90', 0):.0f} | {by_round(r)} | {itl.get('median', 0):.0f} | "
+                     f"{r['output_tokens_per_s']:.1f} | "
                      f"{r['local_prefills']:.0f} |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def by_round(run: dict) -> str:
+    values = run.get("ttft_p90_ms_by_round") or []
+    return ", ".join("-" if v is None else f"{v:.0f}" for v in values) or "-"
 
 
 def plot(report: dict, path: Path) -> None:
@@ -357,6 +409,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--start", type=int, default=256, help="multi_turn: first turn's tokens")
     parser.add_argument("--step", type=int, default=128, help="multi_turn: tokens each turn adds")
     parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds of every (workload, policy), fresh prompts each, the policies' order rotated; "
+                             "figures pooled over the rounds")
     parser.add_argument("--vllm-router", metavar="PATH",
                         help="vLLM's Rust router binary (pip install vllm-router): adds its cache_aware P/D mode")
     args = parser.parse_args(argv)

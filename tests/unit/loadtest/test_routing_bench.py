@@ -76,3 +76,27 @@ def test_table_has_the_bound_column():
            "local_prefills": 0}  # fmt: skip
     table = markdown({"command": "c", "runs": [run]})
     assert "balanced affinity (sim.)" in table and "| 0.70 | 0.45 |" in table
+
+
+def test_rounds_pool_into_one_row_per_workload_and_policy():
+    """--repeats: latencies over every round's requests, hit rates over every round's
+    prompt tokens (not a mean of rates), each round's TTFT p90 kept beside them."""
+    from loadtest.serving.routing_bench import pool_run, pooled_summary, summarize
+    from loadtest.serving.serve_stats import RequestResult
+
+    acc: dict = {}
+    for ttfts, hits in (([0.1] * 9 + [1.0], (10, 100)), ([0.2] * 10, (90, 100))):
+        results = [RequestResult(ok=True, output_tokens=2, ttft_s=t, itl_s=[0.01]) for t in ttfts]
+        row = {**summarize(results, 2.0), "prefill_hit_rate": 0, "decode_hit_rate": 0, "ideal_hit_rate": 0.5,
+               "affinity_lru_hit_rate": 0.25, "local_prefills": 1.0, "window_s": 2.0,
+               "hits": {"prefill": hits, "decode": (0, 50)}}  # fmt: skip
+        pool_run(acc, row, results)
+    pooled = pooled_summary(acc)
+    assert pooled["requests"] == 20 and pooled["failed"] == 0
+    assert pooled["prefill_hit_rate"] == 100 / 200 and pooled["decode_hit_rate"] == 0
+    assert pooled["ideal_hit_rate"] == 0.5 and pooled["local_prefills"] == 2.0
+    assert pooled["output_tokens_per_s"] == 40 / 4.0
+    assert len(pooled["ttft_p90_ms_by_round"]) == 2
+    assert pooled["ttft_ms"]["median"] == 200.0  # over all 20 requests
+    table = markdown({"command": "c", "runs": [{"workload": "w", "policy": "p", **pooled}]})
+    assert "by round" in table and f"{pooled['ttft_p90_ms_by_round'][0]:.0f}, " in table

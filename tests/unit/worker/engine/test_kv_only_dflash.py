@@ -3,7 +3,6 @@ write the context K/V from vLLM's own buffers and skip the forward, the rest kee
 path; V2 K=0 steps (vLLM's own context-only path) are counted. Bitwise equality with the
 full pass is tested on a real engine (tests/e2e/test_kv_only_equality.py)."""
 
-import types
 
 import pytest
 import torch
