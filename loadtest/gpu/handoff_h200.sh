@@ -48,13 +48,7 @@ setsid python3 -m pdspec.cli $STACK up "${GPU_ARGS[@]}" \
   --prefill.kv_transfer "$KV_TRANSFER" --decode.kv_transfer "$KV_TRANSFER" \
   --restart never --ready_timeout_s "$READY_S" > "$RESULTS/up-log.txt" 2>&1 &
 up=$!
-stop() {  # pdspec up stops its children on SIGTERM; any left (each runs in its own session) by the PID it logged
-  kill -TERM "$up" 2>/dev/null
-  for _ in $(seq 60); do kill -0 "$up" 2>/dev/null || break; sleep 0.5; done
-  for pid in $up $(grep -o 'pid [0-9]*' "$RESULTS/up-log.txt" | cut -d' ' -f2); do
-    kill -0 "$pid" 2>/dev/null && { echo "left running: $pid"; kill -KILL -- "-$pid" 2>/dev/null; }
-  done
-}
+source loadtest/gpu/stack_lifecycle.sh
 pack() {
   cp "$RESULTS/up-log.txt" "$OUT/" 2>/dev/null
   cp "$PDSPEC_HOME"/run/logs/*.log "$RESULTS/" 2>/dev/null
@@ -62,26 +56,10 @@ pack() {
   cp "$RESULTS"/probe.json "$OUT/" 2>/dev/null
   ls -la "$OUT"
 }
-trap 'pack; stop; pack' EXIT  # pack first: a timeout's KILL may come before the stop ends
+trap 'pack; stop_stack; pack' EXIT  # pack first: a timeout's KILL may come before the stop ends
 trap 'exit 143' TERM INT  # a timeout still stops the stack and packs what there is
 
-python3 - "$proxy" "$READY_S" "$up" <<'PY' || exit 1
-import sys, time, os, httpx
-url, limit, pid = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
-t0 = time.monotonic()
-while time.monotonic() - t0 < limit:
-    try:
-        if httpx.get(url + "/ready", timeout=2).status_code == 200:
-            print(f"proxy ready after {time.monotonic() - t0:.0f} s"); sys.exit(0)
-    except httpx.HTTPError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        print("pdspec up exited before ready"); sys.exit(1)
-    time.sleep(1)  # readiness poll interval
-print("not ready in time"); sys.exit(1)
-PY
+wait_ready $proxy /ready "$READY_S" || exit 1
 echo "ready at $(( $(date +%s) - started )) s"
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv > "$RESULTS/nvidia-smi.txt" 2>&1
 

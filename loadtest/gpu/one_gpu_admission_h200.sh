@@ -38,15 +38,8 @@ setsid python3 -m pdspec.cli $STACK up "${GPU_ARGS[@]}" --prefill.enforce_eager 
   --proxy.prefill_kv_admission --proxy.queue_timeout_s 300 \
   --restart never --ready_timeout_s "$READY_S" > "$RESULTS/up-log.txt" 2>&1 &
 up=$!
-plain_proxy=
-stop() {  # pdspec up stops its children on SIGTERM; any left (each runs in its own session) by the PID it logged
-  [ -n "$plain_proxy" ] && kill -TERM "$plain_proxy" 2>/dev/null
-  kill -TERM "$up" 2>/dev/null
-  for _ in $(seq 60); do kill -0 "$up" 2>/dev/null || break; sleep 0.5; done
-  for pid in $up $(grep -o 'pid [0-9]*' "$RESULTS/up-log.txt" | cut -d' ' -f2); do
-    kill -0 "$pid" 2>/dev/null && { echo "left running: $pid"; kill -KILL -- "-$pid" 2>/dev/null; }
-  done
-}
+EXTRA_PIDS=
+source loadtest/gpu/stack_lifecycle.sh
 pack() {
   cp "$RESULTS/up-log.txt" "$OUT/" 2>/dev/null
   cp "$PDSPEC_HOME"/run/logs/*.log "$RESULTS/" 2>/dev/null
@@ -54,28 +47,9 @@ pack() {
   cp "$RESULTS"/*.txt "$OUT/" 2>/dev/null
   ls -la "$OUT"
 }
-trap 'pack; stop; pack' EXIT  # pack first: a timeout's KILL may come before the stop ends
+trap 'pack; stop_stack; pack' EXIT  # pack first: a timeout's KILL may come before the stop ends
 trap 'exit 143' TERM INT  # a timeout still stops the stack and packs what there is
 
-wait_ready() {  # URL PATH LIMIT_S
-  python3 - "$1" "$2" "$3" "$up" <<'PY'
-import sys, time, os, httpx
-url, path, limit, pid = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
-t0 = time.monotonic()
-while time.monotonic() - t0 < limit:
-    try:
-        if httpx.get(url + path, timeout=2).status_code == 200:
-            print(f"{url} ready after {time.monotonic() - t0:.0f} s"); sys.exit(0)
-    except httpx.HTTPError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        print("pdspec up exited before ready"); sys.exit(1)
-    time.sleep(1)  # readiness poll interval
-print(f"{url} not ready in time"); sys.exit(1)
-PY
-}
 wait_ready $admitting /ready "$READY_S" || exit 1
 echo "stack ready at $(( $(date +%s) - started )) s"
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv > "$RESULTS/nvidia-smi.txt" 2>&1
@@ -83,7 +57,7 @@ nvidia-smi --query-gpu=memory.used,memory.total --format=csv > "$RESULTS/nvidia-
 # worker's side-channel port to kv_source_ports; the default range holds it).
 PDSPEC_PROXY="{\"port\": 8001, \"prefill_urls\": [\"$prefill\"], \"decode_urls\": [\"$decode\"], \"prefill_kv_admission\": false}" \
   setsid python3 -m pdspec.cli proxy > "$RESULTS/plain-proxy-log.txt" 2>&1 &
-plain_proxy=$!
+EXTRA_PIDS=$!
 wait_ready $plain /ready 60 || exit 1
 
 load=(--input-len "$INPUT_LEN" --output-len 8 --num-prompts $(( ${ROUNDS:-1} * 48 )) --concurrency 32
