@@ -103,7 +103,7 @@ def status_class(reason: str) -> str:
 
 def attempts(
     pool: WorkerPool, tries: int, affinity: str | None = None, cached: dict[str, int] | None = None,
-    first: Worker | None = None, exclude: set[str] = frozenset(),
+    first: Worker | None = None, exclude: set[str] = frozenset(), building: dict[str, int] | None = None,
 ) -> Iterator[tuple[int, Worker]]:  # fmt: skip
     """The workers a leg is tried on: up to `tries`, never the same one twice nor one of
     `exclude` (prefill workers without KV room), picked by the pool's policy when the
@@ -117,7 +117,7 @@ def attempts(
             if attempt == 0 and first is not None and first in pool.healthy():
                 worker = first
             else:
-                worker = pool.pick(affinity_key=affinity, exclude=tried, cached=cached)
+                worker = pool.pick(affinity_key=affinity, exclude=tried, cached=cached, building=building)
         except NoHealthyWorker:
             return
         tried.add(worker.url)
@@ -235,7 +235,8 @@ class Disaggregator:
         if self.kv_room is not None:
             (tokens, chars) = self.kv_room.tokens_of(body, plan.prompt_tokens if plan is not None else None)
             full = await self.kv_room.wait_for_room(tokens)
-        for attempt, worker in attempts(self.prefill_pool, tries, key, cached, exclude=full):
+        building = plan.prefill_building if plan is not None else None
+        for attempt, worker in attempts(self.prefill_pool, tries, key, cached, exclude=full, building=building):
             if self.kv_router is not None:
                 self.kv_router.routed(self.prefill_pool, worker, plan)
             span = trace.start("prefill", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})

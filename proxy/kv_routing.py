@@ -49,6 +49,10 @@ class RoutePlan:
     # The rendezvous key of both pools: the ids' start, the same whatever API rendered them.
     affinity: str | None = None
     local_prefill: str | None = None  # why the decode worker prefills itself (None: disaggregate)
+    # Of prefill_cached, the tokens a worker holds by a routing note only: a leg of an
+    # earlier request is computing them there now (or just did). kv_aware does not count
+    # that leg's pending tokens against this prompt, which would wait for them anyway.
+    prefill_building: dict[str, int] | None = None
 
 
 @dataclass
@@ -184,11 +188,16 @@ class KvRouter:
             cached = min(held.get(decode_worker.url, 0), len(ids))
             if len(ids) - cached < self.settings.local_prefill_max_tokens:
                 local = "cached_on_decode" if cached else "short_prompt"
+        building = None
+        if self.prefill_pool.policy == "kv_aware":
+            held = self.cached_tokens(keys, block_size, self.prefill_pool, routed=False)
+            building = {url: tokens - held.get(url, 0) for url, tokens in prefill_cached.items()
+                        if tokens > held.get(url, 0)}  # fmt: skip
         return RoutePlan(
             keys, len(ids),
             prefill_cached if self.prefill_pool.policy == "kv_aware" else None,
             decode_cached if self.decode_pool.policy == "kv_aware" else None,
-            decode_worker=decode_worker, affinity=affinity, local_prefill=local,
+            decode_worker=decode_worker, affinity=affinity, local_prefill=local, prefill_building=building,
         )  # fmt: skip
 
     def cached_tokens(

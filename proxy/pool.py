@@ -12,7 +12,9 @@ Prefill and decode workers are chosen independently. Policies:
   proxy/kv_routing.py), plus the uncached prompt tokens of the prefill legs it is
   already running (`Worker.pending_tokens`), plus `load_tokens` for each leg in flight
   (a leg's fixed cost; on the decode pool, whose legs carry no token count, the whole
-  load). Ties go to the less loaded worker, then to the prompt's rendezvous hash (so
+  load). Pending tokens that build this prompt's own blocks (a burst's first leg, still
+  computing the prefix the others were routed after) are not counted: the prompt would
+  wait for them, or compute them again elsewhere. Ties go to the less loaded worker, then to the prompt's rendezvous hash (so
   with nothing cached anywhere it is prefix affinity among the least loaded). The same
   guard as prefix_affinity keeps a hot prefix from piling onto one worker.
 Only healthy workers that the pairing check admitted are chosen (see `health.py` and
@@ -127,10 +129,12 @@ class WorkerPool:
         ]
 
     def pick(
-        self, affinity_key: str | None = None, exclude: set[str] = frozenset(), cached: dict[str, int] | None = None
+        self, affinity_key: str | None = None, exclude: set[str] = frozenset(), cached: dict[str, int] | None = None,
+        building: dict[str, int] | None = None,
     ) -> Worker:
-        """`cached`: prompt tokens each worker holds (kv_aware; absent: none). kv_aware
-        compares `cached - pending_tokens - load_tokens * outstanding`: the same order as
+        """`cached`: prompt tokens each worker holds (kv_aware; absent: none), `building`: of
+        those, the ones a leg in flight there is computing. kv_aware compares `cached -
+        max(0, pending_tokens - building) - load_tokens * outstanding`: the same order as
         least work ahead, since the prompt's length is the same on every worker."""
         candidates = self.healthy(exclude)
         if not candidates:
@@ -138,7 +142,7 @@ class WorkerPool:
         if self.policy == "round_robin":
             return candidates[next(self._counter) % len(candidates)]
         if self.policy == "kv_aware":
-            return self._kv_aware(candidates, cached or {}, affinity_key or "")
+            return self._kv_aware(candidates, cached or {}, building or {}, affinity_key or "")
         least = self._power_of_two(candidates)
         if self.policy == "prefix_affinity" and affinity_key:
             preferred = max(candidates, key=lambda w: _rendezvous(affinity_key, w.url))
@@ -146,9 +150,9 @@ class WorkerPool:
                 return preferred
         return least
 
-    def _kv_aware(self, candidates: list[Worker], cached: dict[str, int], key: str) -> Worker:
+    def _kv_aware(self, candidates: list[Worker], cached: dict[str, int], building: dict[str, int], key: str) -> Worker:
         def score(w: Worker) -> tuple:
-            work_ahead = w.pending_tokens + self.load_tokens * w.outstanding
+            work_ahead = max(0, w.pending_tokens - building.get(w.url, 0)) + self.load_tokens * w.outstanding
             return cached.get(w.url, 0) - work_ahead, -w.outstanding, _rendezvous(key, w.url)
 
         best = max(candidates, key=score)

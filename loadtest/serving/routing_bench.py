@@ -260,7 +260,8 @@ def run(args) -> dict:
                     order = list(enumerate(proxies.items()))
                     order = order[round_index % len(order):] + order[:round_index % len(order)]
                     for p_index, (policy, (_, url)) in order:
-                        seed = 1000 * w_index + 100 * round_index + p_index
+                        # Round 0 keeps the seeds of the runs before --repeats existed.
+                        seed = 1000 * w_index + 100_000 * round_index + p_index
                         row, results = run_one(args, workers, workload, policy, url, seed, bar)
                         rounds.append({"round": round_index, **row})
                         pool_run(pooled.setdefault((workload, policy), {}), row, results)

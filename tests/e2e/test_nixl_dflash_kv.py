@@ -21,7 +21,7 @@ from tests.e2e.test_nixl_drafter_kv import PROMPTS, feature_state, serve_and_dum
 
 pytestmark = pytest.mark.after_stack
 
-KV_ONLY_BASE_PORT, FULL_PASS_BASE_PORT = 21000, 21050
+KV_ONLY_BASE_PORT, FULL_PASS_BASE_PORT = 26000, 26050  # apart from every other fleet's ports
 
 
 def test_dflash_context_kv_over_nixl_equals_the_full_passs(tmp_path_factory, client):

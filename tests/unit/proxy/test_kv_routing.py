@@ -13,6 +13,7 @@ import pytest
 from proxy.kv_events import Stored
 from proxy.pool import Worker, WorkerPool
 from tests.proxy_cluster import Fleet, sample
+from tests.harness import wait_for
 from tests.standin import StandinBehaviour
 
 INFO = {"role": "x", "model": "/m/t", "drafter": "/m/eagle3", "method": "eagle3", "num_speculative_tokens": "3",
@@ -51,6 +52,56 @@ def test_a_shared_prefix_stays_on_the_workers_that_hold_it():
         assert [prefill_legs(b) for b in fleet.prefills] == [4 * n for n in first_p]
         assert [len(decode_legs(b)) for b in fleet.decodes] == [4 * n for n in first_d]
         assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="prefill",reason="cache_hit"}') == 3
+
+
+def send_burst(fleet: Fleet, prompts: list[str], while_first_runs=None) -> None:
+    """The first prompt, then the rest while its prefill leg is still running (stand-ins
+    with `delay_s`); `while_first_runs(fleet)` is called once the first leg is on a worker."""
+    import threading
+
+    threads = [threading.Thread(target=complete, args=(fleet, prompt)) for prompt in prompts]
+    threads[0].start()
+    assert wait_for(lambda: sum(w.pending_tokens for w in fleet.app.state.pools[0].workers) > 0, 5)
+    if while_first_runs is not None:
+        while_first_runs(fleet)
+    for thread in threads[1:]:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+
+def test_a_burst_sharing_a_new_prefix_stays_on_the_worker_computing_it():
+    """The first request's prefill leg is still computing the prefix when the others are
+    routed: they follow it there (its routing note), not to the idle worker, although its
+    pending tokens make the holder look busy (they are this prefix's own)."""
+    with Fleet(2, 1, INFO, **KV_AWARE) as fleet:
+        for b in fleet.prefills:
+            b.delay_s = 0.5
+        # A prefix worth more than the 3 more legs in flight at kv_aware_load_tokens each.
+        send_burst(fleet, [LONG * 4 + q for q in ("# a", "# b", "# c", "# d")])
+        assert sorted(prefill_legs(b) for b in fleet.prefills) == [0, 4]
+
+
+def test_a_prefill_leg_leases_its_uncached_tokens_until_it_ends():
+    """kv_aware's load: while the first prefill leg runs, its worker has the prompt's tokens
+    pending (nothing of it cached anywhere); every leg's tokens are given back at its end,
+    failed ones included."""
+    seen = {}
+
+    def pending(fleet):
+        seen.update({w.url: w.pending_tokens for w in fleet.app.state.pools[0].workers})
+
+    with Fleet(2, 1, INFO, **KV_AWARE) as fleet:
+        fleet.prefills[0].delay_s = fleet.prefills[1].delay_s = 0.3
+        send_burst(fleet, [LONG], while_first_runs=pending)
+        holder = max(seen, key=seen.get)
+        assert seen[holder] == len(LONG.encode())  # the stand-ins' token ids are the prompt's bytes
+        assert sorted(seen.values())[0] == 0  # the other worker: nothing
+        fleet.prefills[0].prefill_status = fleet.prefills[1].prefill_status = 503  # failed legs, retried
+        with pytest.raises(AssertionError):
+            complete(fleet, "another prompt " * 20)
+        assert [w.pending_tokens for w in fleet.app.state.pools[0].workers] == [0, 0]
+        assert [w.outstanding for w in fleet.app.state.pools[0].workers] == [0, 0]
 
 
 def test_conditional_disaggregation_prefills_on_the_decode_worker_that_holds_the_prompt():

