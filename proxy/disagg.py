@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,7 @@ import orjson
 from pdspec.settings import ProxySettings, port_range
 from proxy.apis import Api
 from proxy.asgi import Reply
+from proxy.attempts import attempts, backoff, uncached_tokens
 from proxy.auth import worker_auth_headers
 from proxy.errors import ProxyError, sse_error_event
 from proxy.fanout import choice_count, fan_out
@@ -99,43 +100,6 @@ def _affinity(body: dict[str, Any], plan: RoutePlan | None) -> str | None:
 def status_class(reason: str) -> str:
     """`http_503` -> `http_5xx`: one label value per class, not per status."""
     return reason[:6] + "xx" if reason.startswith("http_") and len(reason) == 8 else reason
-
-
-def attempts(
-    pool: WorkerPool, tries: int, affinity: str | None = None, cached: dict[str, int] | None = None,
-    first: Worker | None = None, exclude: set[str] = frozenset(), building: dict[str, int] | None = None,
-) -> Iterator[tuple[int, Worker]]:  # fmt: skip
-    """The workers a leg is tried on: up to `tries`, never the same one twice nor one of
-    `exclude` (prefill workers without KV room), picked by the pool's policy when the
-    attempt starts (so a retry sees health changes), the first one `first` when it is still
-    healthy (the decode worker a route plan chose). Ends early when no healthy worker is
-    left to try; the caller stops once a try succeeds and pauses with `backoff` after a
-    failure. A plain generator: left suspended, it is freed at once."""
-    tried: set[str] = set(exclude)
-    for attempt in range(tries):
-        try:
-            if attempt == 0 and first is not None and first in pool.healthy():
-                worker = first
-            else:
-                worker = pool.pick(affinity_key=affinity, exclude=tried, cached=cached, building=building)
-        except NoHealthyWorker:
-            return
-        tried.add(worker.url)
-        yield attempt, worker
-
-
-def _uncached_tokens(plan: Any, worker: Worker) -> int:
-    """The prompt tokens a prefill leg makes `worker` compute, by the route plan (0: no
-    plan, or not kv_aware), which kv_aware routing counts as that worker's load."""
-    if plan is None or plan.prefill_cached is None:
-        return 0
-    return max(0, plan.prompt_tokens - plan.prefill_cached.get(worker.url, 0))
-
-
-async def backoff(attempt: int, tries: int, base_s: float) -> None:
-    """The pause after failed attempt `attempt` (doubling), none after the last one."""
-    if attempt + 1 < tries:
-        await asyncio.sleep(base_s * (2**attempt))
 
 
 @dataclass(slots=True)
@@ -243,7 +207,7 @@ class Disaggregator:
             room_leg, prefilled = self.kv_room.begin(worker.url, tokens, chars) if self.kv_room else None, None
             try:
                 prefilled = await self._prefill_once(worker, api, leg, request_id, trace.headers(span),
-                                                     _uncached_tokens(plan, worker))  # fmt: skip
+                                                     uncached_tokens(plan, worker))  # fmt: skip
             except LegFailed as exc:
                 trace.end(span, exc.message)
                 failure = exc

@@ -200,18 +200,6 @@ def test_a_lease_holds_its_tokens_until_released_once():
     assert (worker.outstanding, worker.pending_tokens) == (0, 0)
 
 
-def test_a_prefill_leg_leases_the_tokens_the_plan_says_its_worker_lacks():
-    from proxy.disagg import _uncached_tokens
-    from proxy.kv_routing import RoutePlan
-
-    worker = Worker("http://w1")
-    plan = RoutePlan([], 1000, {"http://w1": 768}, None)
-    assert _uncached_tokens(plan, worker) == 232
-    assert _uncached_tokens(plan, Worker("http://w2")) == 1000
-    assert _uncached_tokens(RoutePlan([], 1000, None, None), worker) == 0  # prefill pool not kv_aware
-    assert _uncached_tokens(None, worker) == 0
-
-
 def test_kv_aware_ties_go_to_the_prompts_rendezvous_hash():
     picks = {pool(0, 0, 0).pick(affinity_key=f"prompt {i}", cached={}).url for i in range(30)}
     assert len(picks) == 3  # spread over the workers by prompt
