@@ -190,9 +190,9 @@ class KvRouter:
                 local = "cached_on_decode" if cached else "short_prompt"
         building = None
         if self.prefill_pool.policy == "kv_aware":
-            held = self.cached_tokens(keys, block_size, self.prefill_pool, routed=False)
-            building = {url: tokens - held.get(url, 0) for url, tokens in prefill_cached.items()
-                        if tokens > held.get(url, 0)}  # fmt: skip
+            prefill_held = self.cached_tokens(keys, block_size, self.prefill_pool, routed=False)
+            building = {url: tokens - prefill_held.get(url, 0) for url, tokens in prefill_cached.items()
+                        if tokens > prefill_held.get(url, 0)}  # fmt: skip
         return RoutePlan(
             keys, len(ids),
             prefill_cached if self.prefill_pool.policy == "kv_aware" else None,
