@@ -29,6 +29,11 @@ COUNTERS = (
     "pdspec_k0_proposals_total",
     "pdspec_draft_tokens_skipped_total",
     "pdspec_kv_only_passes_total",
+    # DFlash on vLLM 0.33's V2 runner: K=0 steps replayed as one CUDA graph, and (test-only
+    # PDSPEC_TEST_DFLASH_GRAPH_VERIFY_STEPS) graph steps whose KV matched the eager path's.
+    "pdspec_kv_only_graph_replays_total",
+    "pdspec_kv_only_graph_verified_total{equal}",
+    "pdspec_kv_only_graph_verified_total{differ}",
     "vllm:spec_decode_num_drafts_total",
     "vllm:spec_decode_num_draft_tokens_total",
     "vllm:spec_decode_num_accepted_tokens_total",
@@ -96,12 +101,22 @@ class EngineHandle:
 
         write_policy(self.policy_file, policy)  # read by the scheduler at its next step
 
+    def gc_pause_seconds(self) -> float:
+        """Seconds the engine's own processes (not this one) spent in GC so far."""
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        files = [f for f in self.metrics_files() if int(_PID_FILE.search(Path(f).name).group(1)) in self.engine_pids]
+        return sum(sample.value for family in MultiProcessCollector.merge(files, accumulate=True)
+                   for sample in family.samples if sample.name == "pdspec_engine_gc_pause_seconds_total")  # fmt: skip
+
     def counters(self) -> dict[str, float]:
         values: dict[str, float] = defaultdict(float)
         for family in self.collect():
             for sample in family.samples:
-                if sample.name in COUNTERS:
-                    values[sample.name] += sample.value
+                # A labelled counter is kept apart by its label values: name{value,...}.
+                key = sample.name + ("{" + ",".join(sample.labels.values()) + "}" if sample.labels else "")
+                if key in COUNTERS:
+                    values[key] += sample.value
         return {name: values.get(name, 0.0) for name in COUNTERS}
 
 

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from loadtest.engine_bench.engines import add_engine_arguments, delta, engine_args_from, plugin_engine, prefill_worker_engine
+from loadtest.engine_bench.rep_diagnostics import RepProbe, describe
 
 
 def engine_features(engine) -> dict[str, str]:
@@ -54,6 +55,10 @@ class BenchResult:
     counters: dict[str, dict[str, float]] = field(default_factory=dict)
     as_prefill_worker: bool = False  # engines built as `pdspec prefill` builds its own (KV connector on)
     features: dict[str, str] = field(default_factory=dict)  # the drafter engine's pdspec_engine_feature states
+    # Per mode, per rep: the engine process's CPU, GC and memory, the GPU's clocks (rep_diagnostics).
+    diagnostics: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    # DFlash on V2, test-only verification: graph steps whose KV equalled / differed from the eager path's.
+    graph_verified: dict[str, float] = field(default_factory=dict)
 
     def median(self, mode: str) -> float:
         return statistics.median(self.tokens_per_s[mode])
@@ -126,24 +131,40 @@ def bench(
         def prompts():
             return [[rng.randrange(10, vocab) for _ in range(prompt_tokens)] for _ in range(num_prompts)]
 
+        probes = {"drafter": RepProbe(drafter.engine_pids, drafter.gc_pause_seconds)}
+        if plain is not None:
+            probes["plain"] = RepProbe(plain.engine_pids, plain.gc_pause_seconds)
+
         def run(mode: str):
+            batch = prompts()
             if mode == "none":
-                return timed_rep(plain, prompts(), None)
+                with probes["plain"].rep() as sample:
+                    rate, counters = timed_rep(plain, batch, None)
+                return rate, counters, sample
             drafter.set_kv_only(mode != "full")
-            return timed_rep(drafter, prompts(), "always" if mode == "always" else "auto")
+            with probes["drafter"].rep() as sample:
+                rate, counters = timed_rep(drafter, batch, "always" if mode == "always" else "auto")
+            return rate, counters, sample
 
         if plain is not None:
             run("none")  # warm-up
         run("auto")  # warm-up
         for rep, order in enumerate(rep_orders(modes, reps), 1):
             for mode in order:
-                rate, counters = run(mode)
+                rate, counters, sample = run(mode)
                 result.tokens_per_s[mode].append(rate)
+                result.diagnostics.setdefault(mode, []).append(sample)
                 total = result.counters.setdefault(mode, {})
                 for name, value in counters.items():
                     total[name] = total.get(name, 0.0) + value
                 preempted = counters.get("vllm:num_preemptions_total", 0.0)
-                print(f"  mbt {mbt} rep {rep}/{reps} {mode:6s} {rate:10.0f} tok/s  preemptions {preempted:.0f}", flush=True)
+                print(f"  mbt {mbt} rep {rep}/{reps} {mode:6s} {rate:10.0f} tok/s  preemptions {preempted:.0f}  "
+                      f"{describe(sample)}", flush=True)
+        totals = drafter.counters()
+        verified = {k.split("{")[1].rstrip("}"): v for k, v in totals.items() if k.startswith("pdspec_kv_only_graph_verified")}
+        if any(verified.values()):
+            result.graph_verified = verified
+            print(f"  drafter engine: graph steps checked against vLLM's eager path: {verified}", flush=True)
         # Which processes wrote the drafter engine's metrics (pid-named files): where a counter
         # reads 0, this says whether its engine core wrote here at all (kv_only/h200-prefill-worker).
         print("  drafter engine's metrics files:", [Path(f).name for f in drafter.metrics_files()], flush=True)
@@ -179,6 +200,22 @@ def baseline_lines(results: list[BenchResult]) -> list[str]:
     """One line per size: K=0 (auto) throughput over the no-drafter engine's, medians."""
     return [f"mbt {r.mbt}: k0/no-drafter: {r.ratio_of('auto', 'none'):.3f}" for r in results
             if r.ratio_of("auto", "none") is not None]  # fmt: skip
+
+
+def graph_lines(results: list[BenchResult]) -> list[str]:
+    """Where K=0 steps ran as CUDA graph replays (DFlash, V2 runner): how many, per mode,
+    and what the test-only verification found (timed reps only; warm-ups not counted)."""
+    lines = []
+    for r in results:
+        for mode, c in r.counters.items():
+            replays = c.get("pdspec_kv_only_graph_replays_total", 0)
+            if replays:
+                lines.append(f"mbt {r.mbt} {mode}: graph replays {replays:.0f} of "
+                             f"{c.get('pdspec_k0_proposals_total', 0):.0f} K=0 steps")  # fmt: skip
+        if r.graph_verified:
+            lines.append(f"mbt {r.mbt}: graph steps' drafter KV against vLLM's eager path: "
+                         f"{r.graph_verified.get('equal', 0):.0f} equal, {r.graph_verified.get('differ', 0):.0f} differ")
+    return lines
 
 
 def plot(results: list[BenchResult], path: Path) -> None:
@@ -236,7 +273,7 @@ def main() -> None:
         print(f"mbt {r.mbt}: engine features {r.features}" + (" (as a prefill worker)" if r.as_prefill_worker else ""))
 
     table = render(results)
-    lines = baseline_lines(results)
+    lines = baseline_lines(results) + graph_lines(results)
     table = "\n".join([table, "", *lines]) if lines else table
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,11 @@
 #   runs REPS (3) interleaved reps of each mode on 32 x 16,384 tokens (about 18 s each);
 #   every rep is printed as it ends, so a call cut short still shows its reps.
 # Files come back from $OUT: the profile tables, prefill_bench.{md,json,png}, logs.
+# MODES picks the drafter engine's modes (worker*: "auto full"; dflash*: "auto"). For DFlash,
+# `auto` replays the K=0 context step's CUDA graph and `full` runs vLLM's eager K=0 path;
+# PDSPEC_TEST_DFLASH_GRAPH_VERIFY_STEPS=N checks the first N graph steps' drafter KV
+# against the eager path's (warm-up steps; the count is printed). Every rep also prints the
+# engine's CPU share, GC time and the GPU's clock, power and temperature (rep_diagnostics).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:?usage: kv_only_h200.sh profile|bench512|bench2048|dflash512|worker512|worker2048|dflashworker512|dflashworker2048|dflashprofile}
@@ -45,7 +50,7 @@ case "$what" in
     # The configuration users run: the engines a `pdspec prefill` worker builds (issue 22).
     mbt=${what#worker}
     python3 -m loadtest.prefill_bench "${shape[@]}" --prompts "${PROMPTS:-32}" --prompt-tokens 16384 --mbt "$mbt" \
-      --reps "${REPS:-3}" --baseline --modes auto full --as-prefill-worker --gpu-memory-utilization 0.4 \
+      --reps "${REPS:-3}" --baseline --modes ${MODES:-auto full} --as-prefill-worker --gpu-memory-utilization 0.4 \
       --out "$OUT" 2>&1 | tee "$OUT/bench-log.txt" | grep -v " INFO " ;;
   dflash512|dflashworker512|dflashworker2048)
     # vLLM 0.33's V2 DFlash speculator already runs only the context K/V precompute on
@@ -60,5 +65,6 @@ case "$what" in
       --kv-only "${KV_ONLY:-on}" --gpu-memory-utilization 0.8 --out "$OUT" 2>&1 | tee "$OUT/profile-log.txt" | grep -v " INFO " ;;
   *) echo "unknown: $what" >&2; exit 2 ;;
 esac
-grep -h "KV-only drafter pass" "$OUT"/*-log.txt | sort | uniq -c | head -5  # on, off, or why not
+grep -h "KV-only drafter pass\|context step captured\|context graph" "$OUT"/*-log.txt | sed 's/.*pdspec:/pdspec:/' \
+  | sort | uniq -c | head -8  # on, off, or why not; DFlash's context graphs
 ls -la "$OUT"

@@ -21,7 +21,8 @@ def register() -> None:
     a role to its engine hooks, as its role package lists them): every P/D worker gets the
     NIXL progress delay and the CPU KV-core pinning; a prefill worker also the KV-only
     drafter pass, the DP idle-rank vote and, in tests, the drafter-KV switch; a decode worker,
-    in tests, the dump of the drafter KV it received. The K=0 rule comes in through
+    in tests, the dump of the drafter KV it received. Every worker process counts its GC
+    pauses (`pdspec_engine_gc_pause_seconds_total`). The K=0 rule comes in through
     `--scheduler-cls`."""
     delay = os.environ.get(PROGRESS_DELAY_ENV)
     if delay is not None:
@@ -30,7 +31,10 @@ def register() -> None:
     if role not in ("prefill", "decode"):
         return
     from pdspec.worker.engine import features
+    from pdspec.worker.engine.metrics import install_gc_pause_counter
     from pdspec.worker.roles import ROLES
+
+    install_gc_pause_counter()
 
     if delay is None:
         features.report(features.NIXL_PROGRESS_DELAY, False, f"no delay set ({PROGRESS_DELAY_ENV})")

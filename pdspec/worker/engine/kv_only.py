@@ -348,8 +348,10 @@ def install_kv_only_drafter() -> None:
 
 
 def _install_dflash() -> None:
-    """DFlash drafters (kv_only_dflash.py): the pass on the V1 proposer, the count on V2."""
-    from pdspec.worker.engine.kv_only_dflash import install_dflash_v2_count, install_kv_only_dflash_v1
+    """DFlash drafters (kv_only_dflash.py): the pass on the V1 proposer; on V2 the count and the
+    context step's CUDA graphs."""
+    from pdspec.worker.engine.kv_only_dflash import install_dflash_v2, install_kv_only_dflash_v1, \
+        install_profile_capture_mark  # fmt: skip
 
     try:
         from vllm.v1.spec_decode.dflash import DFlashProposer
@@ -362,4 +364,9 @@ def _install_dflash() -> None:
         from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
     except ImportError:
         return
-    install_dflash_v2_count(DFlashSpeculator)
+    install_dflash_v2(DFlashSpeculator)
+    try:
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+    except ImportError:
+        return
+    install_profile_capture_mark(GPUModelRunner)

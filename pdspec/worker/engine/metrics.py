@@ -5,6 +5,9 @@ counter live in features.py."""
 
 from __future__ import annotations
 
+import gc
+import time
+
 from prometheus_client import Counter
 
 PROPOSALS = Counter("pdspec_proposals", "Engine steps in which the speculative drafter ran.")
@@ -33,3 +36,30 @@ STALE_KV_RECOMPUTED = Counter(
     "Decode requests prefilled here because their prefill worker's KV lease may have run out before the "
     "scheduler got them (stale_kv.py).",
 )
+
+# Time the engine process spends in Python's garbage collector, by generation. A pause
+# stops the scheduler and the model runner alike; a count that grows from rep to rep of a
+# benchmark (objects piling up) shows here first (loadtest.prefill_bench prints it a rep).
+GC_PAUSE_SECONDS = Counter(
+    "pdspec_engine_gc_pause_seconds", "Seconds this engine process spent in Python's garbage collector.",
+    ["generation"],
+)
+_gc_started: list[float] = []
+_clock = time.perf_counter  # bound now: the callback also runs while the interpreter shuts down
+
+
+def install_gc_pause_counter() -> None:
+    """Counts the engine process's GC pauses into GC_PAUSE_SECONDS (once per process)."""
+    if _on_gc not in gc.callbacks:
+        gc.callbacks.append(_on_gc)
+
+
+def _on_gc(phase: str, info: dict) -> None:
+    if phase == "start":
+        _gc_started[:] = [_clock()]
+    elif _gc_started:
+        pause = _clock() - _gc_started.pop()
+        try:
+            GC_PAUSE_SECONDS.labels(str(info.get("generation", "?"))).inc(pause)
+        except Exception:  # noqa: BLE001 (at shutdown the metrics files may be gone: a pause goes uncounted)
+            pass

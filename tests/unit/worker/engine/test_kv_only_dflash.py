@@ -1,7 +1,9 @@
 """The DFlash KV-only pass's wiring, on stand-in proposers (no engine): V1 K=0 proposals
 write the context K/V from vLLM's own buffers and skip the forward, the rest keep vLLM's
-path; V2 K=0 steps (vLLM's own context-only path) are counted. Bitwise equality with the
-full pass is tested on a real engine (tests/e2e/test_kv_only_equality.py)."""
+path; V2 K=0 steps (vLLM's own context-only path) are counted and go to the context
+step's CUDA graph when one of their size was captured. Bitwise equality with the full pass
+is tested on a real engine (tests/e2e/test_kv_only_equality.py); the graph's, on a GPU
+(`PDSPEC_TEST_DFLASH_GRAPH_VERIFY_STEPS`, loadtest/gpu/kv_only_h200.sh)."""
 
 
 import types
@@ -11,7 +13,8 @@ import torch
 
 from pdspec.worker.engine import features, kv_only, kv_only_dflash
 from pdspec.worker.engine.control import LiveFlag, write_policy
-from pdspec.worker.engine.kv_only_dflash import install_dflash_v2_count, install_kv_only_dflash_v1
+from pdspec.worker.engine.dflash_context_graph import graph_sizes
+from pdspec.worker.engine.kv_only_dflash import install_dflash_v2, install_kv_only_dflash_v1
 from tests.unit.worker.engine.test_kv_only import FakeV1Proposer, v1_call
 
 
@@ -116,17 +119,123 @@ def test_a_failing_pass_falls_back_to_vllms_path_for_good(proposer_class):
 
 
 class FakeV2Speculator:
+    """vLLM 0.33's V2 DFlash speculator as far as the wrappers read it: a K=0 `propose`
+    stores the hidden states, then precomputes the context K/V (both recorded)."""
+
+    max_num_tokens = 512
+
+    def __init__(self):
+        self.calls = []
+        self.hidden_states = torch.zeros(8, 2)
+
     def load_model(self, target_model):
         self.loaded = target_model
 
-    def propose(self, *args, num_speculative_tokens=None, dummy_run=False, is_profile=False, **kwargs):
+    def capture(self):
+        self.calls.append("vllm capture")
+        return "captured"
+
+    def _store_hidden_states(self, num_tokens, last_hidden_states, aux_hidden_states, num_graph_tokens=0):
+        self.calls.append(("eager store", num_tokens))
+
+    def _precompute_context_kv(self, start, end, dummy_run=False):
+        self.calls.append(("eager precompute", start, end))
+
+    def propose(self, num_tokens=4, *args, num_speculative_tokens=None, dummy_run=False, is_profile=False, **kwargs):
+        if num_speculative_tokens == 0:
+            self._store_hidden_states(num_tokens, None, [torch.ones(num_tokens, 1)] * 2)
+            self._precompute_context_kv(0, num_tokens, dummy_run)
         return num_speculative_tokens
+
+
+class FakeGraphs:
+    """DFlashContextGraphs without CUDA: sizes it "captured", replays it did."""
+
+    def __init__(self, sizes, fail=False):
+        self.sizes, self.fail, self.replays = set(sizes), fail, []
+        self.staging = torch.zeros(8, 2)
+        self.model = types.SimpleNamespace(combine_hidden_states=lambda hidden: hidden + 1)
+
+    def stage(self, num_tokens, aux):
+        return num_tokens in self.sizes
+
+    def replay(self, num_tokens):
+        if self.fail:
+            raise RuntimeError("graph replay failed")
+        self.replays.append(num_tokens)
+
+
+def v2_speculator(graphs=None, flag=True):
+    cls = type("Speculator", (FakeV2Speculator,), {})
+    install_dflash_v2(cls, LiveFlag(flag, None))
+    speculator = cls()
+    speculator._pdspec_context_graphs = graphs
+    return speculator
+
+
+def test_v2_k0_step_of_a_captured_size_replays_its_graph_instead_of_vllms_eager_path():
+    graphs = FakeGraphs({4})
+    speculator = v2_speculator(graphs)
+    speculator.propose(4, num_speculative_tokens=0)
+    assert graphs.replays == [4]
+    assert speculator.calls == []  # neither vLLM's store nor its precompute ran
+
+
+@pytest.mark.parametrize("call", [
+    dict(num_tokens=3, num_speculative_tokens=0),  # a size with no graph
+    dict(num_tokens=4, num_speculative_tokens=0, dummy_run=True),
+    dict(num_tokens=4, num_speculative_tokens=0, is_profile=True),
+])  # fmt: skip
+def test_v2_other_k0_steps_keep_vllms_eager_path(call):
+    graphs = FakeGraphs({4})
+    speculator = v2_speculator(graphs)
+    speculator.propose(**call)
+    assert graphs.replays == []
+    assert speculator.calls == [("eager store", call["num_tokens"]), ("eager precompute", 0, call["num_tokens"])]
+
+
+def test_v2_graph_not_used_with_the_switch_off_or_when_drafting():
+    graphs = FakeGraphs({4})
+    off = v2_speculator(graphs, flag=False)
+    off.propose(4, num_speculative_tokens=0)
+    assert graphs.replays == [] and ("eager precompute", 0, 4) in off.calls
+    drafting = v2_speculator(graphs)
+    drafting.propose(4, num_speculative_tokens=16)
+    assert graphs.replays == [] and drafting.calls == []
+
+
+def test_v2_a_failing_replay_runs_vllms_path_for_that_step_and_drops_the_graphs():
+    graphs = FakeGraphs({4}, fail=True)
+    speculator = v2_speculator(graphs)
+    speculator.propose(4, num_speculative_tokens=0)
+    assert speculator.calls == [("eager precompute", 0, 4)]
+    assert torch.equal(speculator.hidden_states[:4], torch.ones(4, 2))  # the fc of the staged rows, as vLLM's store
+    assert speculator._pdspec_context_graphs is None
+    speculator.propose(4, num_speculative_tokens=0)
+    assert speculator.calls[1:] == [("eager store", 4), ("eager precompute", 0, 4)]
+
+
+def test_v2_capture_keeps_vllms_result_and_leaves_the_eager_path_where_graphs_cannot_be_made():
+    """On this CPU no CUDA graph can be captured: vLLM's capture still runs and returns,
+    and K=0 steps keep vLLM's eager path."""
+    speculator = v2_speculator()
+    assert speculator.capture() == "captured"
+    assert speculator.calls == ["vllm capture"]
+    assert speculator._pdspec_context_graphs is None
+    speculator.propose(4, num_speculative_tokens=0)
+    assert speculator.calls[1:] == [("eager store", 4), ("eager precompute", 0, 4)]
+
+
+def test_graph_sizes_are_the_token_budget_and_the_capture_sizes_below_it_largest_first():
+    assert graph_sizes(512, [1, 2, 4, 512, 1024]) == [512, 4, 2, 1]
+    assert graph_sizes(2048, [8, 512]) == [2048, 512, 8]
+    assert graph_sizes(64, None) == [64]
 
 
 def test_v2_counts_k0_steps_of_vllms_context_only_path():
     cls = type("Speculator", (FakeV2Speculator,), {})
-    install_dflash_v2_count(cls)
-    install_dflash_v2_count(cls)  # idempotent: one count a step
+    install_dflash_v2(cls)
+    install_dflash_v2(cls)  # idempotent: one count a step
     speculator = cls()
     speculator.load_model("target")
     assert features.reported()[features.KV_ONLY_PASS] == ("on", "")
@@ -163,3 +272,24 @@ def test_installed_where_vllm_has_dflash(monkeypatch):
     assert is_wrapped(EagleProposer.propose, "kv_only_v1")
     assert not is_wrapped(DFlashProposer.propose, "kv_only_v1")
     assert not is_wrapped(EagleProposer.propose, "kv_only_dflash_v1")
+
+
+def test_the_runner_tells_its_speculator_which_capture_measures_memory():
+    from pdspec.worker.engine.kv_only_dflash import install_profile_capture_mark
+
+    seen = []
+
+    class Runner:
+        def __init__(self):
+            self.speculator = types.SimpleNamespace()
+
+        def capture_model(self, *, profile_only=False):
+            seen.append(self.speculator._pdspec_profile_capture)
+            return 0
+
+    install_profile_capture_mark(Runner)
+    runner = Runner()
+    runner.capture_model(profile_only=True)
+    runner.capture_model()
+    assert seen == [True, False]
+    assert runner.speculator._pdspec_profile_capture is False

@@ -1,0 +1,156 @@
+"""What else changed during a benchmark rep, beside its tokens/s: the engine process's CPU
+time, context switches, memory and GC pauses, and (on a GPU) the SM clock, power and
+temperature. For a drift that slows one engine rep by rep while its neighbour holds steady
+(kv_only/h200-prefill-worker-32: the drafter engine at mbt 512), these say whether the
+engine's host side, its garbage or the GPU's clocks moved with it.
+
+`RepProbe(pids)` around a rep: `with probe.rep() as sample: ...` fills `sample` (a dict)
+when the rep ends. Everything it reads is optional: a value it cannot read is left out.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_stats(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system, all threads), context switches and RSS of one process."""
+    stats: dict[str, float] = {}
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        stats["cpu_s"] = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+                stats[key] = float(value)
+            elif key == "VmRSS":
+                stats["rss_mib"] = float(value.split()[0]) / 1024
+            elif key == "Threads":
+                stats["threads"] = float(value)
+    except (OSError, IndexError, ValueError):
+        pass
+    return stats
+
+
+class GpuSampler:
+    """Samples GPU 0's SM clock, power and temperature every `interval` s (NVML), between
+    start() and stop(); nothing when NVML or a GPU is missing."""
+
+    def __init__(self, interval: float = 0.5) -> None:
+        self.interval = interval
+        self.samples: list[tuple[float, float, float, int]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._handle = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:  # no NVML, no GPU: the probe reports no GPU values
+            self._nvml = None
+
+    def start(self) -> None:
+        if self._handle is None:
+            return
+        self.samples = []
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        nvml = self._nvml
+        while not self._stop.wait(self.interval):
+            try:
+                self.samples.append((
+                    nvml.nvmlDeviceGetClockInfo(self._handle, nvml.NVML_CLOCK_SM),
+                    nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000,
+                    nvml.nvmlDeviceGetTemperature(self._handle, nvml.NVML_TEMPERATURE_GPU),
+                    nvml.nvmlDeviceGetCurrentClocksThrottleReasons(self._handle),
+                ))
+            except Exception:
+                return
+
+    def stop(self) -> dict[str, float]:
+        if self._thread is None:
+            return {}
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+        if not self.samples:
+            return {}
+        clocks, power, temp, reasons = zip(*self.samples)
+        throttled = 0
+        for r in reasons:
+            throttled |= r
+        return {"sm_clock_mhz_mean": sum(clocks) / len(clocks), "sm_clock_mhz_min": min(clocks),
+                "power_w_mean": sum(power) / len(power), "temp_c_max": max(temp),
+                "throttle_reasons": float(throttled)}  # fmt: skip
+
+
+class RepProbe:
+    """Engine-process and GPU readings over one rep (deltas for the cumulative ones)."""
+
+    def __init__(self, pids: frozenset[int] | set[int], gc_seconds=None) -> None:
+        """`gc_seconds`: a callable giving the engine's GC pause seconds so far (its
+        `pdspec_engine_gc_pause_seconds_total`), or None."""
+        self.pids = sorted(pids)
+        self.gc_seconds = gc_seconds
+        self.gpu = GpuSampler()
+
+    def _read(self) -> dict[str, float]:
+        total: dict[str, float] = {}
+        for pid in self.pids:
+            for key, value in process_stats(pid).items():
+                total[key] = total.get(key, 0.0) + value
+        if self.gc_seconds is not None:
+            total["gc_pause_s"] = self.gc_seconds()
+        return total
+
+    @contextmanager
+    def rep(self) -> Iterator[dict[str, float]]:
+        sample: dict[str, float] = {}
+        before = self._read()
+        self.gpu.start()
+        start = time.perf_counter()
+        try:
+            yield sample
+        finally:
+            wall = time.perf_counter() - start
+            gpu = self.gpu.stop()
+            after = self._read()
+            for key in ("cpu_s", "voluntary_ctxt_switches", "nonvoluntary_ctxt_switches", "gc_pause_s"):
+                if key in after and key in before:
+                    sample[key] = after[key] - before[key]
+            if "cpu_s" in sample and wall > 0:
+                sample["engine_cpu_share"] = sample["cpu_s"] / wall
+            for key in ("rss_mib", "threads"):
+                if key in after:
+                    sample[key] = after[key]
+            sample.update(gpu)
+
+
+def describe(sample: dict[str, float]) -> str:
+    """One short line of a rep's readings, for the progress output."""
+    parts = []
+    if "engine_cpu_share" in sample:
+        parts.append(f"engine cpu {sample['engine_cpu_share']:.2f}")
+    if "gc_pause_s" in sample:
+        parts.append(f"gc {sample['gc_pause_s'] * 1000:.0f} ms")
+    if "nonvoluntary_ctxt_switches" in sample:
+        parts.append(f"preempted {sample['nonvoluntary_ctxt_switches']:.0f}")
+    if "rss_mib" in sample:
+        parts.append(f"rss {sample['rss_mib']:.0f} MiB")
+    if "sm_clock_mhz_mean" in sample:
+        parts.append(f"sm {sample['sm_clock_mhz_mean']:.0f} MHz (min {sample['sm_clock_mhz_min']:.0f})"
+                     f" {sample['power_w_mean']:.0f} W {sample['temp_c_max']:.0f} C"
+                     f" throttle 0x{int(sample['throttle_reasons']):x}")  # fmt: skip
+    return ", ".join(parts)
