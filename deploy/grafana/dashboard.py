@@ -128,7 +128,15 @@ def build() -> dict:
           "K=0 steps per second, and those whose drafter KV the KV-only pass wrote (equal on a prefill worker "
           "with the pass on).",
           [(per_worker_rate("pdspec_k0_proposals_total"), "{{role}} {{instance}} K=0"),
-           (per_worker_rate("pdspec_kv_only_passes_total"), "{{role}} {{instance}} KV-only")], unit="ops", w=24)
+           (per_worker_rate("pdspec_kv_only_passes_total"), "{{role}} {{instance}} KV-only"),
+           (per_worker_rate("pdspec_kv_only_graph_replays_total"), "{{role}} {{instance}} as a CUDA graph")],
+          unit="ops", w=12)  # fmt: skip
+    p.add("timeseries", "Engine GC pauses",
+          "Share of time each worker's vLLM processes spent in Python's garbage collector "
+          "(pdspec_engine_gc_pause_seconds_total). A share that climbs with uptime, traffic unchanged, is objects "
+          "piling up in the engine.",
+          [(per_worker_rate("pdspec_engine_gc_pause_seconds_total"), "{{role}} {{instance}}")],
+          unit="percentunit", w=12)  # fmt: skip
 
     p.row("Speculative decoding on decode workers")
     accepted = f"sum by (instance) (rate(vllm:spec_decode_num_accepted_tokens_total[{RATE}]))"

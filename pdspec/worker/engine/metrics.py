@@ -6,6 +6,7 @@ counter live in features.py."""
 from __future__ import annotations
 
 import gc
+import threading
 import time
 
 from prometheus_client import Counter
@@ -44,22 +45,51 @@ GC_PAUSE_SECONDS = Counter(
     "pdspec_engine_gc_pause_seconds", "Seconds this engine process spent in Python's garbage collector.",
     ["generation"],
 )
+GC_FLUSH_INTERVAL_S = 1.0
 _gc_started: list[float] = []
+# Pauses measured but not yet in the counter: (generation, seconds). The GC callback only
+# appends here. It must never touch prometheus-client: a collection can start while this
+# thread holds the client's (non-reentrant) value lock, inside any metric's inc(), and an
+# inc() from the callback then waits for that lock forever (an engine hung at start-up on
+# the H200 that way). A thread of its own moves them into the counter.
+_gc_pauses: list[tuple[int, float]] = []
 _clock = time.perf_counter  # bound now: the callback also runs while the interpreter shuts down
+_flusher: threading.Thread | None = None
 
 
 def install_gc_pause_counter() -> None:
     """Counts the engine process's GC pauses into GC_PAUSE_SECONDS (once per process)."""
+    global _flusher
     if _on_gc not in gc.callbacks:
         gc.callbacks.append(_on_gc)
+    if _flusher is None or not _flusher.is_alive():
+        _flusher = threading.Thread(target=_flush_forever, name="pdspec-gc-pauses", daemon=True)
+        _flusher.start()
 
 
 def _on_gc(phase: str, info: dict) -> None:
     if phase == "start":
         _gc_started[:] = [_clock()]
     elif _gc_started:
-        pause = _clock() - _gc_started.pop()
+        _gc_pauses.append((info.get("generation", -1), _clock() - _gc_started.pop()))
+
+
+def flush_gc_pauses() -> None:
+    """Moves the pauses measured so far into GC_PAUSE_SECONDS."""
+    count = len(_gc_pauses)
+    batch = _gc_pauses[:count]
+    del _gc_pauses[:count]  # the callback only appends: what it adds meanwhile stays for next time
+    totals: dict[int, float] = {}
+    for generation, seconds in batch:
+        totals[generation] = totals.get(generation, 0.0) + seconds
+    for generation, seconds in totals.items():
+        GC_PAUSE_SECONDS.labels(str(generation)).inc(seconds)
+
+
+def _flush_forever() -> None:
+    while True:
+        time.sleep(GC_FLUSH_INTERVAL_S)
         try:
-            GC_PAUSE_SECONDS.labels(str(info.get("generation", "?"))).inc(pause)
-        except Exception:  # noqa: BLE001 (at shutdown the metrics files may be gone: a pause goes uncounted)
-            pass
+            flush_gc_pauses()
+        except Exception:  # noqa: BLE001 (metrics folder gone at shutdown: stop counting)
+            return
