@@ -101,23 +101,33 @@ class EngineHandle:
 
         write_policy(self.policy_file, policy)  # read by the scheduler at its next step
 
-    def gc_pause_seconds(self) -> float:
-        """Seconds the engine's own processes (not this one) spent in GC so far."""
+    def gc_pause_seconds(self) -> float | None:
+        """Seconds the engine's own processes (not this one) spent in GC so far; None where
+        none of them counts GC pauses (the counter is not there: not measured, not zero)."""
         from prometheus_client.multiprocess import MultiProcessCollector
 
         files = [f for f in self.metrics_files() if int(_PID_FILE.search(Path(f).name).group(1)) in self.engine_pids]
-        return sum(sample.value for family in MultiProcessCollector.merge(files, accumulate=True)
-                   for sample in family.samples if sample.name == "pdspec_engine_gc_pause_seconds_total")  # fmt: skip
+        samples = [sample.value for family in MultiProcessCollector.merge(files, accumulate=True)
+                   for sample in family.samples if sample.name == "pdspec_engine_gc_pause_seconds_total"]  # fmt: skip
+        return sum(samples) if samples else None
 
     def counters(self) -> dict[str, float]:
-        values: dict[str, float] = defaultdict(float)
-        for family in self.collect():
-            for sample in family.samples:
-                # A labelled counter is kept apart by its label values: name{value,...}.
-                key = sample.name + ("{" + ",".join(sample.labels.values()) + "}" if sample.labels else "")
-                if key in COUNTERS:
-                    values[key] += sample.value
-        return {name: values.get(name, 0.0) for name in COUNTERS}
+        return counter_values(self.collect())
+
+
+def counter_values(families) -> dict[str, float]:
+    """COUNTERS read from metric families: each summed over its labels (vLLM's carry the
+    model and engine), except an entry that names label values, `name{value,...}`, which
+    reads only the samples with exactly those values."""
+    values: dict[str, float] = defaultdict(float)
+    for family in families:
+        for sample in family.samples:
+            if sample.name in COUNTERS:
+                values[sample.name] += sample.value
+            labelled = sample.name + "{" + ",".join(sample.labels.values()) + "}"
+            if sample.labels and labelled in COUNTERS:
+                values[labelled] += sample.value
+    return {name: values.get(name, 0.0) for name in COUNTERS}
 
 
 @contextmanager

@@ -101,7 +101,8 @@ class RepProbe:
 
     def __init__(self, pids: frozenset[int] | set[int], gc_seconds=None) -> None:
         """`gc_seconds`: a callable giving the engine's GC pause seconds so far (its
-        `pdspec_engine_gc_pause_seconds_total`), or None."""
+        `pdspec_engine_gc_pause_seconds_total`, None where it has none), or None. GC time
+        reaches the counter within a second (metrics.py), so a rep's share is approximate."""
         self.pids = sorted(pids)
         self.gc_seconds = gc_seconds
         self.gpu = GpuSampler()
@@ -111,8 +112,9 @@ class RepProbe:
         for pid in self.pids:
             for key, value in process_stats(pid).items():
                 total[key] = total.get(key, 0.0) + value
-        if self.gc_seconds is not None:
-            total["gc_pause_s"] = self.gc_seconds()
+        gc_seconds = self.gc_seconds() if self.gc_seconds is not None else None
+        if gc_seconds is not None:  # None: the engine does not count GC pauses (not measured, not zero)
+            total["gc_pause_s"] = gc_seconds
         return total
 
     @contextmanager

@@ -123,6 +123,7 @@ def _counting_v2(original: Any, flag: LiveFlag | None) -> Any:
             result = original(self, *args, **kwargs)
         finally:
             self._pdspec_graph_step = False
+            self._pdspec_staged = None  # a stage never replayed must not meet a later precompute
         if k0_step:
             features.KV_ONLY_PASSES.inc()
         return result
@@ -157,9 +158,9 @@ def _capturing_context_graphs(original: Any) -> Any:
     @functools.wraps(original)
     def capture(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        self._pdspec_context_graphs = None  # a capture for memory profiling comes first: start again
-        if not _kv_only_flag().current():
-            return result
+        # A capture for memory profiling comes first: start again. Captured whatever the
+        # switch says now: each K=0 step reads it (`_counting_v2`), so it can turn on later.
+        self._pdspec_context_graphs = None
         try:
             from pdspec.worker.engine.dflash_context_graph import DFlashContextGraphs, graph_sizes, \
                 verify_steps_from_env  # fmt: skip

@@ -6,6 +6,7 @@ counter live in features.py."""
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 
@@ -46,44 +47,64 @@ GC_PAUSE_SECONDS = Counter(
     ["generation"],
 )
 GC_FLUSH_INTERVAL_S = 1.0
+GC_GENERATIONS = 3
 _gc_started: list[float] = []
-# Pauses measured but not yet in the counter: (generation, seconds). The GC callback only
-# appends here. It must never touch prometheus-client: a collection can start while this
-# thread holds the client's (non-reentrant) value lock, inside any metric's inc(), and an
-# inc() from the callback then waits for that lock forever (an engine hung at start-up on
-# the H200 that way). A thread of its own moves them into the counter.
-_gc_pauses: list[tuple[int, float]] = []
+# Seconds of GC so far, per generation, and how much of it the counter has. The GC
+# callback only adds to a float here. It must never touch prometheus-client: a collection
+# can start while this thread holds the client's (non-reentrant) value lock, inside any
+# metric's inc(), and an inc() from the callback then waits for that lock forever (an
+# engine hung at start-up on the H200 that way). A thread of its own moves the difference
+# into the counter each second.
+_gc_seconds = [0.0] * GC_GENERATIONS
+_gc_flushed = [0.0] * GC_GENERATIONS
+_flush_lock = threading.Lock()
 _clock = time.perf_counter  # bound now: the callback also runs while the interpreter shuts down
 _flusher: threading.Thread | None = None
 
 
 def install_gc_pause_counter() -> None:
-    """Counts the engine process's GC pauses into GC_PAUSE_SECONDS (once per process)."""
-    global _flusher
+    """Counts this process's GC pauses into GC_PAUSE_SECONDS, and those of every process
+    forked from it (vLLM forks its engine core after loading plugins: the child keeps the
+    callback but not the thread, so the thread starts again there)."""
     if _on_gc not in gc.callbacks:
         gc.callbacks.append(_on_gc)
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+    _start_flusher()
+
+
+def _start_flusher() -> None:
+    global _flusher
     if _flusher is None or not _flusher.is_alive():
         _flusher = threading.Thread(target=_flush_forever, name="pdspec-gc-pauses", daemon=True)
         _flusher.start()
+
+
+def _after_fork_in_child() -> None:
+    global _flusher, _flush_lock
+    _gc_seconds[:] = [0.0] * GC_GENERATIONS  # the parent's pauses are the parent's
+    _gc_flushed[:] = [0.0] * GC_GENERATIONS
+    _flush_lock = threading.Lock()  # a lock held by a parent thread at the fork stays held here
+    _flusher = None
+    _start_flusher()
 
 
 def _on_gc(phase: str, info: dict) -> None:
     if phase == "start":
         _gc_started[:] = [_clock()]
     elif _gc_started:
-        _gc_pauses.append((info.get("generation", -1), _clock() - _gc_started.pop()))
+        generation = info.get("generation", 0)
+        if 0 <= generation < GC_GENERATIONS:
+            _gc_seconds[generation] += _clock() - _gc_started.pop()
 
 
 def flush_gc_pauses() -> None:
-    """Moves the pauses measured so far into GC_PAUSE_SECONDS."""
-    count = len(_gc_pauses)
-    batch = _gc_pauses[:count]
-    del _gc_pauses[:count]  # the callback only appends: what it adds meanwhile stays for next time
-    totals: dict[int, float] = {}
-    for generation, seconds in batch:
-        totals[generation] = totals.get(generation, 0.0) + seconds
-    for generation, seconds in totals.items():
-        GC_PAUSE_SECONDS.labels(str(generation)).inc(seconds)
+    """Moves the pauses measured since the last flush into GC_PAUSE_SECONDS."""
+    with _flush_lock:
+        for generation in range(GC_GENERATIONS):
+            total = _gc_seconds[generation]
+            if total > _gc_flushed[generation]:
+                GC_PAUSE_SECONDS.labels(str(generation)).inc(total - _gc_flushed[generation])
+                _gc_flushed[generation] = total
 
 
 def _flush_forever() -> None:

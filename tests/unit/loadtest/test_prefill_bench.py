@@ -92,3 +92,28 @@ def test_the_no_drafter_baseline_is_the_same_worker_without_a_drafter():
     assert "speculative_config" not in plain and "speculative_config" in drafter
     assert plain["kv_transfer_config"] == drafter["kv_transfer_config"]
     assert plain["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] != drafter["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"]
+
+
+def test_counters_sum_vllms_labelled_counters_and_keep_named_label_values_apart():
+    """vLLM's counters carry model and engine labels: they are summed, not dropped (a
+    keying on every label once read vLLM's preemptions as 0); the graph check's result
+    label is read per value."""
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.samples import Sample
+
+    from loadtest.engine_bench.engines import counter_values
+
+    family = Metric("x", "", "counter")
+    family.samples = [
+        Sample("vllm:num_preemptions_total", {"model_name": "m", "engine": "0"}, 2.0),
+        Sample("vllm:num_preemptions_total", {"model_name": "m", "engine": "1"}, 3.0),
+        Sample("pdspec_kv_only_graph_verified_total", {"result": "equal"}, 4.0),
+        Sample("pdspec_kv_only_graph_verified_total", {"result": "differ"}, 1.0),
+        Sample("pdspec_proposals_total", {}, 7.0),
+    ]
+    values = counter_values([family])
+    assert values["vllm:num_preemptions_total"] == 5.0
+    assert values["pdspec_kv_only_graph_verified_total{equal}"] == 4.0
+    assert values["pdspec_kv_only_graph_verified_total{differ}"] == 1.0
+    assert values["pdspec_proposals_total"] == 7.0
+    assert values["pdspec_k0_proposals_total"] == 0.0

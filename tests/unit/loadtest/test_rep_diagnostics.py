@@ -23,3 +23,12 @@ def test_a_rep_reports_the_cpu_it_used_and_the_gc_time_it_added():
     assert sample["gc_pause_s"] == 0.25
     line = describe(sample)
     assert "engine cpu" in line and "gc 250 ms" in line
+
+
+def test_an_engine_that_does_not_count_gc_shows_no_gc_reading():
+    """Not measured is not zero: no `gc` in the sample or the line."""
+    probe = RepProbe({os.getpid()}, lambda: None)
+    with probe.rep() as sample:
+        pass
+    assert "gc_pause_s" not in sample
+    assert not any(part.startswith("gc ") for part in describe(sample).split(", "))

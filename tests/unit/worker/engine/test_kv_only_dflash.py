@@ -215,15 +215,72 @@ def test_v2_a_failing_replay_runs_vllms_path_for_that_step_and_drops_the_graphs(
     assert speculator.calls[1:] == [("eager store", 4), ("eager precompute", 0, 4)]
 
 
-def test_v2_capture_keeps_vllms_result_and_leaves_the_eager_path_where_graphs_cannot_be_made():
-    """On this CPU no CUDA graph can be captured: vLLM's capture still runs and returns,
-    and K=0 steps keep vLLM's eager path."""
+class FakeDFlashDrafter(torch.nn.Module):
+    """The unwrapped drafter as the graphs read it: fc's input width, the fc itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = types.SimpleNamespace(fc=types.SimpleNamespace(input_size=2), _attn_layers=[])
+
+    def combine_hidden_states(self, hidden):
+        return hidden[:, :2] * 10
+
+
+def capturable_speculator():
     speculator = v2_speculator()
+    speculator.model = FakeDFlashDrafter()
+    speculator.max_num_tokens = 8
+    speculator._context_slot_mappings = torch.zeros(1, 8, dtype=torch.int64)
+    speculator.vllm_config = types.SimpleNamespace(
+        compilation_config=types.SimpleNamespace(cudagraph_capture_sizes=[1, 2, 4, 16]))
+    return speculator
+
+
+def test_v2_capture_keeps_vllms_result_and_leaves_the_eager_path_where_graphs_cannot_be_made():
+    """On this CPU no CUDA graph can be captured (the graph pool is CUDA's): vLLM's capture
+    still runs and returns, and K=0 steps keep vLLM's eager path."""
+    speculator = capturable_speculator()
     assert speculator.capture() == "captured"
     assert speculator.calls == ["vllm capture"]
     assert speculator._pdspec_context_graphs is None
     speculator.propose(4, num_speculative_tokens=0)
     assert speculator.calls[1:] == [("eager store", 4), ("eager precompute", 0, 4)]
+
+
+class FakeCudaGraph:
+    """torch.cuda.CUDAGraph on the CPU: the "capture" is the body run once, eagerly; replays counted."""
+
+    def __init__(self):
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+
+
+def test_v2_graphs_are_captured_per_size_and_a_k0_step_stages_vllms_concatenation_then_replays(monkeypatch):
+    """The real DFlashContextGraphs with CUDA's graph API stood in: one graph per size (the
+    token budget and the capture sizes under it), each captured after a warm-up over PAD
+    slots; a K=0 step concatenates the aux hidden states into the fixed buffer and replays
+    that size's graph, and vLLM's store and precompute do not run."""
+    import contextlib
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeCudaGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    speculator = capturable_speculator()
+    speculator._context_slot_mappings.fill_(7)
+    speculator.capture()
+    graphs = speculator._pdspec_context_graphs
+    assert sorted(graphs.graphs) == [1, 2, 4, 8]
+    assert int(speculator._context_slot_mappings.max()) == -1  # PAD: capture writes no KV
+    # Each size: a warm-up and the capture ran vLLM's own precompute over that many rows.
+    assert speculator.calls[1:] == [("eager precompute", 0, n) for n in (8, 8, 4, 4, 2, 2, 1, 1)]
+    speculator.calls.clear()
+    speculator.propose(4, num_speculative_tokens=0)  # aux: two [4, 1] tensors of ones
+    assert speculator.calls == []
+    assert graphs.graphs[4].replays == 1
+    assert torch.equal(graphs.staging[:4], torch.ones(4, 2))  # vLLM's concatenation, staged
 
 
 def test_graph_sizes_are_the_token_budget_and_the_capture_sizes_below_it_largest_first():

@@ -1,6 +1,8 @@
 """The engine process's GC pause counter (metrics.py)."""
 
 import gc
+import multiprocessing
+import os
 
 from pdspec.worker.engine import metrics
 
@@ -25,18 +27,33 @@ def test_gc_pauses_reach_the_counter_once_flushed():
 
 def test_the_gc_callback_never_touches_prometheus_client(monkeypatch):
     """A collection can start inside a metric's inc(), with prometheus-client's value lock
-    held: the callback must not take it again (it would wait forever)."""
+    held: the callback must not take it again (it would wait forever). The flush lock is
+    held meanwhile, so the flush thread cannot call the stand-in either."""
 
     def locked(*args):
         raise AssertionError("the GC callback called into prometheus-client")
 
-    monkeypatch.setattr(metrics.GC_PAUSE_SECONDS, "labels", locked)
-    gc.disable()  # no real collection while the stand-in is in place
-    try:
-        queued = len(metrics._gc_pauses)
+    with metrics._flush_lock:
+        monkeypatch.setattr(metrics.GC_PAUSE_SECONDS, "labels", locked)
+        before = metrics._gc_seconds[2]
         metrics._on_gc("start", {"generation": 2})
         metrics._on_gc("stop", {"generation": 2})
-        assert len(metrics._gc_pauses) == queued + 1 and metrics._gc_pauses[-1][0] == 2
-    finally:
-        metrics._gc_pauses.clear()
-        gc.enable()
+        assert metrics._gc_seconds[2] > before
+        monkeypatch.undo()
+
+
+def _child_flusher_alive(queue):
+    queue.put(metrics._flusher is not None and metrics._flusher.is_alive() and metrics._gc_flushed == [0.0] * 3)
+
+
+def test_a_forked_child_counts_its_own_pauses_from_zero():
+    """vLLM forks its engine core after loading the plugin: the child gets a flush thread
+    of its own and starts from zero, not from the parent's totals."""
+    metrics.install_gc_pause_counter()
+    metrics.flush_gc_pauses()
+    queue = multiprocessing.get_context("fork").Queue()
+    child = multiprocessing.get_context("fork").Process(target=_child_flusher_alive, args=(queue,))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0 and queue.get(timeout=5) is True
+    assert os.getpid() != child.pid
