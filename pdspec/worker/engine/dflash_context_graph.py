@@ -33,13 +33,12 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from pdspec.worker.engine import features
+
 log = logging.getLogger("pdspec.engine")
 
 VERIFY_STEPS_ENV = "PDSPEC_TEST_DFLASH_GRAPH_VERIFY_STEPS"
 
-GRAPH_REPLAYS = Counter(
-    "pdspec_kv_only_graph_replays", "K=0 steps whose KV-only pass ran as one CUDA graph replay (DFlash, V2 runner)."
-)
 GRAPH_VERIFIED = Counter(
     "pdspec_kv_only_graph_verified",
     "Test-only: graph steps whose drafter KV was compared with vLLM's eager path's, by result.",
@@ -110,7 +109,7 @@ class DFlashContextGraphs:
 
     def replay(self, num_tokens: int) -> None:
         self.graphs[num_tokens].replay()
-        GRAPH_REPLAYS.inc()
+        features.KV_ONLY_GRAPH_REPLAYS.inc()
         if self.verify_left > 0:
             self.verify_left -= 1
             self._verify(num_tokens)

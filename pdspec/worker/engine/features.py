@@ -45,6 +45,11 @@ ENGINE_FEATURE = Gauge(
     multiprocess_mode="max",
 )
 KV_ONLY_PASSES = Counter("pdspec_kv_only_passes", "K=0 steps whose drafter KV was written by the KV-only pass.")
+# Here rather than in dflash_context_graph.py (imported only where vLLM's V2 runner captures
+# graphs), so every worker exports the series and the dashboard shows 0, not "no data".
+KV_ONLY_GRAPH_REPLAYS = Counter(
+    "pdspec_kv_only_graph_replays", "K=0 steps whose KV-only pass ran as one CUDA graph replay (DFlash, V2 runner)."
+)
 
 _reported: dict[str, tuple[str, str]] = {}
 
