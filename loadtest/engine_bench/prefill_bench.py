@@ -56,7 +56,7 @@ class BenchResult:
     as_prefill_worker: bool = False  # engines built as `pdspec prefill` builds its own (KV connector on)
     features: dict[str, str] = field(default_factory=dict)  # the drafter engine's pdspec_engine_feature states
     # Per mode, per rep: the engine process's CPU, GC and memory, the GPU's clocks (rep_diagnostics).
-    diagnostics: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    diagnostics: dict[str, list[dict]] = field(default_factory=dict)
     # DFlash on V2, test-only verification: graph steps whose KV equalled / differed from the eager path's.
     graph_verified: dict[str, float] = field(default_factory=dict)
 

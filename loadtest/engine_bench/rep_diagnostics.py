@@ -1,6 +1,6 @@
 """What else changed during a benchmark rep, beside its tokens/s: the engine process's CPU
-time, context switches, memory and GC pauses, and (on a GPU) the SM clock, power and
-temperature. For a drift that slows one engine rep by rep while its neighbour holds steady
+time (and its three busiest threads), context switches, memory and GC pauses, and (on a
+GPU) the SM clock, power and temperature. For a drift that slows one engine rep by rep while its neighbour holds steady
 (kv_only/h200-prefill-worker-32: the drafter engine at mbt 512), these say whether the
 engine's host side, its garbage or the GPU's clocks moved with it.
 
@@ -37,6 +37,30 @@ def process_stats(pid: int) -> dict[str, float]:
     except (OSError, IndexError, ValueError):
         pass
     return stats
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of each thread of one process, keyed `name/tid` (the thread's comm: vLLM
+    and NIXL name theirs), so a rep can say which thread took the time."""
+    threads: dict[str, float] = {}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return threads
+    for task in tasks:
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            threads[f"{name}/{task.name}"] = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended meanwhile
+    return threads
+
+
+def busiest_threads(before: dict[str, float], after: dict[str, float], count: int = 3) -> list[tuple[str, float]]:
+    """The `count` threads that used the most CPU between two readings (new threads in full)."""
+    used = {name: seconds - before.get(name, 0.0) for name, seconds in after.items()}
+    return sorted(((n, s) for n, s in used.items() if s > 0), key=lambda item: -item[1])[:count]
 
 
 class GpuSampler:
@@ -117,10 +141,14 @@ class RepProbe:
             total["gc_pause_s"] = gc_seconds
         return total
 
+    def _threads(self) -> dict[str, float]:
+        return {f"{pid}:{name}": cpu for pid in self.pids for name, cpu in thread_cpu(pid).items()}
+
     @contextmanager
-    def rep(self) -> Iterator[dict[str, float]]:
-        sample: dict[str, float] = {}
+    def rep(self) -> Iterator[dict]:
+        sample: dict = {}
         before = self._read()
+        threads_before = self._threads()
         self.gpu.start()
         start = time.perf_counter()
         try:
@@ -137,10 +165,13 @@ class RepProbe:
             for key in ("rss_mib", "threads"):
                 if key in after:
                     sample[key] = after[key]
+            busiest = busiest_threads(threads_before, self._threads())
+            if busiest:  # [["comm/tid", CPU seconds], ...]: which engine threads the CPU share came from
+                sample["busiest_threads"] = [[name.split(":", 1)[1], round(cpu, 2)] for name, cpu in busiest]
             sample.update(gpu)
 
 
-def describe(sample: dict[str, float]) -> str:
+def describe(sample: dict) -> str:
     """One short line of a rep's readings, for the progress output."""
     parts = []
     if "engine_cpu_share" in sample:
@@ -151,6 +182,8 @@ def describe(sample: dict[str, float]) -> str:
         parts.append(f"preempted {sample['nonvoluntary_ctxt_switches']:.0f}")
     if "rss_mib" in sample:
         parts.append(f"rss {sample['rss_mib']:.0f} MiB")
+    if sample.get("busiest_threads"):
+        parts.append("threads " + " ".join(f"{name} {cpu:.1f}s" for name, cpu in sample["busiest_threads"]))
     if "sm_clock_mhz_mean" in sample:
         parts.append(f"sm {sample['sm_clock_mhz_mean']:.0f} MHz (min {sample['sm_clock_mhz_min']:.0f})"
                      f" {sample['power_w_mean']:.0f} W {sample['temp_c_max']:.0f} C"

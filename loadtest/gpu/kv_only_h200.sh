@@ -26,7 +26,8 @@
 # `auto` replays the K=0 context step's CUDA graph and `full` runs vLLM's eager K=0 path;
 # PDSPEC_TEST_DFLASH_GRAPH_VERIFY_STEPS=N checks the first N graph steps' drafter KV
 # against the eager path's (warm-up steps; the count is printed). Every rep also prints the
-# engine's CPU share, GC time and the GPU's clock, power and temperature (rep_diagnostics).
+# engine's CPU share and busiest threads, GC time and the GPU's clock, power and temperature
+# (rep_diagnostics).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:?usage: kv_only_h200.sh profile|bench512|bench2048|dflash512|worker512|worker2048|dflashworker512|dflashworker2048|dflashprofile}

@@ -32,3 +32,31 @@ def test_an_engine_that_does_not_count_gc_shows_no_gc_reading():
         pass
     assert "gc_pause_s" not in sample
     assert not any(part.startswith("gc ") for part in describe(sample).split(", "))
+
+
+def test_a_rep_names_the_thread_that_used_the_cpu():
+    """By its OS name and thread id (a thread that ends before the rep does is not seen)."""
+    import threading
+
+    stop, started = threading.Event(), threading.Event()
+    native = []
+
+    def spin():
+        native.append(threading.get_native_id())
+        started.set()
+        while not stop.is_set():
+            sum(i * i for i in range(10_000))
+
+    worker = threading.Thread(target=spin)
+    probe = RepProbe({os.getpid()})
+    try:
+        with probe.rep() as sample:
+            worker.start()
+            started.wait(5)
+            stop.wait(0.5)  # the worker spins meanwhile
+    finally:
+        stop.set()
+        worker.join()
+    names = [name for name, _ in sample["busiest_threads"]]
+    assert any(name.endswith(f"/{native[0]}") for name in names), names
+    assert f"/{native[0]}" in describe(sample)
