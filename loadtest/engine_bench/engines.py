@@ -80,8 +80,9 @@ class EngineHandle:
     # while it started. This process's files are read for every engine.
     engine_pids: frozenset[int] = frozenset()
 
-    def metrics_files(self) -> list[str]:
-        own = self.engine_pids | {os.getpid()}
+    def metrics_files(self, with_this_process: bool = True) -> list[str]:
+        """This engine's metrics files: its own processes', and this process's unless told not."""
+        own = self.engine_pids | ({os.getpid()} if with_this_process else set())
         return sorted(str(p) for p in self.metrics_dir.iterdir()
                       if (m := _PID_FILE.search(p.name)) and int(m.group(1)) in own)  # fmt: skip
 
@@ -106,7 +107,7 @@ class EngineHandle:
         none of them counts GC pauses (the counter is not there: not measured, not zero)."""
         from prometheus_client.multiprocess import MultiProcessCollector
 
-        files = [f for f in self.metrics_files() if int(_PID_FILE.search(Path(f).name).group(1)) in self.engine_pids]
+        files = self.metrics_files(with_this_process=False)
         samples = [sample.value for family in MultiProcessCollector.merge(files, accumulate=True)
                    for sample in family.samples if sample.name == "pdspec_engine_gc_pause_seconds_total"]  # fmt: skip
         return sum(samples) if samples else None

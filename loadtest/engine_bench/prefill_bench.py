@@ -161,7 +161,7 @@ def bench(
                 print(f"  mbt {mbt} rep {rep}/{reps} {mode:6s} {rate:10.0f} tok/s  preemptions {preempted:.0f}  "
                       f"{describe(sample)}", flush=True)
         totals = drafter.counters()
-        verified = {k.split("{")[1].rstrip("}"): v for k, v in totals.items() if k.startswith("pdspec_kv_only_graph_verified")}
+        verified = {result: totals[f"pdspec_kv_only_graph_verified_total{{{result}}}"] for result in ("equal", "differ")}
         if any(verified.values()):
             result.graph_verified = verified
             print(f"  drafter engine: graph steps checked against vLLM's eager path: {verified}", flush=True)

@@ -20,12 +20,17 @@ from pathlib import Path
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+def _cpu_seconds(stat: str) -> float:
+    """User + system CPU seconds from a /proc `stat` line (a process's or a thread's)."""
+    fields = stat.rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
+
+
 def process_stats(pid: int) -> dict[str, float]:
     """CPU seconds (user + system, all threads), context switches and RSS of one process."""
     stats: dict[str, float] = {}
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        stats["cpu_s"] = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
+        stats["cpu_s"] = _cpu_seconds(Path(f"/proc/{pid}/stat").read_text())
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             key, _, value = line.partition(":")
             if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
@@ -50,8 +55,7 @@ def thread_cpu(pid: int) -> dict[str, float]:
     for task in tasks:
         try:
             name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            threads[f"{name}/{task.name}"] = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+            threads[f"{name}/{task.name}"] = _cpu_seconds((task / "stat").read_text())
         except (OSError, IndexError, ValueError):
             continue  # the thread ended meanwhile
     return threads
