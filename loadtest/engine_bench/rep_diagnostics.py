@@ -68,12 +68,15 @@ def busiest_threads(before: dict[str, float], after: dict[str, float], count: in
 
 
 class GpuSampler:
-    """Samples GPU 0's SM clock, power and temperature every `interval` s (NVML), between
-    start() and stop(); nothing when NVML or a GPU is missing."""
+    """Samples GPU 0's SM clock, power, temperature and busy share every `interval` s (NVML),
+    between start() and stop(); nothing when NVML or a GPU is missing. The busy share (NVML's
+    "utilization": the part of the last sample period in which a kernel ran) separates a
+    slow rep whose GPU waited on the host (busy well under 100%) from one whose GPU ran
+    slower (busy near 100%, the clock down)."""
 
     def __init__(self, interval: float = 0.5) -> None:
         self.interval = interval
-        self.samples: list[tuple[float, float, float, int]] = []
+        self.samples: list[tuple[float, float, float, int, float]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._handle = None
@@ -103,6 +106,7 @@ class GpuSampler:
                     nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000,
                     nvml.nvmlDeviceGetTemperature(self._handle, nvml.NVML_TEMPERATURE_GPU),
                     nvml.nvmlDeviceGetCurrentClocksThrottleReasons(self._handle),
+                    nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu,
                 ))
             except Exception:
                 return
@@ -115,13 +119,14 @@ class GpuSampler:
         self._thread = None
         if not self.samples:
             return {}
-        clocks, power, temp, reasons = zip(*self.samples)
+        clocks, power, temp, reasons, busy = zip(*self.samples)
         throttled = 0
         for r in reasons:
             throttled |= r
         return {"sm_clock_mhz_mean": sum(clocks) / len(clocks), "sm_clock_mhz_min": min(clocks),
                 "power_w_mean": sum(power) / len(power), "temp_c_max": max(temp),
-                "throttle_reasons": float(throttled)}  # fmt: skip
+                "throttle_reasons": float(throttled), "gpu_busy_pct_mean": sum(busy) / len(busy),
+                "gpu_busy_pct_min": min(busy)}  # fmt: skip
 
 
 class RepProbe:
@@ -192,4 +197,6 @@ def describe(sample: dict) -> str:
         parts.append(f"sm {sample['sm_clock_mhz_mean']:.0f} MHz (min {sample['sm_clock_mhz_min']:.0f})"
                      f" {sample['power_w_mean']:.0f} W {sample['temp_c_max']:.0f} C"
                      f" throttle 0x{int(sample['throttle_reasons']):x}")  # fmt: skip
+    if "gpu_busy_pct_mean" in sample:
+        parts.append(f"gpu busy {sample['gpu_busy_pct_mean']:.0f}% (min {sample['gpu_busy_pct_min']:.0f}%)")
     return ", ".join(parts)

@@ -60,3 +60,38 @@ def test_a_rep_names_the_thread_that_used_the_cpu():
     names = [name for name, _ in sample["busiest_threads"]]
     assert any(name.endswith(f"/{native[0]}") for name in names), names
     assert f"/{native[0]}" in describe(sample)
+
+
+def test_the_gpu_sampler_reports_clock_power_and_how_busy_the_gpu_was(monkeypatch):
+    """On a stand-in NVML module (pynvml's names): means, minima and the throttle reasons OR-ed."""
+    import sys
+    import types
+
+    from loadtest.engine_bench.rep_diagnostics import GpuSampler
+
+    readings = iter([(1800, 600_000, 60, 0x0, 98), (1400, 700_000, 70, 0x4, 40)])
+    current = {}
+
+    def sample_now(handle):
+        current.update(zip(("clock", "power", "temp", "reasons", "busy"), next(readings)))
+
+    nvml = types.SimpleNamespace(
+        NVML_CLOCK_SM=1,
+        NVML_TEMPERATURE_GPU=0,
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda index: "gpu0",
+        nvmlDeviceGetClockInfo=lambda handle, kind: (sample_now(handle), current["clock"])[1],
+        nvmlDeviceGetPowerUsage=lambda handle: current["power"],
+        nvmlDeviceGetTemperature=lambda handle, kind: current["temp"],
+        nvmlDeviceGetCurrentClocksThrottleReasons=lambda handle: current["reasons"],
+        nvmlDeviceGetUtilizationRates=lambda handle: types.SimpleNamespace(gpu=current["busy"]),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    sampler = GpuSampler(interval=0.001)
+    sampler.start()
+    sampler._thread.join(timeout=5)  # the stand-in runs out after two samples, which ends the thread
+    reading = sampler.stop()
+    assert reading == {"sm_clock_mhz_mean": 1600, "sm_clock_mhz_min": 1400, "power_w_mean": 650,
+                       "temp_c_max": 70, "throttle_reasons": 4.0, "gpu_busy_pct_mean": 69,
+                       "gpu_busy_pct_min": 40}  # fmt: skip
+    assert "gpu busy 69% (min 40%)" in describe(reading) and "throttle 0x4" in describe(reading)
