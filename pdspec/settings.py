@@ -324,6 +324,11 @@ class ProxySettings(BaseModel):
     prefill_kv_headroom: float = Field(
         0.9, gt=0, le=1, description="prefill_kv_admission: the share of a prefill worker's KV the proxy fills.",
     )
+    prefill_queue_budget_s: float | None = Field(
+        None, ge=0, description="prefill_kv_admission: the most prefill time the proxy queues on one prefill worker "
+        "(the prompts in flight there and the next one, at the worker's rate as measured from its replies); unset: "
+        "half of prefill_timeout_s, so an admitted leg ends well inside its timeout; 0: no time check, KV room only.",
+    )
     prefill_kv_read_interval_s: float = Field(
         0.5, gt=0, description="prefill_kv_admission: how often each prefill worker's KV size and use are read.",
     )
@@ -383,6 +388,11 @@ class ProxySettings(BaseModel):
     otlp_traces_endpoint: str | None = Field(
         None, description="OTLP/HTTP collector (http://host:4318): spans for prefill, handoff and decode."
     )
+
+    def queue_budget(self) -> float | None:
+        """prefill_queue_budget_s in force (None: admission checks KV room only)."""
+        budget = self.prefill_timeout_s / 2 if self.prefill_queue_budget_s is None else self.prefill_queue_budget_s
+        return budget or None
 
 
 class _Base(BaseSettings):

@@ -211,7 +211,7 @@ def create_app(settings: ProxySettings) -> ProxyApp:
     kv_room = (
         KvRoom(client, prefill_pool, settings.prefill_kv_headroom, settings.prefill_kv_read_interval_s,
                settings.queue_timeout_s, settings.retry_after_s, metrics, settings.prompt_chars_per_token,
-               worker_auth_headers(settings.worker_api_key))
+               worker_auth_headers(settings.worker_api_key), settings.queue_budget())
         if settings.prefill_kv_admission else None
     )  # fmt: skip
     disaggregator = Disaggregator(client, prefill_pool, decode_pool, metrics, settings, kv_router, kv_room)

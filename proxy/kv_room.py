@@ -20,6 +20,18 @@ worker holds nothing, so no prompt waits forever. A worker whose room cannot be 
 such series: a plain stand-in, a failed read) is not held back: admission only ever
 delays a request for a worker known to be full.
 
+Queued prefill time: KV room is not the only thing a prefill leg waits for inside a
+worker. When prompts come faster than the worker prefills them (one GPU shared by both
+workers, measured on the H200: 29 requests waiting, KV 2% used, every leg past the 20-s
+`prefill_timeout_s` a 504), vLLM's queue grows with the KV nearly empty and the legs at its
+back time out. So a worker also has room only while the prompt tokens in flight there,
+this prompt's included, take at most `queue_budget_s` at the worker's measured rate
+(proxy/prefill_rate.py; by default half of `prefill_timeout_s`, so an admitted leg ends
+well inside its timeout). Until a worker's first leg is answered its rate is unknown and it
+takes one leg at a time; a prompt larger than the budget goes when the worker has none in
+flight. The proxy's own legs are all it counts: another client sending prefills to the
+same worker is not seen (its effect shows in the measured rate).
+
 Prompt sizes: the route plan's token count when cache-aware routing read the ids, the ids
 of a token prompt, else the text's characters over a characters-per-token ratio that
 starts at `prompt_chars_per_token` and follows the prefill replies' own counts (their
@@ -38,6 +50,7 @@ import orjson
 
 from proxy.errors import ProxyError
 from proxy.pool import WorkerPool
+from proxy.prefill_rate import PrefillRate
 from proxy.upstream import UpstreamClient
 from proxy.worker_info import InfoUnreadable, fetch_metrics_text, samples
 
@@ -116,7 +129,8 @@ class KvRoom:
 
     def __init__(self, client: UpstreamClient, pool: WorkerPool, headroom: float, read_interval_s: float,
                  wait_timeout_s: float, retry_after_s: int, metrics, chars_per_token: float = 2.0,
-                 headers: dict[str, str] | None = None):  # fmt: skip
+                 headers: dict[str, str] | None = None, queue_budget_s: float | None = None):  # fmt: skip
+        """`queue_budget_s`: the most prefill time queued on one worker (None or 0: no time check)."""
         self.client = client
         self.pool = pool
         self.headroom = headroom
@@ -130,7 +144,9 @@ class KvRoom:
         self.inflight: dict[str, int] = {}  # prompt tokens of the prefill legs in flight, per worker
         self.answered: dict[str, int] = {}  # prompt tokens of the legs answered, ever, per worker
         self.answered_at_reading: dict[str, int] = {}  # `answered` when the last reading began
-        self._read = asyncio.Event()  # set (and replaced) after each reading
+        self.queue_budget_s = queue_budget_s or None
+        self.rates: dict[str, PrefillRate] = {}
+        self._read = asyncio.Event()  # set (and replaced) after each reading and each leg's end
 
     def tokens_of(self, body: dict[str, Any], planned: int | None) -> tuple[int, int]:
         """(the prompt's tokens, exact or estimated; its characters, 0 when exact)."""
@@ -146,7 +162,23 @@ class KvRoom:
 
     def fits(self, url: str, tokens: int) -> bool:
         room = self.rooms.get(url)
-        return room is None or room.fits(tokens, self.pending(url), self.headroom)
+        kv_fits = room is None or room.fits(tokens, self.pending(url), self.headroom)
+        return kv_fits and self.time_fits(url, tokens)
+
+    def time_fits(self, url: str, tokens: int) -> bool:
+        """Whether the worker would prefill the prompts in flight there and this one within
+        the budget (always, with no leg in flight: no prompt waits forever)."""
+        in_flight = self.inflight.get(url, 0)
+        if self.queue_budget_s is None or in_flight <= 0:
+            return True
+        rate = self.rates.get(url)
+        queued = rate.queued_s(in_flight + tokens) if rate is not None else None
+        return queued is not None and queued <= self.queue_budget_s  # no rate yet: one leg at a time
+
+    def queued_s(self, url: str) -> float | None:
+        """The prefill time of the prompts in flight on `url`, at its measured rate."""
+        rate = self.rates.get(url)
+        return rate.queued_s(self.inflight.get(url, 0)) if rate is not None else None
 
     async def wait_for_room(self, tokens: int) -> set[str]:
         """Waits until a healthy prefill worker has room for `tokens`; returns the URLs of
@@ -165,7 +197,8 @@ class KvRoom:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.metrics.kv_room_waits.labels("timeout").inc()
-                raise ProxyError(503, "No prefill worker has KV room for this prompt now; retry later.",
+                raise ProxyError(503, "No prefill worker has room (KV room, or queued prefill time) for this prompt "
+                                 "now; retry later.",
                                  code="overloaded", headers={"Retry-After": str(self.retry_after_s)})  # fmt: skip
             waited = True
             try:
@@ -176,12 +209,15 @@ class KvRoom:
     def begin(self, url: str, tokens: int, chars: int) -> Leg:
         """A prefill leg of `tokens` goes to `url`."""
         self.inflight[url] = self.inflight.get(url, 0) + tokens
+        self.rates.setdefault(url, PrefillRate()).started(time.monotonic())
         return Leg(url, tokens, chars)
 
     def end(self, leg: Leg, reply_tokens: int | None) -> None:
         """The leg is over; `reply_tokens`: the prompt's tokens as its reply counted them
         (None: it failed, and holds no KV there)."""
         self.inflight[leg.url] = self.inflight.get(leg.url, 0) - leg.tokens
+        self.rates.setdefault(leg.url, PrefillRate()).ended(time.monotonic(), reply_tokens)
+        self._wake()  # its time in the queue is room now
         if reply_tokens is None:
             return
         self.answered[leg.url] = self.answered.get(leg.url, 0) + reply_tokens
@@ -198,6 +234,15 @@ class KvRoom:
         for url, room in self.rooms.items():
             self.answered_at_reading[url] = marks[url]
             self.metrics.prefill_kv_free_tokens.labels(url).set(max(room.free_tokens(1.0) - self.pending(url), 0))
+        for worker in workers:
+            rate = self.rates.get(worker.url)
+            if rate is not None and rate.tokens_per_s:
+                self.metrics.prefill_rate.labels(worker.url).set(rate.tokens_per_s)
+                self.metrics.prefill_queued_seconds.labels(worker.url).set(self.queued_s(worker.url) or 0.0)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wakes the requests waiting for room, to look again."""
         event, self._read = self._read, asyncio.Event()
         event.set()
 

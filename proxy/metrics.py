@@ -32,6 +32,8 @@ class ProxyMetrics:
     kv_releases: Counter
     kv_reprefills: Counter
     kv_room_waits: Counter
+    prefill_rate: Gauge
+    prefill_queued_seconds: Gauge
     prefill_kv_free_tokens: Gauge
     inflight: Gauge
     pairing_refusals: Counter
@@ -102,8 +104,20 @@ class ProxyMetrics:
             ),
             kv_room_waits=Counter(
                 "pdspec_proxy_kv_room_waits",
-                "Prefill legs that waited for KV room on a prefill worker (prefill_kv_admission), by how the wait "
-                "ended: admitted, or timeout (503).", ["outcome"], registry=registry,
+                "Prefill legs that waited for room on a prefill worker (prefill_kv_admission: KV room, or queued "
+                "prefill time under prefill_queue_budget_s), by how the wait ended: admitted, or timeout (503).",
+                ["outcome"], registry=registry,
+            ),
+            prefill_rate=Gauge(
+                "pdspec_proxy_prefill_rate_tokens_per_second",
+                "Each prefill worker's prefill rate as the proxy measures it: prompt tokens answered per second of "
+                "the time it had prefill legs in flight (prefill_kv_admission).", ["worker"], registry=registry,
+            ),
+            prefill_queued_seconds=Gauge(
+                "pdspec_proxy_prefill_queued_seconds",
+                "The prefill time of the prompts the proxy has in flight on each prefill worker, at its measured "
+                "rate; admission keeps it under prefill_queue_budget_s (prefill_kv_admission).", ["worker"],
+                registry=registry,
             ),
             prefill_kv_free_tokens=Gauge(
                 "pdspec_proxy_prefill_kv_free_tokens",

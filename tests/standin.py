@@ -36,6 +36,7 @@ class StandinBehaviour:
     remote_host: str | None = "127.0.0.1"
     remote_port: object = 5600  # vLLM's default NIXL side-channel port
     delay_s: float = 0.0  # before answering any leg
+    prefill_tokens_per_s: float | None = None  # prefill legs queue and run one at a time at this rate, as in a worker
     fail_decodes: int = 0  # the next this many decode legs get `fail_status`
     fail_status: int = 503
     healthy: bool = True
@@ -61,8 +62,22 @@ class StandinBehaviour:
     rendered: list[tuple[str, dict]] = field(default_factory=list)  # (path, body) of render requests
 
 
+def prompt_tokens(body: dict) -> int:
+    """A prompt's size as the stand-in counts it: its token ids, or a token per 3 characters."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        return len(prompt)
+    return len(json.dumps(prompt if prompt is not None else body.get("messages"))) // 3 + 1
+
+
 def create_standin(behaviour: StandinBehaviour) -> FastAPI:
     app = FastAPI()
+    queue: list[asyncio.Lock] = []  # made in the server's own event loop, on first use
+
+    def prefill_queue() -> asyncio.Lock:
+        if not queue:
+            queue.append(asyncio.Lock())
+        return queue[0]
 
     async def handle(request: Request, chat: bool, responses: bool = False, messages: bool = False):
         body = await request.json()
@@ -82,6 +97,12 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
                     behaviour.cancelled += 1
                     return JSONResponse({}, status_code=499)
                 await asyncio.sleep(0.01)
+        if is_prefill and behaviour.prefill_tokens_per_s:
+            async with prefill_queue():  # behind the prefills sent before it, like vLLM's waiting queue
+                if await request.is_disconnected():
+                    behaviour.cancelled += 1
+                    return JSONResponse({}, status_code=499)
+                await asyncio.sleep(prompt_tokens(body) / behaviour.prefill_tokens_per_s)
         if status != 200:
             return JSONResponse({"error": {"message": f"stand-in {status}", "type": "X", "code": status}}, status)
         if is_prefill:

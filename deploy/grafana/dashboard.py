@@ -214,6 +214,12 @@ def build() -> dict:
           "less the prompts sent since; B, prefill legs that waited for room, by how the wait ended.",
           [("pdspec_proxy_prefill_kv_free_tokens", "{{worker}}"),
            (f"sum by (outcome) (increase(pdspec_proxy_kv_room_waits_total[{RATE}]))", "waited: {{outcome}}")])
+    p.add("timeseries", "Prefill queue (admission)",
+          "With proxy.prefill_kv_admission: the prefill time of the prompts the proxy has in flight on each "
+          "prefill worker, at the rate it measures from the worker's replies; admission holds it under "
+          "proxy.prefill_queue_budget_s (half the prefill timeout by default), so legs wait in the proxy rather "
+          "than time out in vLLM's queue.",
+          [("pdspec_proxy_prefill_queued_seconds", "{{worker}}")], unit="s")
 
     p.row("Latency and load")
     p.add("timeseries", "Time to first token p50 / p99 (workers)",

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The one-GPU 1P1D profile under the seed's load, with and without admission by KV room, on
-# the lent H200 (kind nvidia-h200). One device call, after ../shared/tools/gpu-stage
+# The one-GPU 1P1D profile under the seed's load, with and without admission (KV room and
+# queued prefill time), on the lent H200 (kind nvidia-h200). One device call, after ../shared/tools/gpu-stage
 # installed vLLM 0.33 into /tmp/site on the same warm machine:
 #
 #   bash loadtest/gpu/one_gpu_admission_h200.sh
 #
 # `pdspec up` starts deploy/profiles/dummy/qwen3-8b-eagle3-1p1d.toml with the settings of
 # deploy/profiles/one-gpu-1p1d.toml (both workers on GPU 0 at 40% each, the KV pushed,
-# admission by KV room on its proxy), EAGER (a fresh machine compiles each engine for about
-# 5 minutes, which does not fit one call; the failure this checks is about KV memory, not
-# speed). A second proxy in front of the same workers has admission off. The seed's load
+# admission on its proxy), EAGER (a fresh machine compiles each engine for about
+# 5 minutes, which does not fit one call; what this checks is where a prefill leg waits
+# under overload, not speed). A second proxy in front of the same workers has admission off. The seed's load
 # (8,192-token prompts, 8 output tokens, concurrency 32; ROUNDS x 48 requests) goes through
 # the proxy without admission first, then through the one with it. Reported per proxy:
 # requests completed and failed (by status), and the proxies' own counters (prefill leg

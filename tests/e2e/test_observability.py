@@ -35,11 +35,11 @@ FAULT_ONLY_PANELS = {
     "KV releases (client gone between the legs) [A]",  # tests/e2e/test_faults.py
     "KV read once: re-prefills and stale KV recomputed [A]",  # tests/unit/proxy/test_disagg_leaving.py
     # Only a proxy with prefill_kv_admission exports these (tests/e2e/test_kv_pressure.py runs one).
-    "Prefill KV room (admission) [A]", "Prefill KV room (admission) [B]",
+    "Prefill KV room (admission) [A]", "Prefill KV room (admission) [B]", "Prefill queue (admission) [A]",
 }
 FAULT_ONLY_METRICS = {"pdspec_proxy_leg_failures_total", "pdspec_proxy_kv_releases_total",
                       "pdspec_proxy_kv_reprefills_total", "pdspec_proxy_prefill_kv_free_tokens",
-                      "pdspec_proxy_kv_room_waits_total"}  # fmt: skip
+                      "pdspec_proxy_kv_room_waits_total", "pdspec_proxy_prefill_queued_seconds"}  # fmt: skip
 # The cache-aware routing row reads what only a proxy with kv_aware routing exports (the
 # shared stack routes by prefix affinity, prefix caching off): tests/e2e/test_kv_routing.py
 # runs that row on a real Prometheus scraping a 2P1D fleet that routes kv_aware.

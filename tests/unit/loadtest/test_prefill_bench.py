@@ -117,3 +117,53 @@ def test_counters_sum_vllms_labelled_counters_and_keep_named_label_values_apart(
     assert values["pdspec_kv_only_graph_verified_total{differ}"] == 1.0
     assert values["pdspec_proposals_total"] == 7.0
     assert values["pdspec_k0_proposals_total"] == 0.0
+
+
+def test_every_mode_is_warmed_up_before_the_timed_reps(monkeypatch):
+    """On stand-in engines: each mode runs once untimed (auto and none on the full batch, the
+    others on a few prompts) before the first timed rep, so no mode's first use is timed."""
+    import contextlib
+    import os
+
+    from loadtest.engine_bench import prefill_bench
+
+    runs: list[tuple[str, int]] = []
+
+    class Engine:
+        engine_pids = frozenset({os.getpid()})
+        gc_pause_seconds = None
+        kv_transfer_params = None
+
+        def __init__(self, plain: bool):
+            self.plain, self.kv_only, self.policy = plain, True, "auto"
+            self.llm = self
+
+        def set_kv_only(self, on):
+            self.kv_only = on
+
+        def set_policy(self, policy):
+            self.policy = policy
+
+        def generate(self, inputs, params, use_tqdm):
+            mode = "none" if self.plain else ("always" if self.policy == "always" else "auto" if self.kv_only else "full")
+            runs.append((mode, len(inputs)))
+
+        def counters(self):
+            return {"pdspec_kv_only_graph_verified_total{equal}": 0.0, "pdspec_kv_only_graph_verified_total{differ}": 0.0}
+
+        def collect(self):
+            return []
+
+        def metrics_files(self):
+            return []
+
+    @contextlib.contextmanager
+    def plugin_engine(**args):
+        yield Engine(plain=args.get("method") == "none")
+
+    monkeypatch.setattr(prefill_bench, "plugin_engine", plugin_engine)
+    prefill_bench.bench({}, mbt=512, num_prompts=8, prompt_tokens=4, reps=2, vocab=100,
+                        modes=["auto", "full", "always", "none"])  # fmt: skip
+    warm_ups, timed = runs[:4], runs[4:]
+    assert warm_ups == [("none", 8), ("auto", 8), ("full", 4), ("always", 4)]
+    assert sorted(timed) == sorted([(m, 8) for m in ("auto", "full", "always", "none")] * 2)

