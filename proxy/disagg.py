@@ -195,31 +195,39 @@ class Disaggregator:
         leg = orjson.dumps(api.prefill_body(body))
         failure: LegFailed | None = None
         cached = plan.prefill_cached if plan is not None else None
-        (tokens, chars), full = (0, 0), frozenset()
+        (tokens, chars), full = (0, 0), set()
         if self.kv_room is not None:
             (tokens, chars) = self.kv_room.tokens_of(body, plan.prompt_tokens if plan is not None else None)
-            full = await self.kv_room.wait_for_room(tokens)
+            full |= await self.kv_room.wait_for_room(tokens)
         building = plan.prefill_building if plan is not None else None
         for attempt, worker in attempts(self.prefill_pool, tries, key, cached, exclude=full, building=building):
             if self.kv_router is not None:
                 self.kv_router.routed(self.prefill_pool, worker, plan)
             span = trace.start("prefill", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
             room_leg, prefilled = self.kv_room.begin(worker.url, tokens, chars) if self.kv_room else None, None
+            charged = False  # whether the leg's time says how fast the worker is (kv_room's rate)
             try:
                 prefilled = await self._prefill_once(worker, api, leg, request_id, trace.headers(span),
                                                      uncached_tokens(plan, worker))  # fmt: skip
+                charged = True
             except LegFailed as exc:
                 trace.end(span, exc.message)
                 failure = exc
+                charged = exc.reason == "timeout"
                 self.metrics.leg_failures.labels("prefill", exc.reason).inc()
-                await backoff(attempt, tries, self.settings.retry_backoff_s)
-                continue
             except PassThrough:
                 trace.end(span, "worker 4xx")
                 raise
             finally:  # the KV it holds there now, by its reply's count (none if it failed)
                 if room_leg is not None:
-                    self.kv_room.end(room_leg, prefilled and (prefilled.prompt_tokens or room_leg.tokens))
+                    self.kv_room.end(room_leg, prefilled and (prefilled.prompt_tokens or room_leg.tokens),
+                                     prefilled and prefilled.cached_tokens, charged)  # fmt: skip
+            if prefilled is None:  # failed: pause, then the next worker, if it has room by then
+                await backoff(attempt, tries, self.settings.retry_backoff_s)
+                if self.kv_room is not None and attempt + 1 < tries:
+                    full.clear()  # `attempts` reads it at each pick
+                    full |= await self.kv_room.wait_for_room(tokens)
+                continue
             trace.end(span)
             (self.prefill_ok if attempt == 0 else self.metrics.prefill_outcomes.labels("retried_ok")).inc()
             return prefilled

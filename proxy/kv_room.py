@@ -16,7 +16,7 @@ blocks held for transfers). To that reading's use it adds the prompts of the pre
 in flight on the worker and of those answered since the reading began (the next reading
 sees their blocks), so a burst does not all go to one reading's room. A prompt fits when
 use + prompt <= size x `prefill_kv_headroom`; a prompt larger than that goes when the
-worker holds nothing, so no prompt waits forever. A worker whose room cannot be read (no
+worker holds nothing. A worker whose room cannot be read (no
 such series: a plain stand-in, a failed read) is not held back: admission only ever
 delays a request for a worker known to be full.
 
@@ -29,8 +29,13 @@ this prompt's included, take at most `queue_budget_s` at the worker's measured r
 (proxy/prefill_rate.py; by default half of `prefill_timeout_s`, so an admitted leg ends
 well inside its timeout). Until a worker's first leg is answered its rate is unknown and it
 takes one leg at a time; a prompt larger than the budget goes when the worker has none in
-flight. The proxy's own legs are all it counts: another client sending prefills to the
-same worker is not seen (its effect shows in the measured rate).
+flight. The proxy's own legs are all it counts: another client, or another proxy replica,
+sending prefills to the same worker is not seen (its effect shows in the measured rate).
+
+Waiting: requests wait in the order they began to, a newcomer behind them (a long prompt
+that needs an emptier worker is not overtaken by shorter ones for ever); they look again
+at each reading and each leg's end. A retry of a failed leg waits for room again. The wait
+is bounded by `queue_timeout_s`: under a load the workers never drain, it ends in a 503.
 
 Prompt sizes: the route plan's token count when cache-aware routing read the ids, the ids
 of a token prompt, else the text's characters over a characters-per-token ratio that
@@ -43,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,6 +152,8 @@ class KvRoom:
         self.answered_at_reading: dict[str, int] = {}  # `answered` when the last reading began
         self.queue_budget_s = queue_budget_s or None
         self.rates: dict[str, PrefillRate] = {}
+        self._line: deque[object] = deque()  # the requests waiting for room, oldest first
+        self._timed: set[str] = set()  # workers whose rate and queued time are exported
         self._read = asyncio.Event()  # set (and replaced) after each reading and each leg's end
 
     def tokens_of(self, body: dict[str, Any], planned: int | None) -> tuple[int, int]:
@@ -167,7 +175,7 @@ class KvRoom:
 
     def time_fits(self, url: str, tokens: int) -> bool:
         """Whether the worker would prefill the prompts in flight there and this one within
-        the budget (always, with no leg in flight: no prompt waits forever)."""
+        the budget (always, with no leg in flight: a prompt over the budget goes alone)."""
         in_flight = self.inflight.get(url, 0)
         if self.queue_budget_s is None or in_flight <= 0:
             return True
@@ -184,27 +192,37 @@ class KvRoom:
         """Waits until a healthy prefill worker has room for `tokens`; returns the URLs of
         those that have none (for the routing to leave out). Raises 503 after the wait
         timeout. Without a healthy worker it returns at once: the prefill leg fails as
-        it would without admission."""
+        it would without admission. Waiters go in the order they began waiting, and a
+        newcomer waits behind them: a prompt that needs an emptier worker (a long one) is
+        not overtaken for ever by shorter ones that fit sooner."""
         deadline = time.monotonic() + self.wait_timeout_s
-        waited = False
-        while True:
-            healthy = self.pool.healthy()
-            full = {w.url for w in healthy if not self.fits(w.url, tokens)}
-            if not healthy or len(full) < len(healthy):
-                if waited:
-                    self.metrics.kv_room_waits.labels("admitted").inc()
-                return full
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.metrics.kv_room_waits.labels("timeout").inc()
-                raise ProxyError(503, "No prefill worker has room (KV room, or queued prefill time) for this prompt "
-                                 "now; retry later.",
-                                 code="overloaded", headers={"Retry-After": str(self.retry_after_s)})  # fmt: skip
-            waited = True
-            try:
-                await asyncio.wait_for(self._read.wait(), remaining)
-            except asyncio.TimeoutError:
-                pass
+        ticket: object | None = None  # our place in the line, once we wait
+        try:
+            while True:
+                healthy = self.pool.healthy()
+                full = {w.url for w in healthy if not self.fits(w.url, tokens)}
+                our_turn = not self._line or self._line[0] is ticket
+                if not healthy or (our_turn and len(full) < len(healthy)):
+                    if ticket is not None:
+                        self.metrics.kv_room_waits.labels("admitted").inc()
+                    return full
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self.metrics.kv_room_waits.labels("timeout").inc()
+                    raise ProxyError(503, "No prefill worker has room (KV room, or queued prefill time) for this "
+                                     "prompt now; retry later.", code="overloaded",
+                                     headers={"Retry-After": str(self.retry_after_s)})  # fmt: skip
+                if ticket is None:
+                    ticket = object()
+                    self._line.append(ticket)
+                try:
+                    await asyncio.wait_for(self._read.wait(), remaining)
+                except asyncio.TimeoutError:
+                    pass
+        finally:  # admitted, timed out, or the client left: the next in line looks again
+            if ticket is not None:
+                self._line.remove(ticket)
+                self._wake()
 
     def begin(self, url: str, tokens: int, chars: int) -> Leg:
         """A prefill leg of `tokens` goes to `url`."""
@@ -212,11 +230,15 @@ class KvRoom:
         self.rates.setdefault(url, PrefillRate()).started(time.monotonic())
         return Leg(url, tokens, chars)
 
-    def end(self, leg: Leg, reply_tokens: int | None) -> None:
+    def end(self, leg: Leg, reply_tokens: int | None, cached_tokens: int | None = None,
+            charged: bool = True) -> None:  # fmt: skip
         """The leg is over; `reply_tokens`: the prompt's tokens as its reply counted them
-        (None: it failed, and holds no KV there)."""
+        (None: it failed, and holds no KV there); `cached_tokens`: those of them the worker
+        served from its prefix cache; `charged`: whether its time says how fast the worker
+        is (False for a leg whose client left, or that the worker refused)."""
         self.inflight[leg.url] = self.inflight.get(leg.url, 0) - leg.tokens
-        self.rates.setdefault(leg.url, PrefillRate()).ended(time.monotonic(), reply_tokens)
+        computed = None if reply_tokens is None else max(reply_tokens - (cached_tokens or 0), 0)
+        self.rates.setdefault(leg.url, PrefillRate()).ended(time.monotonic(), computed, charged)
         self._wake()  # its time in the queue is room now
         if reply_tokens is None:
             return
@@ -239,6 +261,14 @@ class KvRoom:
             if rate is not None and rate.tokens_per_s:
                 self.metrics.prefill_rate.labels(worker.url).set(rate.tokens_per_s)
                 self.metrics.prefill_queued_seconds.labels(worker.url).set(self.queued_s(worker.url) or 0.0)
+                self._timed.add(worker.url)
+        for url in self._timed - {w.url for w in workers}:  # ejected or gone: no stale reading left
+            self._timed.discard(url)
+            for gauge in (self.metrics.prefill_rate, self.metrics.prefill_queued_seconds):
+                try:
+                    gauge.remove(url)
+                except KeyError:
+                    pass
         self._wake()
 
     def _wake(self) -> None:

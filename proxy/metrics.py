@@ -116,7 +116,8 @@ class ProxyMetrics:
             prefill_queued_seconds=Gauge(
                 "pdspec_proxy_prefill_queued_seconds",
                 "The prefill time of the prompts the proxy has in flight on each prefill worker, at its measured "
-                "rate; admission keeps it under prefill_queue_budget_s (prefill_kv_admission).", ["worker"],
+                "rate; admission sends a leg only while it stays within prefill_queue_budget_s, except a prompt "
+                "over the budget, which goes alone (prefill_kv_admission).", ["worker"],
                 registry=registry,
             ),
             prefill_kv_free_tokens=Gauge(

@@ -13,8 +13,13 @@ worker.
   a leg is answered), then folded into a moving average (`WEIGHT`): the rate follows
   batching (more legs in flight, more tokens a second) and a slower worker within a few
   windows.
-- A failed leg adds its busy time and no tokens: a worker whose legs time out reads as
-  slow, which is what admission should then assume.
+- A leg that timed out or could not reach the worker adds its busy time and no tokens: a
+  worker whose legs time out reads as slow, which is what admission should then assume. A
+  leg that ended for another reason (its client left, the worker refused the prompt or
+  sent a bad reply) is not charged: it says nothing of the worker's speed.
+- Tokens are the ones the worker computed: a reply's prompt tokens less its prefix-cache
+  hits, where it reports them (a prompt served from the cache would otherwise read as a
+  very fast worker).
 """
 
 from __future__ import annotations
@@ -37,12 +42,15 @@ class PrefillRate:
             self._busy_since = now
         self.legs_in_flight += 1
 
-    def ended(self, now: float, tokens: int | None) -> None:
-        """A leg ended at `now`; `tokens`: its prompt tokens as its reply counted them (None: it failed)."""
+    def ended(self, now: float, tokens: int | None, charged: bool = True) -> None:
+        """A leg ended at `now`; `tokens`: the prompt tokens it made the worker compute (None:
+        it failed); `charged`: whether its time counts as the worker's (False: it ended for
+        a reason that is not the worker's speed)."""
         if self.legs_in_flight == 0 or self._busy_since is None:
             return  # an end without a start: nothing to count
-        self._window_busy_s += max(now - self._busy_since, 0.0)
         self.legs_in_flight -= 1
+        if charged or self.legs_in_flight:  # other legs kept the worker busy meanwhile: their time
+            self._window_busy_s += max(now - self._busy_since, 0.0)
         self._busy_since = now if self.legs_in_flight else None
         self._window_tokens += tokens or 0
         if self._window_tokens and (self.tokens_per_s is None or self._window_busy_s >= self.WINDOW_S):

@@ -37,6 +37,8 @@ class StandinBehaviour:
     remote_port: object = 5600  # vLLM's default NIXL side-channel port
     delay_s: float = 0.0  # before answering any leg
     prefill_tokens_per_s: float | None = None  # prefill legs queue and run one at a time at this rate, as in a worker
+    prefills_queued: int = 0  # with prefill_tokens_per_s: legs in its queue now (the one running included)
+    most_prefills_queued: int = 0
     fail_decodes: int = 0  # the next this many decode legs get `fail_status`
     fail_status: int = 503
     healthy: bool = True
@@ -98,11 +100,16 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
                     return JSONResponse({}, status_code=499)
                 await asyncio.sleep(0.01)
         if is_prefill and behaviour.prefill_tokens_per_s:
-            async with prefill_queue():  # behind the prefills sent before it, like vLLM's waiting queue
-                if await request.is_disconnected():
-                    behaviour.cancelled += 1
-                    return JSONResponse({}, status_code=499)
-                await asyncio.sleep(prompt_tokens(body) / behaviour.prefill_tokens_per_s)
+            behaviour.prefills_queued += 1
+            behaviour.most_prefills_queued = max(behaviour.most_prefills_queued, behaviour.prefills_queued)
+            try:
+                async with prefill_queue():  # behind the prefills sent before it, like vLLM's waiting queue
+                    if await request.is_disconnected():
+                        behaviour.cancelled += 1
+                        return JSONResponse({}, status_code=499)
+                    await asyncio.sleep(prompt_tokens(body) / behaviour.prefill_tokens_per_s)
+            finally:
+                behaviour.prefills_queued -= 1
         if status != 200:
             return JSONResponse({"error": {"message": f"stand-in {status}", "type": "X", "code": status}}, status)
         if is_prefill:

@@ -2,10 +2,11 @@
 faster than the prefill worker prefills them wait in vLLM's queue, and a prefill leg's
 timeout counts that wait. What the one-GPU 1P1D run on the H200 hit at the seed's load
 (29 requests waiting, the prefill worker's KV 2% used, 10 of 48 requests a 504 with
-admission by KV room alone: loadtest/results/one-gpu/h200-admission/).
+admission by KV room alone: loadtest/results/one_gpu_admission/h200-seed-load/).
 
-A burst of prompts that take the prefill worker several times a prefill leg's timeout
-goes through two proxies in front of the stack's workers, one after the other: without
+A burst of prompts that take the prefill worker three times a prefill leg's timeout (both
+sized from one prompt's prefill time on this machine) goes through two proxies in front of
+the stack's workers, one after the other: without
 admission the legs at the back of the worker's queue time out (504); with
 `prefill_kv_admission` (KV room and queued prefill time, at the rate the proxy measures)
 they wait in the proxy instead, and every request is served."""
@@ -26,15 +27,15 @@ from tests.prompts import completion_body, unique_prompt
 
 PORT = 18060
 WORDS = 300  # about 1,200 tokens of the local model's tokenizer
-PREFILL_TIMEOUT_S = 2.0
 QUEUED_TIMEOUTS = 3  # the burst holds this many prefill timeouts of work
 
 
 @pytest.fixture(scope="module")
-def burst_size(stack) -> int:
-    """Prompts enough for QUEUED_TIMEOUTS prefill timeouts of the prefill worker's time, from
-    how long one takes on this machine (a prompt of 1,200 tokens already fills vLLM's
-    512-token steps, so more at once do not go faster)."""
+def load(stack) -> tuple[float, int]:
+    """(a prefill leg's timeout, the burst's size), from how long one prompt's prefill takes
+    on this machine: the timeout 4 prompts' time (at least 2 s), the burst QUEUED_TIMEOUTS
+    timeouts of the worker's time (a prompt of 1,200 tokens already fills vLLM's 512-token
+    steps, so more at once do not go faster)."""
     seconds = []
     with httpx.Client(timeout=60) as client:
         for _ in range(3):
@@ -44,8 +45,8 @@ def burst_size(stack) -> int:
             seconds.append(time.perf_counter() - started)
     assert 1000 <= reply["usage"]["prompt_tokens"] <= 1600, reply["usage"]
     one = statistics.median(seconds)
-    assert one < PREFILL_TIMEOUT_S / 2, f"one prompt's prefill takes {one:.2f} s: the timeout would not be the point"
-    return min(max(math.ceil(QUEUED_TIMEOUTS * PREFILL_TIMEOUT_S / one), 6), 48)
+    timeout = max(2.0, 4 * one)
+    return timeout, min(max(math.ceil(QUEUED_TIMEOUTS * timeout / one), 6), 48)
 
 
 async def burst(url: str, size: int) -> list[int]:
@@ -57,10 +58,11 @@ async def burst(url: str, size: int) -> list[int]:
         return list(await asyncio.gather(*(one(client) for _ in range(size))))
 
 
-def through_proxy(stack, size: int, port: int, **settings) -> tuple[list[int], dict]:
+def through_proxy(stack, load: tuple[float, int], port: int, **settings) -> tuple[list[int], dict]:
+    prefill_timeout_s, size = load
     assert harness.wait_idle(stack.prefill_url, timeout_s=60) == (0, 0)  # nothing left from the tests before
     proxy = harness.start_proxy(
-        port, prefill_urls=[stack.prefill_url], decode_urls=[stack.decode_url], prefill_timeout_s=PREFILL_TIMEOUT_S,
+        port, prefill_urls=[stack.prefill_url], decode_urls=[stack.decode_url], prefill_timeout_s=prefill_timeout_s,
         queue_timeout_s=240, kv_source_ports=[str(harness.STACK_BASE_PORT + 300)], **settings,
     )  # fmt: skip
     try:
@@ -74,17 +76,17 @@ def through_proxy(stack, size: int, port: int, **settings) -> tuple[list[int], d
         harness.wait_idle(stack.prefill_url, timeout_s=60)  # the aborted legs gone before the next test
 
 
-def test_without_admission_the_legs_at_the_back_of_the_prefill_queue_time_out(stack, burst_size):
-    statuses, metrics = through_proxy(stack, burst_size, PORT)
+def test_without_admission_the_legs_at_the_back_of_the_prefill_queue_time_out(stack, load):
+    statuses, metrics = through_proxy(stack, load, PORT)
     failures = metrics["pdspec_proxy_leg_failures_total"]
-    assert statuses.count(504) >= 1, (burst_size, statuses)
+    assert statuses.count(504) >= 1, (load, statuses)
     assert failures.get((("leg", "prefill"), ("reason", "timeout")), 0) >= 1, failures
 
 
-def test_with_admission_the_burst_waits_in_the_proxy_and_every_request_is_served(stack, burst_size):
-    statuses, metrics = through_proxy(stack, burst_size, PORT + 1, prefill_kv_admission=True,
+def test_with_admission_the_burst_waits_in_the_proxy_and_every_request_is_served(stack, load):
+    statuses, metrics = through_proxy(stack, load, PORT + 1, prefill_kv_admission=True,
                                       prefill_kv_read_interval_s=0.25)  # fmt: skip
-    assert statuses == [200] * burst_size, statuses
+    assert statuses == [200] * load[1], (load, statuses)
     assert metrics["pdspec_proxy_leg_failures_total"] == {}, json.dumps({k: str(v) for k, v in metrics.items()})
     waits = metrics["pdspec_proxy_kv_room_waits_total"]
     assert waits[(("outcome", "admitted"),)] >= 1 and waits[(("outcome", "timeout"),)] == 0, waits
