@@ -215,6 +215,19 @@ def test_a_waiting_request_goes_once_a_reading_shows_room():
     assert sample(metrics, 'pdspec_proxy_kv_room_waits_total{outcome="admitted"}') == 1.0
 
 
+def post_at_once(url: str, body: dict, count: int) -> list[int]:
+    """`count` completions sent together (a thread each); their statuses, in the order they ended."""
+    statuses: list[int] = []
+    threads = [threading.Thread(target=lambda: statuses.append(httpx.post(url + "/v1/completions", json=body,
+                                                                          timeout=60).status_code))
+               for _ in range(count)]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return statuses
+
+
 def test_a_burst_between_two_readings_does_not_all_go_to_one_readings_room():
     """Room for about 3 prompts; 6 sent at once: the ones beyond the room wait for a reading."""
     fleet = Fleet(prefill=1, decode=1, **admission(prefill_kv_read_interval_s=30.0, queue_timeout_s=0.5))
@@ -222,14 +235,7 @@ def test_a_burst_between_two_readings_does_not_all_go_to_one_readings_room():
     worker.kv_size_tokens, worker.kv_used = 400, 0.0  # x 0.9 headroom = 360 tokens: 3 prompts of 101
     with fleet as f:  # the proxy's first reading, at its start, is the only one in the test
         assert wait_for(lambda: "pdspec_proxy_prefill_kv_free_tokens{" in httpx.get(f.url + "/metrics").text)
-        statuses = []
-        threads = [threading.Thread(target=lambda: statuses.append(httpx.post(f.url + "/v1/completions", json=BODY,
-                                                                              timeout=20).status_code))
-                   for _ in range(6)]  # fmt: skip
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        statuses = post_at_once(f.url, BODY, 6)
     assert sorted(statuses) == [200, 200, 200, 503, 503, 503]
     assert len(prefill_legs(worker)) == 3
 
@@ -250,14 +256,7 @@ def queued_prefill_burst(**settings) -> tuple[list[int], str, StandinBehaviour]:
     worker.prefill_tokens_per_s = 2000
     body = {"model": "m", "prompt": list(range(400)), "max_tokens": 5}
     with fleet as f:
-        statuses: list[int] = []
-        threads = [threading.Thread(target=lambda: statuses.append(httpx.post(f.url + "/v1/completions", json=body,
-                                                                              timeout=60).status_code))
-                   for _ in range(8)]  # fmt: skip
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        statuses = post_at_once(f.url, body, 8)
         metrics = httpx.get(f.url + "/metrics").text
     return statuses, metrics, worker
 
