@@ -262,6 +262,11 @@ class KvRoom:
                 self.metrics.prefill_rate.labels(worker.url).set(rate.tokens_per_s)
                 self.metrics.prefill_queued_seconds.labels(worker.url).set(self.queued_s(worker.url) or 0.0)
                 self._timed.add(worker.url)
+        members = {w.url for w in self.pool.workers}
+        for url in [u for u, rate in self.rates.items() if u not in members and not rate.legs_in_flight]:
+            del self.rates[url]  # left the pool (dns:// membership): nothing kept per worker that is gone
+            for counts in (self.inflight, self.answered, self.answered_at_reading):
+                counts.pop(url, None)
         for url in self._timed - {w.url for w in workers}:  # ejected or gone: no stale reading left
             self._timed.discard(url)
             for gauge in (self.metrics.prefill_rate, self.metrics.prefill_queued_seconds):

@@ -379,3 +379,18 @@ def test_a_client_that_leaves_mid_prefill_leaves_nothing_queued_on_the_worker():
         assert httpx.post(f.url + "/v1/completions", json=body, timeout=30).status_code == 200
         metrics = httpx.get(f.url + "/metrics").text
     assert sample(metrics, 'pdspec_proxy_kv_room_waits_total{outcome="timeout"}') == 0.0
+
+
+async def test_a_worker_that_left_the_pool_leaves_nothing_behind():
+    """dns:// membership replaces workers: their rates and counts go at the next reading once
+    they have no leg in flight (a reading finds no worker to read here: no client needed)."""
+    keeper, url = keeper_with_rate(1.0, 1000.0)
+    keeper.metrics = type("M", (), {"prefill_rate": None, "prefill_queued_seconds": None})()
+    keeper.pool.healthy = lambda: []
+    leg = keeper.begin(url, 100, 0)
+    keeper.pool.set_urls(["http://p:2"])
+    await keeper.read()
+    assert url in keeper.rates  # a leg still in flight there
+    keeper.end(leg, reply_tokens=100)
+    await keeper.read()
+    assert url not in keeper.rates and url not in keeper.inflight and url not in keeper.answered
