@@ -9,7 +9,9 @@ sized from one prompt's prefill time on this machine) goes through two proxies i
 the stack's workers, one after the other: without
 admission the legs at the back of the worker's queue time out (504); with
 `prefill_kv_admission` (KV room and queued prefill time, at the rate the proxy measures)
-they wait in the proxy instead, and every request is served."""
+they wait in the proxy instead, and every request is served. A real Prometheus scrapes
+the admitting proxy meanwhile: the dashboard's admission panels (which the shared stack's
+own proxy, admission off, cannot fill) have data."""
 
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ import time
 import httpx
 import pytest
 
+from deploy.prometheus.promql import load_dashboard, panel_queries, substitute
 from tests import harness
+from tests.prometheus_server import PrometheusServer, free_port
 from tests.prompts import completion_body, unique_prompt
 
 PORT = 18060
@@ -58,7 +62,9 @@ async def burst(url: str, size: int) -> list[int]:
         return list(await asyncio.gather(*(one(client) for _ in range(size))))
 
 
-def through_proxy(stack, load: tuple[float, int], port: int, **settings) -> tuple[list[int], dict]:
+def through_proxy(stack, load: tuple[float, int], port: int, while_up=None, **settings) -> tuple[list[int], dict]:
+    """The burst through a proxy of `settings` on `port`; `while_up()` runs after it, before
+    the proxy stops."""
     prefill_timeout_s, size = load
     assert harness.wait_idle(stack.prefill_url, timeout_s=60) == (0, 0)  # nothing left from the tests before
     proxy = harness.start_proxy(
@@ -70,7 +76,10 @@ def through_proxy(stack, load: tuple[float, int], port: int, **settings) -> tupl
         statuses = asyncio.run(burst(proxy.url, size))
         names = ("pdspec_proxy_leg_failures_total", "pdspec_proxy_kv_room_waits_total",
                  "pdspec_proxy_prefill_rate_tokens_per_second")  # fmt: skip
-        return statuses, {name: harness.scrape_labeled(proxy.url, name) for name in names}
+        metrics = {name: harness.scrape_labeled(proxy.url, name) for name in names}
+        if while_up is not None:
+            while_up()
+        return statuses, metrics
     finally:
         proxy.stop()
         harness.wait_idle(stack.prefill_url, timeout_s=60)  # the aborted legs gone before the next test
@@ -83,9 +92,27 @@ def test_without_admission_the_legs_at_the_back_of_the_prefill_queue_time_out(st
     assert failures.get((("leg", "prefill"), ("reason", "timeout")), 0) >= 1, failures
 
 
-def test_with_admission_the_burst_waits_in_the_proxy_and_every_request_is_served(stack, load):
-    statuses, metrics = through_proxy(stack, load, PORT + 1, prefill_kv_admission=True,
-                                      prefill_kv_read_interval_s=0.25)  # fmt: skip
+ADMISSION_PANELS = ["Prefill KV room (admission) [A]", "Prefill KV room (admission) [B]",
+                    "Prefill queue (admission) [A]"]  # fmt: skip
+
+
+def test_with_admission_the_burst_waits_in_the_proxy_and_every_request_is_served(stack, load, tmp_path_factory):
+    prometheus = PrometheusServer(tmp_path_factory.mktemp("prometheus"), free_port(18971, 18990))
+    prometheus.start({"pdspec-proxy": [f"127.0.0.1:{PORT + 1}"]})  # scraped once it is up
+    panels = {f"{q.name}": q for q in panel_queries(load_dashboard()) if q.name in ADMISSION_PANELS}
+    empty: list[str] = []
+
+    def panels_have_data():
+        empty.extend(name for name, q in panels.items()
+                     if not harness.wait_for(lambda q=q: bool(prometheus.api.query(substitute(q.expr, "2m", "10m"))),
+                                             timeout_s=60))  # fmt: skip
+
+    try:
+        statuses, metrics = through_proxy(stack, load, PORT + 1, while_up=panels_have_data, prefill_kv_admission=True,
+                                          prefill_kv_read_interval_s=0.25)  # fmt: skip
+    finally:
+        prometheus.stop()
+    assert sorted(panels) == sorted(ADMISSION_PANELS) and not empty, f"admission panels with no data: {empty}"
     assert statuses == [200] * load[1], (load, statuses)
     assert metrics["pdspec_proxy_leg_failures_total"] == {}, json.dumps({k: str(v) for k, v in metrics.items()})
     waits = metrics["pdspec_proxy_kv_room_waits_total"]
