@@ -238,7 +238,7 @@ class KvRoom:
         is (False for a leg whose client left, or that the worker refused)."""
         self.inflight[leg.url] = self.inflight.get(leg.url, 0) - leg.tokens
         computed = None if reply_tokens is None else max(reply_tokens - (cached_tokens or 0), 0)
-        self.rates.setdefault(leg.url, PrefillRate()).ended(time.monotonic(), computed, charged)
+        self.rates[leg.url].ended(time.monotonic(), computed, charged)  # begin() made it; kept while in flight
         self._wake()  # its time in the queue is room now
         if reply_tokens is None:
             return

@@ -74,12 +74,7 @@ def prompt_tokens(body: dict) -> int:
 
 def create_standin(behaviour: StandinBehaviour) -> FastAPI:
     app = FastAPI()
-    queue: list[asyncio.Lock] = []  # made in the server's own event loop, on first use
-
-    def prefill_queue() -> asyncio.Lock:
-        if not queue:
-            queue.append(asyncio.Lock())
-        return queue[0]
+    prefill_queue = asyncio.Lock()  # binds to the server's event loop on first use
 
     async def handle(request: Request, chat: bool, responses: bool = False, messages: bool = False):
         body = await request.json()
@@ -103,7 +98,7 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
             behaviour.prefills_queued += 1
             behaviour.most_prefills_queued = max(behaviour.most_prefills_queued, behaviour.prefills_queued)
             try:
-                async with prefill_queue():  # behind the prefills sent before it, like vLLM's waiting queue
+                async with prefill_queue:  # behind the prefills sent before it, like vLLM's waiting queue
                     if await request.is_disconnected():
                         behaviour.cancelled += 1
                         return JSONResponse({}, status_code=499)

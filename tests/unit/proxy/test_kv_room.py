@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from proxy.kv_room import KvRoom, Room, parse_room, reply_prompt_tokens
+from proxy.metrics import ProxyMetrics
 from pdspec.settings import ProxySettings
 from proxy.pool import WorkerPool
 from proxy.prefill_rate import PrefillRate
@@ -288,25 +289,8 @@ def keeper_with_rate(budget_s: float, tokens_per_s: float) -> tuple[KvRoom, str]
     return keeper, url
 
 
-class Waits:
-    """Counts what a KvRoom's waits ended in (its `metrics` argument)."""
-
-    def __init__(self):
-        self.counts: dict[str, int] = {}
-
-    @property
-    def kv_room_waits(self):
-        return self
-
-    def labels(self, outcome):
-        self.counts.setdefault(outcome, 0)
-        outcome_counts = self.counts
-
-        class Counter:
-            def inc(self):
-                outcome_counts[outcome] += 1
-
-        return Counter()
+def admitted_waits(keeper: KvRoom) -> float:
+    return keeper.metrics.registry.get_sample_value("pdspec_proxy_kv_room_waits_total", {"outcome": "admitted"})
 
 
 async def test_waiters_go_in_the_order_they_came_so_a_long_prompt_is_not_overtaken():
@@ -316,7 +300,7 @@ async def test_waiters_go_in_the_order_they_came_so_a_long_prompt_is_not_overtak
     import asyncio
 
     keeper, url = keeper_with_rate(1.0, 1000.0)
-    keeper.metrics, keeper.wait_timeout_s = Waits(), 5.0
+    keeper.metrics, keeper.wait_timeout_s = ProxyMetrics.create(), 5.0
     keeper.pool.healthy = lambda: [type("W", (), {"url": url})()]
     first = keeper.begin(url, 500, 0)
     admitted: list[int] = []
@@ -337,14 +321,14 @@ async def test_waiters_go_in_the_order_they_came_so_a_long_prompt_is_not_overtak
     assert admitted == [2000]  # the short one now waits for the long one (over the budget with it)
     keeper.end(long_leg, reply_tokens=2000)
     await asyncio.wait_for(short, 1)
-    assert admitted == [2000, 100] and keeper.metrics.counts["admitted"] == 2 and not keeper._line
+    assert admitted == [2000, 100] and admitted_waits(keeper) == 2 and not keeper._line
 
 
 async def test_a_waiter_whose_client_leaves_gives_up_its_place():
     import asyncio
 
     keeper, url = keeper_with_rate(1.0, 1000.0)
-    keeper.metrics, keeper.wait_timeout_s = Waits(), 5.0
+    keeper.metrics, keeper.wait_timeout_s = ProxyMetrics.create(), 5.0
     keeper.pool.healthy = lambda: [type("W", (), {"url": url})()]
     leg = keeper.begin(url, 900, 0)
     waiter = asyncio.create_task(keeper.wait_for_room(500))
@@ -385,7 +369,7 @@ async def test_a_worker_that_left_the_pool_leaves_nothing_behind():
     """dns:// membership replaces workers: their rates and counts go at the next reading once
     they have no leg in flight (a reading finds no worker to read here: no client needed)."""
     keeper, url = keeper_with_rate(1.0, 1000.0)
-    keeper.metrics = type("M", (), {"prefill_rate": None, "prefill_queued_seconds": None})()
+    keeper.metrics = ProxyMetrics.create()
     keeper.pool.healthy = lambda: []
     leg = keeper.begin(url, 100, 0)
     keeper.pool.set_urls(["http://p:2"])
