@@ -154,6 +154,7 @@ class KvRoom:
         self.rates: dict[str, PrefillRate] = {}
         self._line: deque[object] = deque()  # the requests waiting for room, oldest first
         self._timed: set[str] = set()  # workers whose rate and queued time are exported
+        self._read_rooms: set[str] = set()  # workers whose KV room is exported
         self._read = asyncio.Event()  # set (and replaced) after each reading and each leg's end
 
     def tokens_of(self, body: dict[str, Any], planned: int | None) -> tuple[int, int]:
@@ -256,6 +257,9 @@ class KvRoom:
         for url, room in self.rooms.items():
             self.answered_at_reading[url] = marks[url]
             self.metrics.prefill_kv_free_tokens.labels(url).set(max(room.free_tokens(1.0) - self.pending(url), 0))
+        for url in self._read_rooms - self.rooms.keys():  # ejected, gone or unreadable: no stale room shown
+            remove_series(self.metrics.prefill_kv_free_tokens, url)
+        self._read_rooms = set(self.rooms)
         for worker in workers:
             rate = self.rates.get(worker.url)
             if rate is not None and rate.tokens_per_s:
@@ -269,11 +273,8 @@ class KvRoom:
                 counts.pop(url, None)
         for url in self._timed - {w.url for w in workers}:  # ejected or gone: no stale reading left
             self._timed.discard(url)
-            for gauge in (self.metrics.prefill_rate, self.metrics.prefill_queued_seconds):
-                try:
-                    gauge.remove(url)
-                except KeyError:
-                    pass
+            remove_series(self.metrics.prefill_rate, url)
+            remove_series(self.metrics.prefill_queued_seconds, url)
         self._wake()
 
     def _wake(self) -> None:
@@ -296,3 +297,11 @@ class KvRoom:
             except Exception:  # noqa: BLE001 (admission must never stop reading)
                 log.exception("reading the prefill workers' KV room")
             await asyncio.sleep(self.read_interval_s)
+
+
+def remove_series(gauge, url: str) -> None:
+    """Drops one worker's series from a per-worker gauge (no error if it has none)."""
+    try:
+        gauge.remove(url)
+    except KeyError:
+        pass

@@ -23,8 +23,12 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/handoff-out}
 # pdspec up's start: 218 s with both engines' compile cache warm, about 600 s cold (the
 # first engine alone took 342 s), which does not fit one device call with the probe: on a
-# fresh machine, run the script twice (the first call warms the cache).
+# fresh machine, run the script twice (the first call warms the cache), or run it with
+# EAGER=1 (both workers eager: about 250 s to start, so one call holds the probe and both
+# sweeps; the hand-off's own parts, transfer and scheduling, run outside CUDA graphs anyway).
 READY_S=${READY_S:-440}
+EAGER_ARGS=()
+[ -n "${EAGER:-}" ] && EAGER_ARGS=(--prefill.enforce_eager --decode.enforce_eager)
 if [ -n "${DRY_RUN_CPU:-}" ]; then export PYTHONPATH=$PWD; else source loadtest/gpu/device_env.sh 1; fi
 export PDSPEC_HOME=${PDSPEC_HOME:-/tmp/pdspec-home} VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/pdspec-vllm-cache}
 RESULTS=/tmp/handoff-results
@@ -43,7 +47,7 @@ KV_TRANSFER=${KV_TRANSFER:-push}
 
 started=$(date +%s)
 # shellcheck disable=SC2086  # STACK is words on purpose
-setsid python3 -m pdspec.cli $STACK up "${GPU_ARGS[@]}" \
+setsid python3 -m pdspec.cli $STACK up "${GPU_ARGS[@]}" "${EAGER_ARGS[@]}" \
   --prefill.max_num_batched_tokens 2048 --decode.max_num_batched_tokens 2048 \
   --prefill.kv_transfer "$KV_TRANSFER" --decode.kv_transfer "$KV_TRANSFER" \
   --restart never --ready_timeout_s "$READY_S" > "$RESULTS/up-log.txt" 2>&1 &

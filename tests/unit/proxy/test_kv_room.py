@@ -378,3 +378,24 @@ async def test_a_worker_that_left_the_pool_leaves_nothing_behind():
     keeper.end(leg, reply_tokens=100)
     await keeper.read()
     assert url not in keeper.rates and url not in keeper.inflight and url not in keeper.answered
+
+
+async def test_a_worker_no_longer_read_stops_showing_its_kv_room():
+    """An ejected (or unreadable) worker's free-token gauge goes at the next reading, not
+    kept at its last value for dashboards to show as room."""
+    keeper, url = room_keeper(), "http://p:1"
+    keeper.metrics = ProxyMetrics.create()
+    free = lambda: keeper.metrics.registry.get_sample_value(  # noqa: E731
+        "pdspec_proxy_prefill_kv_free_tokens", {"worker": url})
+    worker = keeper.pool.workers[0]
+
+    async def read_one(_url):
+        return Room(size_tokens=1000, used_fraction=0.25)
+
+    keeper._read_one = read_one
+    keeper.pool.healthy = lambda: [worker]
+    await keeper.read()
+    assert free() == 750
+    keeper.pool.healthy = lambda: []  # ejected
+    await keeper.read()
+    assert free() is None
