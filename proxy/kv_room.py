@@ -55,6 +55,7 @@ from typing import Any
 import orjson
 
 from proxy.errors import ProxyError
+from proxy.metrics import remove_series
 from proxy.pool import WorkerPool
 from proxy.prefill_rate import PrefillRate
 from proxy.upstream import UpstreamClient
@@ -154,7 +155,6 @@ class KvRoom:
         self.rates: dict[str, PrefillRate] = {}
         self._line: deque[object] = deque()  # the requests waiting for room, oldest first
         self._timed: set[str] = set()  # workers whose rate and queued time are exported
-        self._read_rooms: set[str] = set()  # workers whose KV room is exported
         self._read = asyncio.Event()  # set (and replaced) after each reading and each leg's end
 
     def tokens_of(self, body: dict[str, Any], planned: int | None) -> tuple[int, int]:
@@ -253,13 +253,12 @@ class KvRoom:
         workers = self.pool.healthy()
         marks = {w.url: self.answered.get(w.url, 0) for w in workers}
         rooms = await asyncio.gather(*(self._read_one(w.url) for w in workers))
-        self.rooms = {w.url: room for w, room in zip(workers, rooms) if room is not None}
+        shown, self.rooms = self.rooms.keys(), {w.url: room for w, room in zip(workers, rooms) if room is not None}
         for url, room in self.rooms.items():
             self.answered_at_reading[url] = marks[url]
             self.metrics.prefill_kv_free_tokens.labels(url).set(max(room.free_tokens(1.0) - self.pending(url), 0))
-        for url in self._read_rooms - self.rooms.keys():  # ejected, gone or unreadable: no stale room shown
+        for url in shown - self.rooms.keys():  # ejected, gone or unreadable: no stale room shown
             remove_series(self.metrics.prefill_kv_free_tokens, url)
-        self._read_rooms = set(self.rooms)
         for worker in workers:
             rate = self.rates.get(worker.url)
             if rate is not None and rate.tokens_per_s:
@@ -297,11 +296,3 @@ class KvRoom:
             except Exception:  # noqa: BLE001 (admission must never stop reading)
                 log.exception("reading the prefill workers' KV room")
             await asyncio.sleep(self.read_interval_s)
-
-
-def remove_series(gauge, url: str) -> None:
-    """Drops one worker's series from a per-worker gauge (no error if it has none)."""
-    try:
-        gauge.remove(url)
-    except KeyError:
-        pass

@@ -31,7 +31,7 @@ from pdspec.settings import ProxySettings
 from proxy.apis import Api
 from proxy.kv_index import KvIndex, block_keys
 from proxy.kv_subscriber import EventSource, Subscriber
-from proxy.metrics import ProxyMetrics
+from proxy.metrics import ProxyMetrics, remove_series
 from proxy.pool import NoHealthyWorker, Worker, WorkerPool, token_affinity_key
 from proxy.routing_tokens import prompt_token_ids, rendered_token_ids
 from proxy.upstream import UpstreamClient
@@ -130,11 +130,8 @@ class KvRouter:
         for name, value in vars(subscription.subscriber.counts).items():  # its counts stay in the totals
             self._retired[name] = self._retired.get(name, 0) + value
         self.index.forget(url)
-        for gauge in (self.metrics.kv_index_blocks, self.metrics.kv_event_lag):
-            try:
-                gauge.remove(url)
-            except KeyError:  # never exported
-                pass
+        remove_series(self.metrics.kv_index_blocks, url)
+        remove_series(self.metrics.kv_event_lag, url)
 
     async def close(self) -> None:
         for url in list(self.subscriptions):

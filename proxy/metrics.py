@@ -199,3 +199,11 @@ class ProxyMetrics:
         for kind in KV_EVENT_KINDS:
             metrics.kv_events.labels(kind)
         return metrics
+
+
+def remove_series(gauge: Gauge, worker: str) -> None:
+    """Drops one worker's series from a gauge labelled by worker (none exported: nothing to do)."""
+    try:
+        gauge.remove(worker)
+    except KeyError:
+        pass
