@@ -259,6 +259,13 @@ class ProxySettings(BaseModel):
         False, description="Replies carry X-Pdspec-Prefill-Worker and X-Pdspec-Decode-Worker (`local`: the "
         "decode worker prefilled). Off by default: worker addresses are internal.",
     )
+    early_decode: bool = Field(
+        False, description="Where the KV is pushed (kv_transfer = push): send the decode leg together with the "
+        "prefill leg, so the decode worker's blocks are registered with the prefill worker before its prefill "
+        "ends and the WRITE starts at once (proxy/early_decode.py). The decode worker holds the prompt's blocks "
+        "while the prefill runs, and a prefill worker that dies mid-prefill leaves them held until the decode "
+        "worker restarts (vLLM's push connector has no receive deadline): opt-in.",
+    )
     structured_outputs: Literal["disaggregated", "decode_only"] = Field(
         "disaggregated", description="Grammar-constrained requests (response_format, structured_outputs, a named "
         "or required tool_choice): through P/D as any other (their KV pulled over NIXL), or prefilled by their "

@@ -32,8 +32,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -43,12 +43,14 @@ from proxy.apis import Api
 from proxy.asgi import Reply
 from proxy.attempts import attempts, backoff, uncached_tokens
 from proxy.auth import worker_auth_headers
-from proxy.errors import ProxyError, sse_error_event
+from proxy.early_decode import EarlyDecode, EarlyLeg, early_params, kv_source
+from proxy.errors import ProxyError
 from proxy.fanout import choice_count, fan_out
 from proxy.kv_room import KvRoom, reply_prompt_tokens
 from proxy.kv_routing import KvRouter, RoutePlan
 from proxy.metrics import ProxyMetrics
-from proxy.pool import Lease, NoHealthyWorker, Worker, WorkerPool, affinity_key
+from proxy.pool import NoHealthyWorker, Worker, WorkerPool, affinity_key
+from proxy.relay import Relay
 from proxy.tracing import NO_TRACE, NoTrace
 from proxy.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 
@@ -113,6 +115,7 @@ class Prefilled:
     handed_over: bool = False
     worker_url: str | None = None  # the prefill worker (None: the decode worker prefills)
     prompt_tokens: int | None = None  # as the prefill reply counted them
+    early: EarlyLeg | None = None  # the decode leg sent with the prefill leg (proxy/early_decode.py)
 
 
 class Disaggregator:
@@ -141,6 +144,8 @@ class Disaggregator:
         self.prefill_ok = metrics.prefill_outcomes.labels("ok")
         self._releases: set[asyncio.Task] = set()
         self.kv_source_ports = [port_range(spec) for spec in settings.kv_source_ports]
+        self.early = (EarlyDecode(client, metrics, self.worker_headers)
+                      if settings.early_decode else None)  # fmt: skip
 
     async def serve(self, api: Api, body: dict[str, Any], request_id: str, trace: NoTrace = NO_TRACE) -> Reply:
         reason = api.decode_only_reason(body)
@@ -206,9 +211,12 @@ class Disaggregator:
             span = trace.start("prefill", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
             room_leg, prefilled = self.kv_room.begin(worker.url, tokens, chars) if self.kv_room else None, None
             charged = False  # whether the leg's time says how fast the worker is (kv_room's rate)
+            early = self._start_early(api, body, request_id, worker, plan, trace) if attempt == 0 else None
             try:
-                prefilled = await self._prefill_once(worker, api, leg, request_id, trace.headers(span),
-                                                     uncached_tokens(plan, worker))  # fmt: skip
+                run = self._prefill_once(worker, api, leg, request_id, trace.headers(span), uncached_tokens(plan, worker))
+                prefilled = await (run if early is None else self.early.prefill(early, api.path, leg, request_id, run))
+                if early is not None and self.early.adopt(early, prefilled.kv_transfer_params):
+                    prefilled.early = early
                 charged = True
             except LegFailed as exc:
                 trace.end(span, exc.message)
@@ -266,6 +274,7 @@ class Disaggregator:
             # Without it the decode worker would silently recompute the prompt.
             raise LegFailed(502, "Prefill worker returned no kv_transfer_params; is it a kv_producer?", "no_kv_params")
         self._check_remote(params, worker)
+        worker.kv_source = kv_source(params)
         return Prefilled(params, api.cached_tokens_of(reply), worker_url=worker.url,
                          prompt_tokens=reply_prompt_tokens(reply))
 
@@ -360,6 +369,27 @@ class Disaggregator:
 
     # --- decode ----------------------------------------------------------------------
 
+    def _decode_attempts(self, body: dict, plan: RoutePlan | None, tries: int, first: Worker | None = None):
+        cached, planned = (plan.decode_cached, plan.decode_worker) if plan is not None else (None, None)
+        key = _affinity(body, plan) if self.decode_pool.policy == "kv_aware" else None
+        return attempts(self.decode_pool, tries, key, cached, first or planned)
+
+    def _start_early(self, api: Api, body: dict, request_id: str, prefill_worker: Worker, plan: RoutePlan | None,
+                     trace: NoTrace) -> EarlyLeg | None:  # fmt: skip
+        """The decode leg, sent now with the prefill leg to `prefill_worker` where that
+        works (proxy/early_decode.py); None: it goes the usual way, after the prefill."""
+        if self.early is None or prefill_worker.kv_source is None:
+            return None
+        picked = next(self._decode_attempts(body, plan, 1), None)
+        if picked is None:
+            return None  # no healthy decode worker: the usual way says so
+        early = EarlyLeg(picked[1], prefill_worker, prefill_worker.kv_source)
+        leg = orjson.dumps(api.decode_body(body, early_params(early.source, request_id)))
+        early.task = asyncio.ensure_future(
+            self._open_decode(early.decode_worker, api.path, leg, request_id, trace.headers(None), early.mark_sent)
+        )
+        return early
+
     async def _decode(
         self, api: Api, body: dict, prefilled: Prefilled, request_id: str, trace: NoTrace,
         plan: RoutePlan | None = None,
@@ -372,54 +402,74 @@ class Disaggregator:
         handoff_started = time.perf_counter() if prefilled.kv_transfer_params else None
         failure: LegFailed | None = None
         tries = 1 + self.settings.decode_retries
-        cached, first = (plan.decode_cached, plan.decode_worker) if plan is not None else (None, None)
-        key = _affinity(body, plan) if self.decode_pool.policy == "kv_aware" else None
-        for attempt, worker in attempts(self.decode_pool, tries, key, cached, first):
-            if disaggregated and prefilled.handed_over:
-                # The failed attempt may still read this KV: this one gets KV of its own.
-                await self._prefill_again(api, body, prefilled, request_id, trace, plan, failure)
-                leg = orjson.dumps(api.decode_body(body, prefilled.kv_transfer_params))
-            if self.kv_router is not None:
-                self.kv_router.routed(self.decode_pool, worker, plan)
-            if self.settings.served_by_headers:
-                headers["X-Pdspec-Decode-Worker"] = worker.url
-            span = trace.start("decode", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
-            try:
-                resp, lease = await self._open_decode(worker, api.path, leg, request_id, trace.headers(span), prefilled)
-            except LegFailed as exc:
-                trace.end(span, exc.message)
-                failure = exc
-                self.metrics.leg_failures.labels("decode", exc.reason).inc()
-                await backoff(attempt, tries, self.settings.retry_backoff_s)
-                continue
-            except PassThrough:
-                trace.end(span, "worker 4xx")
-                trace.end(handoff, "decode refused")
-                raise
-            relay = Relay(self, resp, worker, lease, trace, span, handoff, handoff_started)
-            if body.get("stream"):
-                relay.preamble_events = api.preamble_events
-                stream, relay.error_event = api.stream(relay.chunks(), prefilled.cached_tokens)
-                return Reply(200, content_type="text/event-stream", stream=stream, headers=headers, closer=relay)
-            data = await relay.read()
-            return Reply(200, api.patch_body(data, prefilled.cached_tokens), headers=headers)
-        trace.end(handoff, "no decode")
-        raise DecodeFailed(failure or LegFailed(503, "no healthy decode worker", "no_healthy_worker"))
-
-    async def _open_decode(self, worker: Worker, path: str, leg: bytes, request_id: str, trace_headers,
-                           prefilled: Prefilled):  # fmt: skip
-        """The decode response, checked before any byte goes to the client: once a
-        streaming response has started, its status can no longer change."""
+        early, prefilled.early = prefilled.early, None  # the first attempt, already on its way
 
         def sent() -> None:
             prefilled.handed_over = prefilled.kv_transfer_params is not None
 
+        try:
+            for attempt, worker in self._decode_attempts(body, plan, tries, early and early.decode_worker):
+                if early is not None and worker is not early.decode_worker:  # ejected meanwhile
+                    early = self._drop_early(early, prefilled)
+                if disaggregated and prefilled.handed_over and early is None:
+                    # The failed attempt may still read this KV: this one gets KV of its own.
+                    await self._prefill_again(api, body, prefilled, request_id, trace, plan, failure)
+                    leg = orjson.dumps(api.decode_body(body, prefilled.kv_transfer_params))
+                if self.kv_router is not None:
+                    self.kv_router.routed(self.decode_pool, worker, plan)
+                if self.settings.served_by_headers:
+                    headers["X-Pdspec-Decode-Worker"] = worker.url
+                span = trace.start("decode", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
+                try:
+                    if early is not None:
+                        resp, lease = await early.task
+                        early.task = None  # the relay owns the response now
+                    else:
+                        resp, lease = await self._open_decode(worker, api.path, leg, request_id, trace.headers(span),
+                                                              sent)  # fmt: skip
+                except LegFailed as exc:
+                    early = self._drop_early(early, prefilled)
+                    trace.end(span, exc.message)
+                    failure = exc
+                    self.metrics.leg_failures.labels("decode", exc.reason).inc()
+                    await backoff(attempt, tries, self.settings.retry_backoff_s)
+                    continue
+                except PassThrough:
+                    trace.end(span, "worker 4xx")
+                    trace.end(handoff, "decode refused")
+                    raise
+                relay = Relay(self, resp, worker, lease, trace, span, handoff, handoff_started)
+                if body.get("stream"):
+                    relay.preamble_events = api.preamble_events
+                    stream, relay.error_event = api.stream(relay.chunks(), prefilled.cached_tokens)
+                    return Reply(200, content_type="text/event-stream", stream=stream, headers=headers, closer=relay)
+                data = await relay.read()
+                return Reply(200, api.patch_body(data, prefilled.cached_tokens), headers=headers)
+        finally:
+            self._drop_early(early, prefilled)  # the client went away while it opened
+        trace.end(handoff, "no decode")
+        raise DecodeFailed(failure or LegFailed(503, "no healthy decode worker", "no_healthy_worker"))
+
+    @staticmethod
+    def _drop_early(early: EarlyLeg | None, prefilled: Prefilled) -> None:
+        """An early leg no attempt will use: closed; if it went on the wire, that worker was
+        handed the KV (the prefill worker WRITEs it there), as for any decode attempt."""
+        if early is not None and early.task is not None:
+            early.close()
+            prefilled.handed_over = prefilled.handed_over or early.sent
+        return None
+
+    async def _open_decode(self, worker: Worker, path: str, leg: bytes, request_id: str, trace_headers,
+                           on_sent: Callable[[], None]):  # fmt: skip
+        """The decode response, checked before any byte goes to the client: once a
+        streaming response has started, its status can no longer change. `on_sent`: called
+        once the leg went on the wire (the worker may then read its KV)."""
         lease = worker.lease()
         try:
             resp = await self.client.request(
                 worker.url, "POST", path, leg,
                 {"X-Request-Id": request_id, **self.worker_headers, **trace_headers},
-                self.settings.decode_timeout_s, on_sent=sent,
+                self.settings.decode_timeout_s, on_sent=on_sent,
             )  # fmt: skip
         except UpstreamError as exc:
             lease.release()
@@ -435,100 +485,3 @@ class Disaggregator:
                 data = b""
             raise self._worker_error("decode", worker, resp, data)
         return resp, lease
-
-
-class Relay:
-    """The decode worker's body on its way to the client. Owns the worker's lease (its
-    in-flight count) and the connection: `close()` is safe at any point, also before the first
-    chunk, and a stream that did not finish drops its connection so vLLM aborts."""
-
-    __slots__ = ("owner", "resp", "worker", "lease", "trace", "span", "handoff", "handoff_started", "started",
-                 "closed", "preamble_events", "preamble", "error_event")  # fmt: skip
-
-    def __init__(self, owner: Disaggregator, resp: UpstreamResponse, worker: Worker, lease: Lease, trace: NoTrace,
-                 span, handoff, handoff_started: float | None = None):  # fmt: skip
-        self.owner = owner
-        self.resp = resp
-        self.worker = worker
-        self.lease = lease
-        self.trace = trace
-        self.span = span
-        self.handoff = handoff
-        self.handoff_started = handoff_started
-        self.started = time.perf_counter()
-        self.closed = False
-        # Events the decode worker sends before it has read the KV (the Responses API's
-        # two; chat's first event comes after the engine's first output): the hand-off is
-        # done only when the event after them begins.
-        self.preamble_events = 0
-        self.preamble = b""  # what came of them so far
-        self.error_event = sse_error_event  # (status, message) -> the event ending a broken stream
-
-    def _first_byte(self) -> None:
-        if self.handoff_started is not None:
-            # Prefill reply to the decode worker's first byte: the NIXL pull and first step.
-            self.owner.handoff_seconds.observe(time.perf_counter() - self.handoff_started)
-            self.handoff_started = None
-        if self.handoff is not None:
-            self.trace.end(self.handoff)
-            self.handoff = None
-
-    async def read(self) -> bytes:
-        try:
-            data = await self.resp.read()
-        except UpstreamError as exc:
-            self.owner.metrics.leg_failures.labels("decode", exc.reason).inc()
-            self.close(error=exc.reason)
-            raise ProxyError(502, f"decode worker {self.worker.url} failed mid-response: {exc.reason}") from None
-        except BaseException:  # cancelled: the client went away
-            self.close(error="cancelled")
-            raise
-        self._first_byte()
-        self.close()
-        return data
-
-    def _past_preamble(self, chunk: bytes) -> bool:
-        self.preamble += chunk
-        at = 0
-        for _ in range(self.preamble_events):
-            at = self.preamble.find(b"\n\n", at)
-            if at == -1:
-                return False
-            at += 2
-        if len(self.preamble) == at:  # the next event has not begun
-            return False
-        self.preamble_events, self.preamble = 0, b""
-        return True
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self.resp.iter_chunks():
-                if not self.preamble_events or self._past_preamble(chunk):
-                    self._first_byte()
-                yield chunk
-        except UpstreamError as exc:
-            if self.closed:  # the proxy dropped the stream itself: its client is gone
-                return
-            # Headers are gone already: end the stream with an error event, not a hang.
-            self.owner.metrics.stream_errors.inc()
-            self.owner.metrics.leg_failures.labels("decode", exc.reason).inc()
-            log.warning("decode stream from %s broke: %s", self.worker.url, exc.reason)
-            self.close(error=exc.reason)
-            yield self.error_event(502, f"decode worker failed mid-stream: {exc.reason}")
-        finally:
-            self.close()
-
-    def close(self, error: str | None = None) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if self.resp.complete and error is None:
-            self.resp.release()  # keep the connection for the next request
-            self.owner.decode_seconds.observe(time.perf_counter() - self.started)
-        else:
-            self.resp.close()  # dropping the connection makes vLLM abort the request
-            error = error or "client gone"
-        self.lease.release()
-        self.trace.end(self.handoff, error)
-        self.handoff = None
-        self.trace.end(self.span, error)

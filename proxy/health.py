@@ -119,6 +119,7 @@ class HealthChecker:
             worker.consecutive_failures += 1
             if worker.healthy and worker.consecutive_failures >= self.eject_after:
                 worker.healthy = False
+                worker.kv_source = None  # it may come back as another engine
                 log.warning("ejected %s worker %s", pool.name, worker.url)
 
     async def check(self, pool: WorkerPool, worker: Worker) -> None:

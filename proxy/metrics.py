@@ -31,6 +31,7 @@ class ProxyMetrics:
     worker_inflight: Gauge
     kv_releases: Counter
     kv_reprefills: Counter
+    early_decodes: Counter
     kv_room_waits: Counter
     prefill_rate: Gauge
     prefill_queued_seconds: Gauge
@@ -101,6 +102,13 @@ class ProxyMetrics:
                 "was handed the first prefill's KV and may still read it, and a prefill's KV goes to one decode "
                 "request only.",
                 ["reason"], registry=registry,
+            ),
+            early_decodes=Counter(
+                "pdspec_proxy_early_decodes", "Decode legs sent together with their prefill leg (proxy.early_decode, "
+                "pushed KV), by outcome: used; stale_source (the prefill worker answered as another engine); "
+                "prefill_failed and client_gone (the leg was not used), then completed or not_completed (whether its "
+                "prefill was brought to an end on that worker, which frees the decode worker's registered blocks).",
+                ["outcome"], registry=registry,
             ),
             kv_room_waits=Counter(
                 "pdspec_proxy_kv_room_waits",

@@ -62,6 +62,8 @@ class Worker:
     info_error: str | None = None
     refusal: dict | None = None  # why it is not admitted (for /ready and the logs)
     features_off: dict[str, str] = field(default_factory=dict)  # its engine features that are off, and why
+    # Where its pushed KV comes from, by its last prefill reply (proxy/early_decode.py); None: unknown.
+    kv_source: dict | None = None
     host: str = field(init=False)
 
     def __post_init__(self) -> None:

@@ -40,6 +40,9 @@ class StandinBehaviour:
     prefills_queued: int = 0  # with prefill_tokens_per_s: legs in its queue now (the one running included)
     most_prefills_queued: int = 0
     fail_decodes: int = 0  # the next this many decode legs get `fail_status`
+    fail_prefills: int = 0  # the next this many prefill legs get `fail_status`
+    transfer_mode: str | None = None  # "push": its kv_transfer_params say so, as NixlPushConnector's do
+    engine_id: str = "standin"  # its remote_engine_id
     fail_status: int = 503
     healthy: bool = True
     stream_event_delay_s: float = 0.0  # between the events of a decode stream
@@ -52,6 +55,7 @@ class StandinBehaviour:
     metrics_reads: int = 0
     cancelled: int = 0  # legs whose client went away while they waited
     received: list[dict] = field(default_factory=list)
+    received_at: list[float] = field(default_factory=list)  # time.monotonic() of each of `received`
     prefills: int = 0  # prefill legs answered: the n-th names block [[n]], so each prefill's KV is its own
     headers: list[dict] = field(default_factory=list)
     tokenize_status: int = 200
@@ -79,12 +83,16 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
     async def handle(request: Request, chat: bool, responses: bool = False, messages: bool = False):
         body = await request.json()
         behaviour.received.append(body)
+        behaviour.received_at.append(time.monotonic())
         behaviour.headers.append(dict(request.headers))
         kv = body.get("kv_transfer_params") or {}
         is_prefill = kv.get("do_remote_decode") is True
         status = behaviour.prefill_status if is_prefill else behaviour.decode_status
         if not is_prefill and behaviour.fail_decodes > 0:
             behaviour.fail_decodes -= 1
+            status = behaviour.fail_status
+        if is_prefill and behaviour.fail_prefills > 0:
+            behaviour.fail_prefills -= 1
             status = behaviour.fail_status
         if behaviour.delay_s:
             # Like vLLM, notice a caller that went away while the work was pending.
@@ -110,10 +118,12 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
         if is_prefill:
             behaviour.prefills += 1
             params = None if behaviour.omit_kv_params else {
-                "remote_engine_id": "standin", "remote_block_ids": [[behaviour.prefills]],
+                "remote_engine_id": behaviour.engine_id, "remote_block_ids": [[behaviour.prefills]],
                 "remote_host": behaviour.remote_host,
                 "remote_port": behaviour.remote_port, "remote_request_id": request.headers.get("x-request-id"),
             }  # fmt: skip
+            if params is not None and behaviour.transfer_mode is not None:
+                params.update(transfer_mode=behaviour.transfer_mode, tp_size=1, pp_size=1)
             if responses:
                 return JSONResponse(response_object(body, "x", behaviour.cached_tokens, params))
             if messages:

@@ -17,6 +17,9 @@
 #   once at the decode worker alone with other prompts (--seed 100: the decode worker holds
 #   the first sweep's prompts in its prefix cache), prefilling locally: one engine.
 # Prefill chunks are 2,048 tokens on both workers (the latency workload's mbt).
+# EARLY=1: the stack's proxy sends the decode leg with the prefill leg (proxy.early_decode),
+# and a second proxy without it, on port 8001 in front of the same workers, is timed in the
+# probe's loop (`other_proxy_ttft_ms`) and swept last, time allowing (label 1p1d-usual).
 # Everything comes back in $OUT/handoff.tar.gz, with up-log.txt and the probe's JSON.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,6 +32,8 @@ OUT=${OUT:-/tmp/handoff-out}
 READY_S=${READY_S:-440}
 EAGER_ARGS=()
 [ -n "${EAGER:-}" ] && EAGER_ARGS=(--prefill.enforce_eager --decode.enforce_eager)
+EARLY_ARGS=()
+[ -n "${EARLY:-}" ] && EARLY_ARGS=(--proxy.early_decode)
 if [ -n "${DRY_RUN_CPU:-}" ]; then export PYTHONPATH=$PWD; else source loadtest/gpu/device_env.sh 1; fi
 export PDSPEC_HOME=${PDSPEC_HOME:-/tmp/pdspec-home} VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/pdspec-vllm-cache}
 RESULTS=/tmp/handoff-results
@@ -47,7 +52,7 @@ KV_TRANSFER=${KV_TRANSFER:-push}
 
 started=$(date +%s)
 # shellcheck disable=SC2086  # STACK is words on purpose
-setsid python3 -m pdspec.cli $STACK up "${GPU_ARGS[@]}" "${EAGER_ARGS[@]}" \
+setsid python3 -m pdspec.cli $STACK up "${GPU_ARGS[@]}" "${EAGER_ARGS[@]}" "${EARLY_ARGS[@]}" \
   --prefill.max_num_batched_tokens 2048 --decode.max_num_batched_tokens 2048 \
   --prefill.kv_transfer "$KV_TRANSFER" --decode.kv_transfer "$KV_TRANSFER" \
   --restart never --ready_timeout_s "$READY_S" > "$RESULTS/up-log.txt" 2>&1 &
@@ -60,15 +65,26 @@ pack() {
   cp "$RESULTS"/probe.json "$OUT/" 2>/dev/null
   ls -la "$OUT"
 }
-trap 'pack; stop_stack; pack' EXIT  # pack first: a timeout's KILL may come before the stop ends
+other_proxy=""
+stop_other() { [ -n "$other_proxy" ] && kill "$other_proxy" 2>/dev/null; }
+trap 'pack; stop_other; stop_stack; pack' EXIT  # pack first: a timeout's KILL may come before the stop ends
 trap 'exit 143' TERM INT  # a timeout still stops the stack and packs what there is
 
 wait_ready $proxy /ready "$READY_S" || exit 1
 echo "ready at $(( $(date +%s) - started )) s"
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv > "$RESULTS/nvidia-smi.txt" 2>&1
 
+OTHER_ARGS=()
+if [ -n "${EARLY:-}" ]; then
+  usual=http://127.0.0.1:8001
+  PDSPEC_PROXY="{\"port\": 8001, \"prefill_urls\": [\"$prefill\"], \"decode_urls\": [\"$decode\"]}" \
+    python3 -m pdspec.cli proxy > "$RESULTS/usual-proxy.log" 2>&1 &
+  other_proxy=$!
+  wait_ready $usual /ready 60 || exit 1
+  OTHER_ARGS=(--other-proxy-url $usual)
+fi
 python3 -m loadtest.handoff_probe --proxy-url $proxy --prefill-url $prefill --decode-url $decode \
-  --model $model --requests "${REQUESTS:-12}" --input-len "$input_len" --out "$RESULTS/probe.json"
+  --model $model --requests "${REQUESTS:-12}" --input-len "$input_len" --out "$RESULTS/probe.json" "${OTHER_ARGS[@]}"
 echo "probe done at $(( $(date +%s) - started )) s"
 sweep=(--model $model --input-len "$input_len" --output-len 64 --num-prompts "${NUM_PROMPTS:-16}" --concurrency 1 4 16 32
        --warmup 4 --no-progress --prefill-url $prefill --decode-url $decode --run-dir "$PDSPEC_HOME/run")
@@ -83,6 +99,10 @@ if [ $(( $(date +%s) - started )) -lt "$LAST_SWEEP_START_S" ]; then
   python3 -m loadtest.serve_bench --url $decode "${sweep[@]}" --seed 100 --label decode-worker-alone --no-worker-metrics \
     --out "$RESULTS/decode-alone"
   echo "decode-alone sweep done at $(( $(date +%s) - started )) s"
+fi
+if [ -n "${EARLY:-}" ] && [ $(( $(date +%s) - started )) -lt "$LAST_SWEEP_START_S" ]; then
+  python3 -m loadtest.serve_bench --url $usual "${sweep[@]}" --seed 200 --label 1p1d-usual --out "$RESULTS/1p1d-usual"
+  echo "1p1d-usual sweep done at $(( $(date +%s) - started )) s"
 fi
 for pair in prefill=$prefill decode=$decode proxy=$proxy; do
   python3 -c "import httpx, sys; sys.stdout.write(httpx.get(sys.argv[1] + '/metrics', timeout=10).text)" "${pair#*=}" \

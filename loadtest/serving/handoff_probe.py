@@ -10,6 +10,10 @@ For each of `--requests` fresh random prompts (no prefix-cache hit helps) it mea
 - `decode_local_ttft_ms`: the decode worker alone with no `kv_transfer_params`, so it
   prefills the prompt itself (what one worker on one core costs, prefill included);
 
+with `--other-proxy-url` (a second proxy in front of the same workers, another setting:
+without `proxy.early_decode`, say), `other_proxy_ttft_ms` too, taken in the same loop so
+that the two proxies' figures alternate;
+
 and, from each worker's /metrics around each pulled leg (so the decode worker's local
 prefills are left out; the prefill worker posts the transfer when the KV is pushed), vLLM's
 own means: NIXL transfer time (`vllm:nixl_xfer_time_seconds`, post to
@@ -90,17 +94,23 @@ def probe(
     max_tokens: int = 4,
     vocab_size: int = 4096,
     seed: int = 0,
+    other_proxy_url: str | None = None,
 ) -> dict:
-    """Run the four measurements per request, one request in flight at a time."""
-    prompts = random_prompts(3 * requests, input_len, vocab_size, seed)
+    """Run the four measurements per request (five with `other_proxy_url`), one request
+    in flight at a time."""
+    per_request = 4 if other_proxy_url else 3
+    prompts = random_prompts(per_request * requests, input_len, vocab_size, seed)
     proxy_before = proxy_legs(client, proxy_url)
     # Each worker's histograms over the pulled legs alone: the decode worker's, and the
     # prefill worker's, which posts the transfer when the KV is pushed (kv_transfer = push).
     pulls: dict[str, dict[str, float]] = {"decode": {}, "prefill": {}}
     rows = []
     for i in range(requests):
-        via_proxy, direct, local = prompts[3 * i : 3 * i + 3]
+        via_proxy, direct, local, *via_other = prompts[per_request * i : per_request * (i + 1)]
         row = {"proxy_ttft_ms": first_token_ms(client, proxy_url, completion_body(model, via_proxy, max_tokens))}
+        if other_proxy_url:
+            row["other_proxy_ttft_ms"] = first_token_ms(client, other_proxy_url,
+                                                        completion_body(model, via_other[0], max_tokens))  # fmt: skip
         request_id = f"handoff-probe-{seed}-{i}-{time.time_ns()}"
         row["prefill_leg_ms"], params = prefill_leg(client, prefill_url, model, direct, request_id)
         pulled = dict(completion_body(model, direct, max_tokens), kv_transfer_params=params)
@@ -185,6 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--proxy-url")
     parser.add_argument("--prefill-url")
     parser.add_argument("--decode-url")
+    parser.add_argument("--other-proxy-url", help="a second proxy in front of the same workers, timed alternately")
     parser.add_argument("--model", default="pdspec-tiny")
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--input-len", type=int, default=512)
@@ -201,7 +212,7 @@ def main(argv: list[str] | None = None) -> dict:
     with httpx.Client(timeout=120) as client:
         result = probe(
             client, args.proxy_url, args.prefill_url, args.decode_url, args.model,
-            args.requests, args.input_len, vocab_size=args.vocab_size,
+            args.requests, args.input_len, vocab_size=args.vocab_size, other_proxy_url=args.other_proxy_url,
         )  # fmt: skip
     for row in result["rows"]:
         print("  ".join(f"{k} {v:8.1f}" for k, v in row.items()), file=sys.stderr)
