@@ -10,6 +10,7 @@ import pytest
 
 from loadtest.serving import bench
 from loadtest.serving.stack import env_name, load_settings, stack_ports
+from pdspec.supervisor import check_ports
 from loadtest.serving.workloads import WORKLOADS
 from pdspec.supervisor import client_url
 
@@ -134,10 +135,17 @@ def test_summary_markdown_with_no_saturated_pair():
     assert "| eagle3.mbt512 | concurrency 32 | - | - | - | 96 / 96 | 0 / 96 |" in bench.markdown(summary)
 
 
-def test_ports_leave_room_for_dp_ranks():
-    a, b = stack_ports(8000, 0), stack_ports(8000, 1)
-    assert b["prefill.side_channel_port"] - a["prefill.side_channel_port"] == 4
-    assert a["decode.side_channel_port"] - a["prefill.side_channel_port"] == 2  # DP 2: base, base+1
+def test_ports_pass_pdspec_ups_check_and_stacks_share_none():
+    """`pdspec up` keeps four NIXL side-channel ports per worker (DP ranks) and refuses a
+    clash: every stack a run plans must start (a plan 2 apart once failed them all)."""
+    claimed = []
+    for index in range(3):
+        ports = stack_ports(8000, index)
+        check_ports(load_settings(None, {**ports, "prefill.kv_transfer": "push", "decode.kv_transfer": "push"}))
+        side = [ports[f"{role}.side_channel_port"] + rank for role in ("prefill", "decode") for rank in range(4)]
+        events = [ports[f"{role}.kv_events_port"] + offset for role in ("prefill", "decode") for offset in (0, 1)]
+        claimed += [ports["proxy.port"], ports["prefill.port"], ports["decode.port"], *side, *events]
+    assert len(claimed) == len(set(claimed))
 
 
 def test_cpu_profiles_compare_the_two_layouts_on_two_cores(tmp_path):
