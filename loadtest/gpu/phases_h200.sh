@@ -13,7 +13,9 @@
 # does not fit one call with the phases, and what this checks is how well phases agree,
 # not the compiled speed. PHASES phases per policy of NUM_PROMPTS prompts (the seed: 3 of
 # 128; 3 of 48 fit one call). bench.md has each phase's saturated-window prefill rate and
-# saturation share, the pair ratios and the bootstrap interval. Everything comes back in $OUT.
+# saturation share, the pair ratios and the bootstrap interval. VARIANTS=mbt2048 runs the
+# other row. Admission's queue wait is 300 s (as one_gpu_admission_h200.sh): with the
+# default, legs held past it were refused (503) in the first runs. Everything comes back in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/phases-out}
@@ -26,11 +28,18 @@ mkdir -p "$OUT" "$RESULTS"
 PROFILES=${PROFILES-"deploy/profiles/dummy/qwen3-8b-eagle3-1p1d.toml"}
 SET=${SET-"prefill.cuda_visible_devices=0 decode.cuda_visible_devices=0 prefill.gpu_memory_utilization=0.4
   decode.gpu_memory_utilization=0.4 prefill.kv_transfer=push decode.kv_transfer=push prefill.enforce_eager=true
-  decode.enforce_eager=true proxy.prefill_kv_admission=true"}
+  decode.enforce_eager=true proxy.prefill_kv_admission=true proxy.queue_timeout_s=300"}
 set_args=()
 [ -n "$SET" ] && set_args=(--set $SET)
 
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv > "$RESULTS/nvidia-smi.txt" 2>&1
+# The GPU's clocks, power and utilization each second: whether a slow phase was a slow GPU.
+sampler=
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,utilization.gpu,clocks_throttle_reasons.active \
+    --format=csv -lms 1000 > "$OUT/gpu-clocks.csv" 2>&1 &
+  sampler=$!
+fi
 set -x
 stop_after=$((BUDGET + 30 < 570 ? BUDGET + 30 : 570))
 # shellcheck disable=SC2086  # PROFILES is words on purpose
@@ -40,6 +49,7 @@ timeout -k 10 $stop_after python3 -m pdspec.cli bench $PROFILES --workload "${WO
   -- --num-prompts "${NUM_PROMPTS:-48}" --phases "${PHASES:-3}" --warmup "${WARMUP:-8}"
 code=$?
 set +x
+[ -n "$sampler" ] && kill "$sampler"
 
 # Anything `pdspec up` started and did not stop (each child runs in its own session, so it
 # would outlive this call and hold GPU memory): end it by the PID its log names.
