@@ -30,6 +30,7 @@ Failure handling, in order of the request's life:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -192,8 +193,12 @@ class Disaggregator:
     # --- prefill ---------------------------------------------------------------------
 
     async def _prefill(
-        self, api: Api, body: dict, request_id: str, trace: NoTrace, plan: RoutePlan | None = None
+        self, api: Api, body: dict, request_id: str, trace: NoTrace, plan: RoutePlan | None = None,
+        early_ok: bool = True,
     ) -> Prefilled:
+        """The prefill leg, tried as `prefill_failure_policy` says; its first attempt sends
+        the decode leg along where early decode applies (`early_ok`: not for a decode
+        retry's fresh KV, whose decode leg `_decode` sends itself)."""
         policy = self.settings.prefill_failure_policy
         tries = 1 + (self.settings.prefill_retries if policy == "retry" else 0)
         key = _affinity(body, plan) if self.prefill_pool.policy in ("prefix_affinity", "kv_aware") else None
@@ -211,10 +216,13 @@ class Disaggregator:
             span = trace.start("prefill", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
             room_leg, prefilled = self.kv_room.begin(worker.url, tokens, chars) if self.kv_room else None, None
             charged = False  # whether the leg's time says how fast the worker is (kv_room's rate)
-            early = self._start_early(api, body, request_id, worker, plan, trace) if attempt == 0 else None
+            early = self._start_early(api, body, request_id, worker, plan, trace) if attempt == 0 and early_ok else None
             try:
                 run = self._prefill_once(worker, api, leg, request_id, trace.headers(span), uncached_tokens(plan, worker))
-                prefilled = await (run if early is None else self.early.prefill(early, api.path, leg, request_id, run))
+                if early is not None:  # the prefill must end (see proxy/early_decode.py)
+                    release = functools.partial(self._release_kv, api, body, request_id=request_id, reason="client_gone")
+                    run = self.early.prefill(early, api.path, leg, request_id, run, release)
+                prefilled = await run
                 if early is not None and self.early.adopt(early, prefilled.kv_transfer_params):
                     prefilled.early = early
                 charged = True
@@ -310,7 +318,7 @@ class Disaggregator:
         """Fresh KV for a decode retry whose previous attempt was handed the old KV
         (`prefilled` updated in place); a failure here ends the request as any prefill's."""
         self.metrics.kv_reprefills.labels(status_class(failure.reason) if failure is not None else "unknown").inc()
-        fresh = await self._prefill(api, body, request_id, trace, plan)
+        fresh = await self._prefill(api, body, request_id, trace, plan, early_ok=False)
         for name in Prefilled.__slots__:  # its KV, hits and worker; not handed over
             setattr(prefilled, name, getattr(fresh, name))
 
@@ -424,6 +432,7 @@ class Disaggregator:
                     if early is not None:
                         resp, lease = await early.task
                         early.task = None  # the relay owns the response now
+                        prefilled.handed_over = prefilled.kv_transfer_params is not None
                     else:
                         resp, lease = await self._open_decode(worker, api.path, leg, request_id, trace.headers(span),
                                                               sent)  # fmt: skip

@@ -12,7 +12,9 @@ The decode leg then needs, before the prefill ran, where the KV will come from: 
 worker's engine id, NIXL side channel and parallel sizes. They are the same in every reply
 of one engine, so they are learned from the worker's previous prefill reply
 (`kv_source`, kept in `Worker.kv_source`) and forgotten when the worker is ejected; the
-first request to a worker goes the usual way, as does a prefill retry.
+first request to a worker goes the usual way, as do a prefill retry and the fresh prefill of
+a decode retry. The early leg's `decode_timeout_s`, if set, runs from its sending, so it
+covers the prefill too.
 
 Failure policy (proxy/disagg.py calls these):
 - the prefill reply names another engine (the worker restarted between two health
@@ -22,10 +24,13 @@ Failure policy (proxy/disagg.py calls these):
 - the prefill leg fails, or the client goes away before it ends: the decode worker holds
   blocks registered with that prefill worker, and vLLM frees them only once a prefill of
   this request id ends there (its push connector has no receive deadline). So the client
-  going away never cancels the prefill leg (`prefill` lets it end), and a failed one is
-  sent once more to the same worker in the background (`complete`) before the early leg is
-  closed. Should that worker be gone for good, the decode worker keeps those blocks until
-  it restarts: the reason early decode is opt-in (`proxy.early_decode`).
+  going away never cancels the prefill leg (`prefill` lets it end; should the early leg
+  then not receive the KV, the prefill's KV is released as any unused prefill's), and the
+  early leg is closed and a prefill that failed before its worker answered is sent once
+  more to the same worker in the background (`_complete`). A refused one (4xx) is not: the
+  worker computed nothing, and the decode worker, checking the same body the same way,
+  refused it too. Should that worker be gone for good, the decode worker keeps those
+  blocks until it restarts: the reason early decode is opt-in (`proxy.early_decode`).
 - the early leg itself fails: as any decode attempt that went on the wire (the retry
   prefills again), or, had it never been sent, as one that did not.
 Outcomes are counted in `pdspec_proxy_early_decodes_total`.
@@ -34,8 +39,9 @@ Outcomes are counted in `pdspec_proxy_early_decodes_total`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from proxy.pool import Lease, Worker
@@ -117,25 +123,30 @@ class EarlyDecode:
         self.worker_headers = worker_headers
         self._background: set[asyncio.Future] = set()
 
-    async def prefill(self, early: EarlyLeg, path: str, leg: bytes, request_id: str, run: Awaitable[Any]) -> Any:
+    async def prefill(self, early: EarlyLeg, path: str, leg: bytes, request_id: str, run: Awaitable[Any],
+                      release: Callable[[Any], None]) -> Any:  # fmt: skip
         """`run` (the prefill leg) to its end, whatever becomes of this request: a prefill
         that ends WRITEs the KV, and that frees the decode worker's registered blocks. If
-        it fails, or the client leaves, the early leg is settled (`_settle`)."""
+        it fails, or the client leaves, the early leg is settled (`_settle`); `release(the
+        prefill's result)` frees the KV of a prefill that ended after its client left when
+        the early leg will not receive it."""
         task = asyncio.ensure_future(run)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
             self.outcomes["client_gone"].inc()
-            self._keep(task).add_done_callback(lambda done: self._settle(early, path, leg, request_id, done))
+            self._keep(task).add_done_callback(functools.partial(self._settle, early, path, leg, request_id,
+                                                                 release=release))  # fmt: skip
             raise
         except BaseException:
             self.outcomes["prefill_failed"].inc()
-            self._settle(early, path, leg, request_id, task)
+            self._settle(early, path, leg, request_id, task, release=release)
             raise
 
     def adopt(self, early: EarlyLeg, params: dict[str, Any]) -> bool:
         """Whether the prefill that ended (its reply's kv_transfer_params) is the one the
-        early leg registered with; if not, the leg is closed."""
+        early leg registered with (counted `used`: the leg gets its KV); if not, the leg is
+        closed."""
         if same_source(early.source, params):
             self.outcomes["used"].inc()
             return True
@@ -145,17 +156,29 @@ class EarlyDecode:
         early.close()
         return False
 
-    def _settle(self, early: EarlyLeg, path: str, leg: bytes, request_id: str, prefill: asyncio.Future) -> None:
-        """The early leg of a request that will not use it: closed, after its prefill's
-        blocks are WRITEn to it (a prefill that failed is sent once more to that worker)."""
+    def _settle(self, early: EarlyLeg, path: str, leg: bytes, request_id: str, prefill: asyncio.Future, *,
+                release: Callable[[Any], None]) -> None:  # fmt: skip
+        """The early leg of a request that will not use it, closed; first:
+        - a prefill that ended (its client gone): if the leg will not receive its KV (it
+          never went out, was refused, or registered with another engine), `release`;
+        - a prefill that failed before its worker answered: sent once more to that worker
+          (`_complete`), which WRITEs the leg's registered blocks;
+        - refused (4xx) or answered: nothing to add (refused, the worker computed nothing;
+          the decode worker checks the same body the same way, so it refused too)."""
         failure = None if prefill.cancelled() else prefill.exception()
-        if prefill.cancelled() or (failure is not None and getattr(failure, "reason", None) not in ANSWERED):
+        if failure is None and not prefill.cancelled():
+            params = getattr(prefill.result(), "kv_transfer_params", None) or {}
+            receives = early.sent and not _worker_4xx(early.task) and same_source(early.source, params)
+            early.close()
+            if not receives:
+                release(prefill.result())
+        elif prefill.cancelled() or not (_is_4xx(failure) or getattr(failure, "reason", None) in ANSWERED):
             self._keep(asyncio.ensure_future(self._complete(early, path, leg, request_id)))
         else:
             early.close()
 
     async def _complete(self, early: EarlyLeg, path: str, leg: bytes, request_id: str) -> None:
-        refused = _refused(early.task)
+        refused = _worker_4xx(early.task)
         early.close()  # a leg not yet on the wire never will be
         if not early.sent or refused:
             return  # nothing was registered: the leg did not reach the decode worker, or it refused the request
@@ -184,10 +207,15 @@ class EarlyDecode:
         return task
 
 
-def _refused(task: asyncio.Future | None) -> bool:
-    """Whether the decode worker answered the leg with a 4xx: vLLM refuses a request before
-    it allocates blocks, so none were registered."""
-    if task is None or not task.done() or task.cancelled() or task.exception() is None:
-        return False
-    reply = getattr(task.exception(), "reply", None)  # disagg.PassThrough's
+def _is_4xx(exc: BaseException | None) -> bool:
+    """Whether `exc` is a worker's 4xx answer (disagg.PassThrough carries the reply)."""
+    reply = getattr(exc, "reply", None)
     return reply is not None and 400 <= reply.status < 500
+
+
+def _worker_4xx(task: asyncio.Future | None) -> bool:
+    """Whether the decode worker answered the leg with a 4xx: vLLM refuses a request before
+    it allocates blocks, so none were registered. A leg still open counts as accepted."""
+    if task is None or not task.done() or task.cancelled():
+        return False
+    return _is_4xx(task.exception())

@@ -228,7 +228,8 @@ async def _first_failure(choices: list[asyncio.Future]) -> Reply | BaseException
 
 async def abandon(choices: list[asyncio.Future]) -> None:
     """Gives up every choice: a running one is cancelled (its open leg's connection
-    closes, so vLLM aborts it; a prefill already done is released, see
+    closes, so vLLM aborts it, except a prefill leg whose decode leg went with it, which runs
+    to its end: proxy/early_decode.py; a prefill already done is released, see
     Disaggregator._serve_one), and a finished one's decode stream is closed. Without
     this a choice whose decode had begun kept streaming to nobody and kept its worker's
     in-flight count raised for good."""

@@ -105,9 +105,10 @@ class ProxyMetrics:
             ),
             early_decodes=Counter(
                 "pdspec_proxy_early_decodes", "Decode legs sent together with their prefill leg (proxy.early_decode, "
-                "pushed KV), by outcome: used; stale_source (the prefill worker answered as another engine); "
-                "prefill_failed and client_gone (the leg was not used), then completed or not_completed (whether its "
-                "prefill was brought to an end on that worker, which frees the decode worker's registered blocks).",
+                "pushed KV), by outcome: used (the leg got its prefill's KV); stale_source (the prefill worker "
+                "answered as another engine); prefill_failed and client_gone (the leg was not used); completed or "
+                "not_completed (a failed prefill whose leg reached the decode worker, sent again to its worker, "
+                "ended or not: ended, it frees the decode worker's registered blocks).",
                 ["outcome"], registry=registry,
             ),
             kv_room_waits=Counter(

@@ -41,6 +41,7 @@ class StandinBehaviour:
     most_prefills_queued: int = 0
     fail_decodes: int = 0  # the next this many decode legs get `fail_status`
     fail_prefills: int = 0  # the next this many prefill legs get `fail_status`
+    truncate_decodes: int = 0  # the next this many whole (not streamed) decode replies break off mid-body
     transfer_mode: str | None = None  # "push": its kv_transfer_params say so, as NixlPushConnector's do
     engine_id: str = "standin"  # its remote_engine_id
     fail_status: int = 503
@@ -138,6 +139,9 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
             if not body.get("stream"):
                 return JSONResponse(message_object(request, text, behaviour.cached_tokens))
             return StreamingResponse(message_events(request, text, behaviour), media_type="text/event-stream")
+        if not body.get("stream") and behaviour.truncate_decodes > 0:
+            behaviour.truncate_decodes -= 1  # a Content-Length the body never reaches: the connection drops
+            return Response(b'{"choices": [', headers={"content-length": "1000"}, media_type="application/json")
         if not body.get("stream"):
             key = "message" if chat else "text"
             value = {"role": "assistant", "content": text} if chat else text

@@ -58,14 +58,14 @@ def load_settings(profile: Path | None, overrides: dict[str, object]) -> UpComma
 def stack_ports(base: int, index: int) -> dict[str, int]:
     """Ports of stack `index` of a run: proxy (or colocated server), workers, NIXL side
     channels (each binds its port + DP rank, and `pdspec up` keeps four for each worker:
-    supervisor.check_ports), KV-event ports."""
+    supervisor.check_ports), KV-event ports. Distinct for up to 10 stacks."""
     return {
         "proxy.port": base + index,
         "colocated.port": base + index,
         "prefill.port": base + 10 + index,
         "decode.port": base + 20 + index,
-        "prefill.side_channel_port": base + 50 + 8 * index,
-        "decode.side_channel_port": base + 54 + 8 * index,
+        "prefill.side_channel_port": base + 200 + 8 * index,
+        "decode.side_channel_port": base + 204 + 8 * index,
         # KV-event publishers; the replay endpoint is the next port up.
         "prefill.kv_events_port": base + 100 + 4 * index,
         "decode.kv_events_port": base + 102 + 4 * index,

@@ -36,15 +36,21 @@ def test_pushed_kv_gives_the_colocated_output(push_stack, reference_outputs, cli
     assert completion_outputs(client, push_stack.proxy_url, stream) == reference_outputs["completions"]
 
 
-def test_the_decode_worker_receives_the_prompt_rather_than_computing_it(push_stack, client):
-    before = scrape_with_sources(push_stack.decode_url)
-    response = client.post(push_stack.proxy_url + "/v1/completions", json=completion_body(unique_prompt(400)))
+def assert_received_not_computed(client, proxy_url: str, decode_url: str) -> None:
+    """One 400-word prompt through `proxy_url`: the decode worker received all of it but the
+    last token over NIXL and computed at most that one itself."""
+    before = scrape_with_sources(decode_url)
+    response = client.post(proxy_url + "/v1/completions", json=completion_body(unique_prompt(400)))
     assert response.status_code == 200
     prompt_tokens = response.json()["usage"]["prompt_tokens"]
-    after = scrape_with_sources(push_stack.decode_url)
+    after = scrape_with_sources(decode_url)
     transferred = by_source(after, "external_kv_transfer") - by_source(before, "external_kv_transfer")
     computed = by_source(after, "local_compute") - by_source(before, "local_compute")
     assert transferred >= prompt_tokens - 1 and computed <= 1, (prompt_tokens, transferred, computed)
+
+
+def test_the_decode_worker_receives_the_prompt_rather_than_computing_it(push_stack, client):
+    assert_received_not_computed(client, push_stack.proxy_url, push_stack.decode_url)
     # The prefill worker wrote the blocks and let them go: nothing left held for a decode.
     assert harness.wait_idle(push_stack.prefill_url) == (0, 0)
     prefill = harness.scrape(push_stack.prefill_url)
@@ -91,15 +97,8 @@ def test_early_decode_gives_the_colocated_output(push_stack, early, reference_ou
 def test_an_early_leg_receives_the_prompt_and_leaves_no_kv_held(push_stack, early, client):
     client.post(early.url + "/v1/completions", json=completion_body(unique_prompt(20)))  # the source is known
     used = early_outcomes(early.url)["used"]
-    before = scrape_with_sources(push_stack.decode_url)
-    response = client.post(early.url + "/v1/completions", json=completion_body(unique_prompt(400)))
-    assert response.status_code == 200
-    prompt_tokens = response.json()["usage"]["prompt_tokens"]
-    after = scrape_with_sources(push_stack.decode_url)
-    transferred = by_source(after, "external_kv_transfer") - by_source(before, "external_kv_transfer")
-    computed = by_source(after, "local_compute") - by_source(before, "local_compute")
+    assert_received_not_computed(client, early.url, push_stack.decode_url)
     assert early_outcomes(early.url)["used"] == used + 1
-    assert transferred >= prompt_tokens - 1 and computed <= 1, (prompt_tokens, transferred, computed)
     assert harness.wait_idle(push_stack.prefill_url) == (0, 0)
     assert harness.wait_idle(push_stack.decode_url) == (0, 0)
 

@@ -139,7 +139,7 @@ def test_ports_pass_pdspec_ups_check_and_stacks_share_none():
     """`pdspec up` keeps four NIXL side-channel ports per worker (DP ranks) and refuses a
     clash: every stack a run plans must start (a plan 2 apart once failed them all)."""
     claimed = []
-    for index in range(3):
+    for index in range(10):
         ports = stack_ports(8000, index)
         check_ports(load_settings(None, {**ports, "prefill.kv_transfer": "push", "decode.kv_transfer": "push"}))
         side = [ports[f"{role}.side_channel_port"] + rank for role in ("prefill", "decode") for rank in range(4)]

@@ -84,8 +84,8 @@ def test_early_decode_is_off_by_default():
 # --- through the proxy -----------------------------------------------------------------
 
 
-def push_fleet(**settings) -> Fleet:
-    fleet = Fleet(prefill=1, decode=1, early_decode=True, retry_backoff_s=0.01, **settings)
+def push_fleet(decode: int = 1, **settings) -> Fleet:
+    fleet = Fleet(prefill=1, decode=decode, early_decode=True, retry_backoff_s=0.01, **settings)
     fleet.prefills[0].transfer_mode = "push"
     return fleet
 
@@ -183,3 +183,64 @@ def test_a_prefill_that_answered_but_failed_the_proxy_check_is_not_run_again():
         counts = outcomes(f.url)
     assert prefill_ids(prefill).count("answered") == 1
     assert counts["completed"] == 0 and counts["not_completed"] == 0
+
+
+def test_a_decode_retry_after_a_failed_early_leg_prefills_again_without_another_early_leg():
+    """The early leg went on the wire and failed: the retry gets KV of its own, and its
+    decode leg goes the usual way (one more early leg would be a second decode leg for
+    that KV, opened by nobody's request)."""
+    with push_fleet(decode=2, decode_policy="round_robin", decode_retries=1) as f:
+        (prefill,), (first, second) = f.prefills, f.decodes
+        assert httpx.post(f.url + "/v1/completions", json=BODY).status_code == 200  # learns; decoded by `first`
+        second.fail_decodes = 1  # round robin: the next early leg goes to `second`
+        response = httpx.post(f.url + "/v1/completions", json=BODY)
+        assert response.status_code == 200, response.text
+        assert wait_for(lambda: [w.outstanding for pool in f.app.state.pools for w in pool.workers] == [0, 0, 0])
+        metrics = httpx.get(f.url + "/metrics").text
+    assert [p["remote_block_ids"] for p in decode_params(second)] == [[]]  # the early leg, refused
+    assert [p["remote_block_ids"] for p in decode_params(first)] == [[[1]], [[3]]]  # the retry: a third prefill
+    assert prefill.prefills == 3
+    assert sample(metrics, 'pdspec_proxy_kv_reprefills_total{reason="http_5xx"}') == 1.0
+    assert "pdspec_proxy_kv_releases_total{" not in metrics
+
+
+def test_a_used_early_leg_whose_reply_breaks_gets_no_release():
+    """The early leg got the KV (the prefill worker WRITEs it there): a release leg would be
+    a second decode leg for it."""
+    with push_fleet(decode_retries=0) as f:
+        (decode,) = f.decodes
+        assert httpx.post(f.url + "/v1/completions", json=BODY).status_code == 200
+        decode.truncate_decodes = 1
+        assert httpx.post(f.url + "/v1/completions", json=BODY).status_code == 502
+        metrics = httpx.get(f.url + "/metrics").text
+    assert len(decode_params(decode)) == 2
+    assert "pdspec_proxy_kv_releases_total{" not in metrics
+
+
+def test_a_prefill_that_ends_after_its_client_left_is_released_when_the_early_leg_was_refused():
+    """Nothing registered for that KV (the decode worker refused the leg): it is released
+    as any prefill's whose decode will not come, not left to the worker's lease."""
+    with push_fleet() as f:
+        (prefill,), (decode,) = f.prefills, f.decodes
+        assert httpx.post(f.url + "/v1/completions", json=BODY).status_code == 200
+        decode.fail_decodes, decode.fail_status = 1, 400
+        prefill.delay_s = 1.0
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f.url + "/v1/completions", json=BODY, timeout=0.3)
+        assert wait_for(lambda: 'pdspec_proxy_kv_releases_total{outcome="ok",reason="client_gone"} 1.0'
+                        in httpx.get(f.url + "/metrics").text)  # fmt: skip
+    released = decode_params(decode)[-1]
+    assert released["remote_block_ids"] == [[2]]  # the release leg carries the ended prefill's KV
+
+
+def test_a_refused_prefill_is_not_sent_again():
+    """A 4xx: the prefill worker computed nothing, and the decode worker refuses the same body."""
+    with push_fleet(prefill_failure_policy="error") as f:
+        (prefill,) = f.prefills
+        assert httpx.post(f.url + "/v1/completions", json=BODY).status_code == 200
+        prefill.fail_prefills, prefill.fail_status = 1, 400
+        response = httpx.post(f.url + "/v1/completions", json=BODY, headers={"X-Request-Id": "refused"})
+        assert response.status_code == 400
+        counts = outcomes(f.url)
+    assert prefill_ids(prefill).count("refused") == 1
+    assert counts["prefill_failed"] == 1 and counts["completed"] == 0 and counts["not_completed"] == 0
