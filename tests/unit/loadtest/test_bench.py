@@ -70,7 +70,7 @@ def test_seed_plan_two_stacks_on_alternating_gpus(tmp_path):
     assert first.prefill.gpu_memory_utilization == second.decode.gpu_memory_utilization == 0.4
     ports = [{first.proxy.port, first.prefill.port, first.decode.port, first.prefill.side_channel_port,
               first.decode.side_channel_port} for first in (first, second)]  # fmt: skip
-    assert len(ports[0] | ports[1]) == 10 and all(19400 <= p < 19500 for p in ports[0] | ports[1])
+    assert len(ports[0] | ports[1]) == 10 and all(19400 <= p < 19700 for p in ports[0] | ports[1])
     assert stacks[1].run_dir == tmp_path / "qwen3-8b-dflash-1p1d.mbt2048"
     assert stacks[0].urls() == {"url": "http://127.0.0.1:19400", "prefill_url": "http://127.0.0.1:19410",
                                 "decode_url": "http://127.0.0.1:19420"}  # fmt: skip
