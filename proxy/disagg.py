@@ -33,8 +33,8 @@ import asyncio
 import functools
 import logging
 import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -432,7 +432,7 @@ class Disaggregator:
                     if early is not None:
                         resp, lease = await early.task
                         early.task = None  # the relay owns the response now
-                        prefilled.handed_over = prefilled.kv_transfer_params is not None
+                        sent()
                     else:
                         resp, lease = await self._open_decode(worker, api.path, leg, request_id, trace.headers(span),
                                                               sent)  # fmt: skip

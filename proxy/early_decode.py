@@ -166,16 +166,16 @@ class EarlyDecode:
         - refused (4xx) or answered: nothing to add (refused, the worker computed nothing;
           the decode worker checks the same body the same way, so it refused too)."""
         failure = None if prefill.cancelled() else prefill.exception()
-        if failure is None and not prefill.cancelled():
+        if not prefill.cancelled() and failure is None:
             params = getattr(prefill.result(), "kv_transfer_params", None) or {}
             receives = early.sent and not _worker_4xx(early.task) and same_source(early.source, params)
             early.close()
             if not receives:
                 release(prefill.result())
-        elif prefill.cancelled() or not (_is_4xx(failure) or getattr(failure, "reason", None) in ANSWERED):
-            self._keep(asyncio.ensure_future(self._complete(early, path, leg, request_id)))
-        else:
+        elif _is_4xx(failure) or getattr(failure, "reason", None) in ANSWERED:
             early.close()
+        else:  # cancelled, or failed before its worker answered
+            self._keep(asyncio.ensure_future(self._complete(early, path, leg, request_id)))
 
     async def _complete(self, early: EarlyLeg, path: str, leg: bytes, request_id: str) -> None:
         refused = _worker_4xx(early.task)

@@ -62,3 +62,8 @@ class Fleet:
         self.proxy.__exit__(*exc)
         for server in self.servers:
             server.__exit__(*exc)
+
+
+def outstanding(cluster: Cluster | Fleet) -> list[int]:
+    """Every worker's in-flight count as the proxy keeps it (prefill pool first)."""
+    return [w.outstanding for pool in cluster.app.state.pools for w in pool.workers]

@@ -69,6 +69,11 @@ class StandinBehaviour:
     rendered: list[tuple[str, dict]] = field(default_factory=list)  # (path, body) of render requests
 
 
+def decode_legs(behaviour: StandinBehaviour) -> list[dict]:
+    """The bodies of the decode legs a stand-in got (all but prefill legs), in order."""
+    return [b for b in behaviour.received if not (b.get("kv_transfer_params") or {}).get("do_remote_decode")]
+
+
 def prompt_tokens(body: dict) -> int:
     """A prompt's size as the stand-in counts it: its token ids, or a token per 3 characters."""
     prompt = body.get("prompt")

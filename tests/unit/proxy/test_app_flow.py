@@ -7,7 +7,7 @@ import pytest
 
 from pdspec.settings import ProxySettings
 from proxy.app import create_app
-from tests.standin import StandinBehaviour, ThreadServer, create_standin
+from tests.standin import StandinBehaviour, ThreadServer, create_standin, decode_legs
 
 
 @pytest.fixture
@@ -124,10 +124,6 @@ def test_proxy_metrics_count_requests(proxy_url):
     text = httpx.get(proxy_url + "/metrics").text
     assert 'pdspec_proxy_requests_total{endpoint="completions",status="200"} 1.0' in text
     assert 'pdspec_proxy_requests_total{endpoint="completions",status="400"} 1.0' in text
-
-
-def decode_legs(behaviour):
-    return [b for b in behaviour.received if not (b.get("kv_transfer_params") or {}).get("do_remote_decode")]
 
 
 def test_n_choices_are_separate_prefills_and_decodes_merged(proxy_url, behaviour):

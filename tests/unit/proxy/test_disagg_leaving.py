@@ -12,17 +12,14 @@ import httpx
 import pytest
 
 from tests import harness
-from tests.proxy_cluster import Cluster, Fleet, sample
+from tests.proxy_cluster import Cluster, Fleet, outstanding, sample
+from tests.standin import decode_legs
 
 STREAMED_N2 = {"model": "m", "prompt": "hello", "max_tokens": 5, "n": 2, "temperature": 1.0, "stream": True}
 
 
 def wait_for(condition, timeout_s: float = 10.0) -> bool:
     return harness.wait_for(condition, timeout_s, poll_s=0.02)
-
-
-def outstanding(cluster: Cluster) -> list[int]:
-    return [w.outstanding for pool in cluster.app.state.pools for w in pool.workers]
 
 
 def test_client_leaving_n2_stream_while_one_choice_decodes_closes_every_leg():
@@ -67,10 +64,6 @@ def releases(url: str) -> dict[tuple[str, str], float]:
             if series.name == "pdspec_proxy_kv_releases_total":
                 out[(series.labels["reason"], series.labels["outcome"])] = series.value
     return out
-
-
-def decode_legs(behaviour) -> list[dict]:
-    return [b for b in behaviour.received if not (b.get("kv_transfer_params") or {}).get("do_remote_decode")]
 
 
 def assert_one_read(decode: list[dict]) -> None:

@@ -14,7 +14,8 @@ from proxy.early_decode import early_params, kv_source, same_source
 from proxy.health import HealthChecker
 from proxy.pool import WorkerPool
 from tests import harness
-from tests.proxy_cluster import Cluster, Fleet, sample
+from tests.proxy_cluster import Cluster, Fleet, outstanding, sample
+from tests.standin import decode_legs
 
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 5}
 PUSHED = {"remote_engine_id": "e1", "remote_host": "10.0.0.1", "remote_port": 5600, "tp_size": 1, "pp_size": 1,
@@ -28,8 +29,7 @@ def wait_for(condition, timeout_s: float = 10.0) -> bool:
 
 def decode_params(behaviour) -> list[dict]:
     """The kv_transfer_params of every decode leg a stand-in got, in order."""
-    return [b.get("kv_transfer_params") or {} for b in behaviour.received
-            if not (b.get("kv_transfer_params") or {}).get("do_remote_decode")]  # fmt: skip
+    return [b.get("kv_transfer_params") or {} for b in decode_legs(behaviour)]
 
 
 def prefill_ids(behaviour) -> list[str]:
@@ -158,13 +158,13 @@ def test_a_failed_prefill_is_completed_on_its_worker_so_the_decode_blocks_are_wr
 
 def test_a_client_leaving_during_the_prefill_lets_it_end_and_closes_the_early_leg():
     with push_fleet() as f:
-        (prefill,), (decode,) = f.prefills, f.decodes
+        (prefill,) = f.prefills
         assert httpx.post(f.url + "/v1/completions", json=BODY).status_code == 200
         prefill.delay_s = 1.0
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f.url + "/v1/completions", json=BODY, timeout=0.3)
         assert wait_for(lambda: prefill.prefills == 2)  # it ran to its end: its WRITE frees the blocks
-        assert wait_for(lambda: [w.outstanding for pool in f.app.state.pools for w in pool.workers] == [0, 0])
+        assert wait_for(lambda: outstanding(f) == [0, 0])
         counts = outcomes(f.url)
     assert prefill.cancelled == 0
     assert counts["client_gone"] == 1 and counts["used"] == 0 and counts["completed"] == 0
@@ -195,7 +195,7 @@ def test_a_decode_retry_after_a_failed_early_leg_prefills_again_without_another_
         second.fail_decodes = 1  # round robin: the next early leg goes to `second`
         response = httpx.post(f.url + "/v1/completions", json=BODY)
         assert response.status_code == 200, response.text
-        assert wait_for(lambda: [w.outstanding for pool in f.app.state.pools for w in pool.workers] == [0, 0, 0])
+        assert wait_for(lambda: outstanding(f) == [0, 0, 0])
         metrics = httpx.get(f.url + "/metrics").text
     assert [p["remote_block_ids"] for p in decode_params(second)] == [[]]  # the early leg, refused
     assert [p["remote_block_ids"] for p in decode_params(first)] == [[[1]], [[3]]]  # the retry: a third prefill

@@ -14,7 +14,7 @@ from proxy.kv_events import Stored
 from proxy.pool import Worker, WorkerPool
 from tests.proxy_cluster import Fleet, sample
 from tests.harness import wait_for
-from tests.standin import StandinBehaviour
+from tests.standin import StandinBehaviour, decode_legs
 
 INFO = {"role": "x", "model": "/m/t", "drafter": "/m/eagle3", "method": "eagle3", "num_speculative_tokens": "3",
         "block_size": "4", "vllm_version": "0.32.0", "drafts_policy": "auto"}  # fmt: skip
@@ -25,10 +25,6 @@ LONG = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonac
 
 def prefill_legs(b: StandinBehaviour) -> int:
     return sum(1 for body in b.received if (body.get("kv_transfer_params") or {}).get("do_remote_decode"))
-
-
-def decode_legs(b: StandinBehaviour) -> list[dict]:
-    return [body for body in b.received if not (body.get("kv_transfer_params") or {}).get("do_remote_decode")]
 
 
 def complete(fleet: Fleet, prompt: str) -> httpx.Response:
