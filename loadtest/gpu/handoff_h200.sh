@@ -24,11 +24,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/handoff-out}
-# pdspec up's start: 218 s with both engines' compile cache warm, about 600 s cold (the
-# first engine alone took 342 s), which does not fit one device call with the probe: on a
-# fresh machine, run the script twice (the first call warms the cache), or run it with
-# EAGER=1 (both workers eager: about 250 s to start, so one call holds the probe and both
-# sweeps; the hand-off's own parts, transfer and scheduling, run outside CUDA graphs anyway).
+# pdspec up's start: 218 s with both engines' compile cache warm; cold, 414 s on 2026-12-03
+# (213 + 201, READY_S=565: the probe and two sweeps fit the call) but up to about 600 s
+# before (the first engine alone took 342 s). If a cold start does not fit, run the script
+# twice on the warm machine (the first call warms the cache), or with EAGER=1 (both workers
+# eager: about 250 s to start).
 READY_S=${READY_S:-440}
 EAGER_ARGS=()
 [ -n "${EAGER:-}" ] && EAGER_ARGS=(--prefill.enforce_eager --decode.enforce_eager)

@@ -14,7 +14,9 @@
 # not the compiled speed. PHASES phases per policy of NUM_PROMPTS prompts (the seed: 3 of
 # 128; 3 of 48 fit one call). bench.md has each phase's saturated-window prefill rate and
 # saturation share, the pair ratios and the bootstrap interval. VARIANTS=mbt2048 runs the
-# other row. Admission's queue wait is 300 s (as one_gpu_admission_h200.sh): with the
+# other row. COMPILED=1: both workers with CUDA graphs (the profile's own setting); on a
+# fresh machine the first call only warms the compile cache (READY_TIMEOUT=520), a second
+# call on the same warm machine measures. Admission's queue wait is 300 s (as one_gpu_admission_h200.sh): with the
 # default, legs held past it were refused (503) in the first runs. Everything comes back in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,8 +29,9 @@ mkdir -p "$OUT" "$RESULTS"
 # A dry run on the CPU sets PROFILES and SET to nothing (the local model pair) and WORKLOAD=cpu-seed.
 PROFILES=${PROFILES-"deploy/profiles/dummy/qwen3-8b-eagle3-1p1d.toml"}
 SET=${SET-"prefill.cuda_visible_devices=0 decode.cuda_visible_devices=0 prefill.gpu_memory_utilization=0.4
-  decode.gpu_memory_utilization=0.4 prefill.kv_transfer=push decode.kv_transfer=push prefill.enforce_eager=true
-  decode.enforce_eager=true proxy.prefill_kv_admission=true proxy.queue_timeout_s=300"}
+  decode.gpu_memory_utilization=0.4 prefill.kv_transfer=push decode.kv_transfer=push
+  proxy.prefill_kv_admission=true proxy.queue_timeout_s=300"}
+[ -n "$SET" ] && [ -z "${COMPILED:-}" ] && SET="$SET prefill.enforce_eager=true decode.enforce_eager=true"
 set_args=()
 [ -n "$SET" ] && set_args=(--set $SET)
 
@@ -45,7 +48,7 @@ stop_after=$((BUDGET + 30 < 570 ? BUDGET + 30 : 570))
 # shellcheck disable=SC2086  # PROFILES is words on purpose
 timeout -k 10 $stop_after python3 -m pdspec.cli bench $PROFILES --workload "${WORKLOAD:-seed}" \
   --variants "${VARIANTS:-mbt512}" "${set_args[@]}" --out "$RESULTS" --run-root "$RUN_ROOT" \
-  --budget-s $((BUDGET - 40)) --ready-timeout 330 --no-progress \
+  --budget-s $((BUDGET - 40)) --ready-timeout "${READY_TIMEOUT:-330}" --no-progress \
   -- --num-prompts "${NUM_PROMPTS:-48}" --phases "${PHASES:-3}" --warmup "${WARMUP:-8}"
 code=$?
 set +x
