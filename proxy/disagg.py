@@ -33,7 +33,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +47,7 @@ from proxy.auth import worker_auth_headers
 from proxy.early_decode import EarlyDecode, EarlyLeg, early_params, kv_source
 from proxy.errors import ProxyError
 from proxy.fanout import choice_count, fan_out
-from proxy.kv_room import KvRoom, reply_prompt_tokens
+from proxy.kv_room import KvRoom, Leg, reply_prompt_tokens
 from proxy.kv_routing import KvRouter, RoutePlan
 from proxy.metrics import ProxyMetrics
 from proxy.pool import NoHealthyWorker, Worker, WorkerPool, affinity_key
@@ -214,30 +214,25 @@ class Disaggregator:
             if self.kv_router is not None:
                 self.kv_router.routed(self.prefill_pool, worker, plan)
             span = trace.start("prefill", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
-            room_leg, prefilled = self.kv_room.begin(worker.url, tokens, chars) if self.kv_room else None, None
-            charged = False  # whether the leg's time says how fast the worker is (kv_room's rate)
+            prefilled = None
             early = self._start_early(api, body, request_id, worker, plan, trace) if attempt == 0 and early_ok else None
             try:
                 run = self._prefill_once(worker, api, leg, request_id, trace.headers(span), uncached_tokens(plan, worker))
+                if self.kv_room is not None:  # counted as long as it runs there, its client gone or not
+                    run = self._counted(run, self.kv_room.begin(worker.url, tokens, chars))
                 if early is not None:  # the prefill must end (see proxy/early_decode.py)
                     release = functools.partial(self._release_kv, api, body, request_id=request_id, reason="client_gone")
                     run = self.early.prefill(early, api.path, leg, request_id, run, release)
                 prefilled = await run
                 if early is not None and self.early.adopt(early, prefilled.kv_transfer_params):
                     prefilled.early = early
-                charged = True
             except LegFailed as exc:
                 trace.end(span, exc.message)
                 failure = exc
-                charged = exc.reason == "timeout"
                 self.metrics.leg_failures.labels("prefill", exc.reason).inc()
             except PassThrough:
                 trace.end(span, "worker 4xx")
                 raise
-            finally:  # the KV it holds there now, by its reply's count (none if it failed)
-                if room_leg is not None:
-                    self.kv_room.end(room_leg, prefilled and (prefilled.prompt_tokens or room_leg.tokens),
-                                     prefilled and prefilled.cached_tokens, charged)  # fmt: skip
             if prefilled is None:  # failed: pause, then the next worker, if it has room by then
                 await backoff(attempt, tries, self.settings.retry_backoff_s)
                 if self.kv_room is not None and attempt + 1 < tries:
@@ -255,6 +250,22 @@ class Disaggregator:
             return Prefilled(None, None)
         self.metrics.prefill_outcomes.labels("error").inc()
         raise ProxyError(failure.status, failure.message)
+
+    async def _counted(self, run: Awaitable[Prefilled], room_leg: Leg) -> Prefilled:
+        """`run`, with admission's count of its leg ended when the leg ends: by its reply's
+        count of the KV it holds there (none if it failed); its time charged to the worker's
+        rate when it answered or timed out (not when its client left)."""
+        prefilled, charged = None, False
+        try:
+            prefilled = await run
+            charged = True
+            return prefilled
+        except LegFailed as exc:
+            charged = exc.reason == "timeout"
+            raise
+        finally:
+            self.kv_room.end(room_leg, prefilled and (prefilled.prompt_tokens or room_leg.tokens),
+                             prefilled and prefilled.cached_tokens, charged)  # fmt: skip
 
     async def _prefill_once(
         self, worker: Worker, api: Api, leg: bytes, request_id: str, trace_headers, uncached_tokens: int = 0

@@ -244,3 +244,25 @@ def test_a_refused_prefill_is_not_sent_again():
         counts = outcomes(f.url)
     assert prefill_ids(prefill).count("refused") == 1
     assert counts["prefill_failed"] == 1 and counts["completed"] == 0 and counts["not_completed"] == 0
+
+
+def test_admission_counts_a_prefill_whose_client_left_until_it_ends():
+    """With an early leg the prefill runs on after its client left (it must end): admission
+    by KV room and queued time keeps counting it on its worker until then."""
+    with push_fleet(prefill_kv_admission=True, prefill_kv_read_interval_s=0.05, queue_timeout_s=30) as f:
+        (prefill,) = f.prefills
+        prefill.prefill_tokens_per_s = 1000
+        body = {**BODY, "prompt": list(range(300))}
+        assert httpx.post(f.url + "/v1/completions", json=body, timeout=30).status_code == 200  # learns; the rate
+
+        def queued() -> float | None:
+            return sample(httpx.get(f.url + "/metrics").text,
+                          f'pdspec_proxy_prefill_queued_seconds{{worker="{f.servers[0].url}"}}')  # fmt: skip
+
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f.url + "/v1/completions", json={**body, "prompt": list(range(3000))}, timeout=0.5)
+        assert prefill.prefills == 1  # still running: 3,000 tokens at 1,000 a second
+        assert queued() > 0.5
+        assert wait_for(lambda: prefill.prefills == 2)
+        assert wait_for(lambda: queued() == 0.0), queued()
+        assert wait_for(lambda: outstanding(f) == [0, 0])
