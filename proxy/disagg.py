@@ -218,7 +218,8 @@ class Disaggregator:
             early = self._start_early(api, body, request_id, worker, plan, trace) if attempt == 0 and early_ok else None
             try:
                 run = self._prefill_once(worker, api, leg, request_id, trace.headers(span), uncached_tokens(plan, worker))
-                if self.kv_room is not None:  # counted as long as it runs there, its client gone or not
+                if self.kv_room is not None:  # counted as long as it runs there, its client gone or not;
+                    # begun here, ended by the coroutine: nothing may run between this and `await run`
                     run = self._counted(run, self.kv_room.begin(worker.url, tokens, chars))
                 if early is not None:  # the prefill must end (see proxy/early_decode.py)
                     release = functools.partial(self._release_kv, api, body, request_id=request_id, reason="client_gone")

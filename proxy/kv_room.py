@@ -236,7 +236,7 @@ class KvRoom:
         """The leg is over; `reply_tokens`: the prompt's tokens as its reply counted them
         (None: it failed, and holds no KV there); `cached_tokens`: those of them the worker
         served from its prefix cache; `charged`: whether its time says how fast the worker
-        is (False for a leg whose client left, or that the worker refused)."""
+        is (False for a leg cut short when its client left, or that the worker refused)."""
         self.inflight[leg.url] = self.inflight.get(leg.url, 0) - leg.tokens
         computed = None if reply_tokens is None else max(reply_tokens - (cached_tokens or 0), 0)
         self.rates[leg.url].ended(time.monotonic(), computed, charged)  # begin() made it; kept while in flight
