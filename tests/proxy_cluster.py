@@ -1,6 +1,8 @@
 """A real proxy in front of stand-in workers (two prefill, one decode), for the proxy's
 unit tests of failures, clients leaving and metrics."""
 
+import httpx
+
 from pdspec.settings import ProxySettings
 from proxy.app import create_app
 from tests.standin import StandinBehaviour, ThreadServer, create_standin
@@ -67,3 +69,10 @@ class Fleet:
 def outstanding(cluster: Cluster | Fleet) -> list[int]:
     """Every worker's in-flight count as the proxy keeps it (prefill pool first)."""
     return [w.outstanding for pool in cluster.app.state.pools for w in pool.workers]
+
+
+def queued_prefill_s(fleet: Fleet, worker: int = 0) -> float | None:
+    """The prefill time admission counts queued on a prefill worker (its metric, None before
+    its first reading)."""
+    return sample(httpx.get(fleet.url + "/metrics").text,
+                  f'pdspec_proxy_prefill_queued_seconds{{worker="{fleet.servers[worker].url}"}}')  # fmt: skip

