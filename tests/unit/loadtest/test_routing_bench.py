@@ -49,6 +49,17 @@ def test_a_prefix_follows_its_first_worker_and_new_ones_balance():
     assert affinity_lru_hit_rate([x, y, x], B, workers=1, capacity_blocks=2) == 0.0
 
 
+def test_after_a_system_prompt_the_groups_are_keyed_on_their_own_first_block():
+    """Keyed on the first block, which the system prompt fills, every group lands on one
+    worker and its small cache churns; keyed on the first block of the group's context
+    (`key_block`), the groups balance over both workers."""
+    prompts = shared_prefix(random.Random(0), groups=4, context=16, question=3, requests=60, system=4)
+    one_worker = affinity_lru_hit_rate(prompts, B, workers=1, capacity_blocks=10)
+    by_system = affinity_lru_hit_rate(prompts, B, workers=2, capacity_blocks=10)
+    by_group = affinity_lru_hit_rate(prompts, B, workers=2, capacity_blocks=10, key_block=1)
+    assert by_system == one_worker < by_group
+
+
 def test_hits_stop_at_the_first_missing_block():
     # The second prompt shares block 1 and 3 but not block 2: only block 1 is a hit.
     assert affinity_lru_hit_rate([[1] * 4 + [2] * 4 + [3] * 4, [1] * 4 + [9] * 4 + [3] * 4], B, 1, 100) == 4 / 24

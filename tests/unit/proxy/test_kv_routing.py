@@ -11,7 +11,9 @@ import httpx
 import pytest
 
 from proxy.kv_events import Stored
-from proxy.pool import Worker, WorkerPool
+from proxy.kv_index import block_keys
+from proxy.kv_routing import new_part_key
+from proxy.pool import Worker, WorkerPool, token_affinity_key
 from tests.proxy_cluster import Fleet, sample
 from tests.harness import wait_for
 from tests.standin import StandinBehaviour, decode_legs
@@ -48,6 +50,21 @@ def test_a_shared_prefix_stays_on_the_workers_that_hold_it():
         assert [prefill_legs(b) for b in fleet.prefills] == [4 * n for n in first_p]
         assert [len(decode_legs(b)) for b in fleet.decodes] == [4 * n for n in first_d]
         assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="prefill",reason="cache_hit"}') == 3
+
+
+def test_new_contexts_after_a_shared_system_prompt_spread_over_the_workers():
+    """Both prefill workers hold one system prompt and are idle, so for a prompt with a new
+    context after it the scores tie. The tie-break keys on the part no worker holds (the
+    context), not on the prompt's shared start: new contexts spread over both workers
+    instead of all churning one worker's cache while the other's stays cold."""
+    with Fleet(2, 1, INFO, **KV_AWARE) as fleet:
+        for server in fleet.servers[:2]:
+            publish_held(fleet, server.url, LONG)
+        for i in range(16):  # all on one worker by chance: 2 in 2**16
+            complete(fleet, LONG + chr(ord("A") + i) * 4 + f" context {i}: " + "x" * 40)  # new from its 1st char
+        assert all(prefill_legs(b) > 0 for b in fleet.prefills), [prefill_legs(b) for b in fleet.prefills]
+        # Every one was a tie with something cached (the system prompt) on both.
+        assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="prefill",reason="cache_hit"}') == 16
 
 
 def send_burst(fleet: Fleet, prompts: list[str], while_first_runs=None) -> None:
@@ -201,6 +218,21 @@ def test_kv_aware_ties_go_to_the_prompts_rendezvous_hash():
     assert len(picks) == 3  # spread over the workers by prompt
     assert {pool(0, 0, 0).pick(affinity_key="same", cached={}).url for _ in range(5)} == \
         {pool(0, 0, 0).pick(affinity_key="same").url}  # fmt: skip
+
+
+def test_the_rendezvous_key_is_the_first_block_no_worker_holds():
+    ids = list(range(100, 120))
+    keys = block_keys(ids, 4)
+    assert new_part_key(ids, keys, 4) == keys[0].hex()  # nothing held anywhere
+    assert new_part_key(ids, keys, 4, {"p0": 8, "p1": 4}, {"d0": 0}) == keys[2].hex()  # most held: 2 blocks
+    assert new_part_key(ids, keys, 4, {}, {"d0": 12}) == keys[3].hex()  # either pool counts
+    assert new_part_key(ids, keys, 4, {"p0": 20}) == keys[-1].hex()  # all held: the last block
+    assert new_part_key(ids[:3], [], 4) == token_affinity_key(ids[:3])  # no full block: the ids
+    # Two prompts sharing 3 held blocks and then differing get different keys; held nowhere,
+    # they share the key of their common first block.
+    other = ids[:12] + [7] * 8
+    assert new_part_key(other, block_keys(other, 4), 4, {"p0": 12}) != new_part_key(ids, keys, 4, {"p0": 12})
+    assert new_part_key(other, block_keys(other, 4), 4) == new_part_key(ids, keys, 4)
 
 
 def test_every_count_the_router_exports_is_a_declared_kind():
