@@ -242,6 +242,13 @@ class ProxySettings(BaseModel):
         "worker's is this cost alone (1024 sent a shared prefix away from its holder whenever one leg ran there: "
         "loadtest/results/routing/).",
     )
+    kv_aware_churn_weight: float = Field(
+        0.5, ge=0, description="kv_aware routing on the prefill pool: what each uncached prompt token a worker "
+        "would compute and store costs, in prompt tokens, at an even share of the pool's recent cache churn "
+        "(scaled by the worker's share times the pool's size). Storing evicts the least recently used blocks, "
+        "younger on a worker that stored more lately, so misses spread over the pool instead of following a short "
+        "prefix one worker holds (a system prompt); 0: off.",
+    )
     kv_index_max_blocks: int = Field(
         200_000, ge=1, description="Most KV blocks the proxy's cache index keeps per worker (about 230 bytes "
         "each); the oldest go first.",

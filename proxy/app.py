@@ -194,6 +194,7 @@ def create_app(settings: ProxySettings) -> ProxyApp:
     prefill_pool = WorkerPool.from_urls("prefill", [], settings.prefill_policy)
     decode_pool = WorkerPool.from_urls("decode", [], settings.decode_policy)
     prefill_pool.load_tokens = decode_pool.load_tokens = settings.kv_aware_load_tokens
+    prefill_pool.churn_weight = settings.kv_aware_churn_weight  # a decode worker's legs carry no token count
     membership = Membership(
         {prefill_pool: settings.prefill_urls, decode_pool: settings.decode_urls}, settings.dns_refresh_s
     )

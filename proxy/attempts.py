@@ -18,12 +18,13 @@ if TYPE_CHECKING:
 def attempts(
     pool: WorkerPool, tries: int, affinity: str | None = None, cached: dict[str, int] | None = None,
     first: Worker | None = None, exclude: set[str] = frozenset(), building: dict[str, int] | None = None,
+    prompt_tokens: int = 0,
 ) -> Iterator[tuple[int, Worker]]:  # fmt: skip
     """The workers a leg is tried on: up to `tries`, never the same one twice nor one of
     `exclude` (prefill workers without room: read at each pick, so the caller may update it
     between attempts), picked by the pool's policy when the
     attempt starts (so a retry sees health changes), the first one `first` when it is still
-    healthy (the decode worker a route plan chose). `cached` and `building` are kv_aware's
+    healthy (the decode worker a route plan chose). `cached`, `building` and `prompt_tokens` are kv_aware's
     (`WorkerPool.pick`). Ends early when no healthy worker is left to try; the caller stops
     once a try succeeds and pauses with `backoff` after a failure. A plain generator: left
     suspended, it is freed at once."""
@@ -33,7 +34,8 @@ def attempts(
             if attempt == 0 and first is not None and first in pool.healthy():
                 worker = first
             else:
-                worker = pool.pick(affinity_key=affinity, exclude=tried | set(exclude), cached=cached, building=building)
+                worker = pool.pick(affinity_key=affinity, exclude=tried | set(exclude), cached=cached, building=building,
+                                   prompt_tokens=prompt_tokens)  # fmt: skip
         except NoHealthyWorker:
             return
         tried.add(worker.url)

@@ -210,7 +210,9 @@ class Disaggregator:
             (tokens, chars) = self.kv_room.tokens_of(body, plan.prompt_tokens if plan is not None else None)
             full |= await self.kv_room.wait_for_room(tokens)
         building = plan.prefill_building if plan is not None else None
-        for attempt, worker in attempts(self.prefill_pool, tries, key, cached, exclude=full, building=building):
+        prompt_tokens = plan.prompt_tokens if plan is not None else 0
+        for attempt, worker in attempts(self.prefill_pool, tries, key, cached, exclude=full, building=building,
+                                        prompt_tokens=prompt_tokens):  # fmt: skip
             if self.kv_router is not None:
                 self.kv_router.routed(self.prefill_pool, worker, plan)
             span = trace.start("prefill", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})

@@ -14,9 +14,16 @@ Prefill and decode workers are chosen independently. Policies:
   (a leg's fixed cost; on the decode pool, whose legs carry no token count, the whole
   load). Pending tokens that build this prompt's own blocks (a burst's first leg, still
   computing the prefix the others were routed after) are not counted: the prompt would
-  wait for them, or compute them again elsewhere. Ties go to the less loaded worker, then to the prompt's rendezvous hash (so
-  with nothing cached anywhere it is prefix affinity among the least loaded). The same
-  guard as prefix_affinity keeps a hot prefix from piling onto one worker.
+  wait for them, or compute them again elsewhere. On the prefill pool, the prompt's
+  uncached tokens also cost `churn_weight` times the worker's share of the pool's recent
+  cache churn (the uncached tokens its legs computed, halving every CHURN_HALF_LIFE_S),
+  times the pool's size: storing new blocks evicts the least recently used ones, and
+  those are younger, so worth more, on a worker that stored more lately. A hit stores
+  little and barely pays; a miss goes to the worker whose cache it disturbs least, so
+  new prefixes spread instead of all following a short prefix (a system prompt) that
+  one worker holds. Ties go to the less loaded worker, then to the prompt's rendezvous
+  hash (so with nothing cached anywhere it is prefix affinity among the least loaded).
+  The same guard as prefix_affinity keeps a hot prefix from piling onto one worker.
 Only healthy workers that the pairing check admitted are chosen (see `health.py` and
 `pairing.py`); membership can change at run time.
 """
@@ -26,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import random
+import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -36,6 +44,7 @@ Policy = RoutingPolicy
 AFFINITY_PREFIX_CHARS = 256
 AFFINITY_PREFIX_TOKENS = 64  # about AFFINITY_PREFIX_CHARS of text
 AFFINITY_MAX_EXTRA_LOAD = 4  # leave the preferred worker when it has this many more in flight
+CHURN_HALF_LIFE_S = 30.0  # kv_aware: how fast a worker's recent cache churn is forgotten
 
 
 class NoHealthyWorker(Exception):
@@ -64,6 +73,8 @@ class Worker:
     features_off: dict[str, str] = field(default_factory=dict)  # its engine features that are off, and why
     # Where its pushed KV comes from, by its last prefill reply (proxy/early_decode.py); None: unknown.
     kv_source: dict | None = None
+    # Prompt tokens its legs computed lately (kv_aware's cache churn), halving every CHURN_HALF_LIFE_S.
+    churn: DecayingSum = field(default_factory=lambda: DecayingSum(CHURN_HALF_LIFE_S))
     host: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -76,7 +87,30 @@ class Worker:
         `tokens`: the prompt tokens the leg makes the worker prefill (kv_aware's load)."""
         self.outstanding += 1
         self.pending_tokens += tokens
+        if tokens:
+            self.churn.add(tokens)
         return Lease(self, tokens)
+
+
+class DecayingSum:
+    """A running sum whose every part halves each `half_life_s`."""
+
+    __slots__ = ("half_life_s", "clock", "_value", "_at")
+
+    def __init__(self, half_life_s: float, clock=time.monotonic) -> None:
+        self.half_life_s, self.clock = half_life_s, clock
+        self._value, self._at = 0.0, 0.0
+
+    def add(self, amount: float) -> None:
+        now = self.clock()
+        self._value = self._decayed(now) + amount
+        self._at = now
+
+    def value(self) -> float:
+        return self._decayed(self.clock())
+
+    def _decayed(self, now: float) -> float:
+        return self._value * 0.5 ** ((now - self._at) / self.half_life_s) if self._value else 0.0
 
 
 class Lease:
@@ -105,6 +139,7 @@ class WorkerPool:
     workers: list[Worker]
     policy: Policy = "round_robin"
     load_tokens: int = 256  # kv_aware: what one leg in flight costs, in prompt tokens to prefill
+    churn_weight: float = 0.0  # kv_aware: what storing an uncached token costs, at an even share of churn
     _counter: itertools.count = field(default_factory=itertools.count, repr=False)
     _rng: random.Random = field(default_factory=lambda: random.Random(0), repr=False)
 
@@ -132,19 +167,21 @@ class WorkerPool:
 
     def pick(
         self, affinity_key: str | None = None, exclude: set[str] = frozenset(), cached: dict[str, int] | None = None,
-        building: dict[str, int] | None = None,
+        building: dict[str, int] | None = None, prompt_tokens: int = 0,
     ) -> Worker:
         """`cached`: prompt tokens each worker holds (kv_aware; absent: none), `building`: of
-        those, the ones a leg in flight there is computing. kv_aware compares `cached -
-        max(0, pending_tokens - building) - load_tokens * outstanding`: the same order as
-        least work ahead, since the prompt's length is the same on every worker."""
+        those, the ones a leg in flight there is computing, `prompt_tokens`: the prompt's
+        length. kv_aware compares `cached - max(0, pending_tokens - building) -
+        load_tokens * outstanding - churn_weight * uncached * n * churn share`: without the
+        churn term the same order as least work ahead, since the prompt's length is the
+        same on every worker."""
         candidates = self.healthy(exclude)
         if not candidates:
             raise NoHealthyWorker(self.name)
         if self.policy == "round_robin":
             return candidates[next(self._counter) % len(candidates)]
         if self.policy == "kv_aware":
-            return self._kv_aware(candidates, cached or {}, building or {}, affinity_key or "")
+            return self._kv_aware(candidates, cached or {}, building or {}, affinity_key or "", prompt_tokens)
         least = self._power_of_two(candidates)
         if self.policy == "prefix_affinity" and affinity_key:
             preferred = max(candidates, key=lambda w: _rendezvous(affinity_key, w.url))
@@ -152,10 +189,19 @@ class WorkerPool:
                 return preferred
         return least
 
-    def _kv_aware(self, candidates: list[Worker], cached: dict[str, int], building: dict[str, int], key: str) -> Worker:
+    def _kv_aware(
+        self, candidates: list[Worker], cached: dict[str, int], building: dict[str, int], key: str, prompt_tokens: int
+    ) -> Worker:
+        churn = {w.url: w.churn.value() for w in candidates}
+        total = sum(churn.values())
+
         def score(w: Worker) -> tuple:
             work_ahead = max(0, w.pending_tokens - building.get(w.url, 0)) + self.load_tokens * w.outstanding
-            return cached.get(w.url, 0) - work_ahead, -w.outstanding, _rendezvous(key, w.url)
+            # n * share is 1 at an even share (and while nothing has churned).
+            pressure = len(candidates) * churn[w.url] / total if total else 1.0
+            stored = max(0, prompt_tokens - cached.get(w.url, 0))
+            return (cached.get(w.url, 0) - work_ahead - self.churn_weight * stored * pressure, -w.outstanding,
+                    _rendezvous(key, w.url))  # fmt: skip
 
         best = max(candidates, key=score)
         least = min(candidates, key=lambda w: w.outstanding)

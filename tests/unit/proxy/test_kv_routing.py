@@ -13,7 +13,7 @@ import pytest
 from proxy.kv_events import Stored
 from proxy.kv_index import block_keys
 from proxy.kv_routing import new_part_key
-from proxy.pool import Worker, WorkerPool, token_affinity_key
+from proxy.pool import CHURN_HALF_LIFE_S, DecayingSum, Worker, WorkerPool, token_affinity_key
 from tests.proxy_cluster import Fleet, sample
 from tests.harness import wait_for
 from tests.standin import StandinBehaviour, decode_legs
@@ -65,6 +65,18 @@ def test_new_contexts_after_a_shared_system_prompt_spread_over_the_workers():
         assert all(prefill_legs(b) > 0 for b in fleet.prefills), [prefill_legs(b) for b in fleet.prefills]
         # Every one was a tie with something cached (the system prompt) on both.
         assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="prefill",reason="cache_hit"}') == 16
+
+
+def test_new_contexts_spread_although_one_worker_alone_holds_the_system_prompt():
+    """Only one prefill worker holds the shared system prompt, so it scores higher for every
+    new context while idle. Its share of the cache churn (the misses it computed) soon
+    outweighs that, the contexts being longer than the system prompt: new contexts then go
+    to the other worker too."""
+    with Fleet(2, 1, INFO, **KV_AWARE) as fleet:
+        publish_held(fleet, fleet.servers[0].url, LONG)
+        for i in range(8):
+            complete(fleet, LONG + chr(ord("A") + i) * 4 + f" context {i}: " + "x" * 600)
+        assert [prefill_legs(b) > 0 for b in fleet.prefills] == [True, True]
 
 
 def send_burst(fleet: Fleet, prompts: list[str], while_first_runs=None) -> None:
@@ -200,6 +212,45 @@ def test_kv_aware_counts_the_uncached_tokens_of_the_legs_a_worker_runs():
     misses.workers[1].pending_tokens = 2 * 800
     assert hits.pick(affinity_key="k", cached={"http://w1": 400}).url == "http://w1"
     assert misses.pick(affinity_key="k", cached={"http://w1": 400}).url != "http://w1"
+
+
+def churned(*recent: float, weight: float = 0.5) -> WorkerPool:
+    """A kv_aware prefill pool whose workers computed `recent` uncached tokens just now."""
+    workers = pool(*([0] * len(recent)))
+    workers.churn_weight = weight
+    for worker, tokens in zip(workers.workers, recent):
+        worker.churn = DecayingSum(CHURN_HALF_LIFE_S, clock=lambda: 0.0)
+        worker.churn.add(tokens)
+    return workers
+
+
+def test_a_miss_goes_to_the_worker_with_the_smaller_share_of_churn():
+    system = {"http://w0": 128}  # only w0 holds the system prompt
+    # Nothing churned yet: the system prompt's 128 tokens decide.
+    assert churned(0, 0).pick(affinity_key="k", cached=system, prompt_tokens=1000).url == "http://w0"
+    # w0 computed every miss lately: the next miss goes to w1.
+    assert churned(3000, 0).pick(affinity_key="k", cached=system, prompt_tokens=1000).url == "http://w1"
+    # ... but a prompt w0 holds most of still goes to w0: a hit stores little.
+    assert churned(3000, 0).pick(affinity_key="k", cached={"http://w0": 900}, prompt_tokens=1000).url == "http://w0"
+    # Weight 0: the term is off.
+    assert churned(3000, 0, weight=0).pick(affinity_key="k", cached=system, prompt_tokens=1000).url == "http://w0"
+
+
+def test_churn_halves_every_half_life_and_a_lease_adds_its_tokens():
+    now = [0.0]
+    churn = DecayingSum(30.0, clock=lambda: now[0])
+    churn.add(800)
+    now[0] = 30.0
+    assert churn.value() == pytest.approx(400)
+    churn.add(100)
+    now[0] = 60.0
+    assert churn.value() == pytest.approx(250)
+    worker = Worker("http://w0")
+    with worker.lease(700):
+        pass
+    with worker.lease():  # a leg that says no tokens stores none
+        pass
+    assert worker.churn.value() == pytest.approx(700, rel=1e-3)
 
 
 def test_a_lease_holds_its_tokens_until_released_once():
