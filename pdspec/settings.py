@@ -239,8 +239,8 @@ class ProxySettings(BaseModel):
     kv_aware_load_tokens: int = Field(
         256, ge=0, description="kv_aware routing: the fixed cost of one leg in flight on a worker, in prompt tokens "
         "to prefill. A prefill worker's load also counts the uncached prompt tokens of the legs it runs; a decode "
-        "worker's is this cost alone (1024 sent a shared prefix away from its holder whenever one leg ran there: "
-        "loadtest/results/routing/).",
+        "worker's the prompt tokens its decode legs hold in its KV cache (1024 sent a shared prefix away from its "
+        "holder whenever one leg ran there: loadtest/results/routing/).",
     )
     kv_aware_churn_weight: float = Field(
         0.5, ge=0, description="kv_aware routing on the prefill pool: what each uncached prompt token a worker "

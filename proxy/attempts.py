@@ -54,3 +54,13 @@ def uncached_tokens(plan: RoutePlan | None, worker: Worker) -> int:
     if plan is None or plan.prefill_cached is None:
         return 0
     return max(0, plan.prompt_tokens - plan.prefill_cached.get(worker.url, 0))
+
+
+def decode_tokens(plan: RoutePlan | None) -> int:
+    """The prompt tokens a decode leg holds in its worker's KV cache while it runs (the
+    whole prompt, pulled or cached), by the route plan (0: no plan, or the decode pool not
+    kv_aware), which kv_aware counts as that decode worker's load: a decode worker serves
+    a new leg at once only while its cache has room for it."""
+    if plan is None or plan.decode_cached is None:
+        return 0
+    return plan.prompt_tokens

@@ -42,7 +42,7 @@ import orjson
 from pdspec.settings import ProxySettings, port_range
 from proxy.apis import Api
 from proxy.asgi import Reply
-from proxy.attempts import attempts, backoff, uncached_tokens
+from proxy.attempts import attempts, backoff, decode_tokens, uncached_tokens
 from proxy.auth import worker_auth_headers
 from proxy.early_decode import EarlyDecode, EarlyLeg, early_params, kv_source
 from proxy.errors import ProxyError
@@ -408,8 +408,9 @@ class Disaggregator:
         early = EarlyLeg(picked[1], prefill_worker, prefill_worker.kv_source)
         leg = orjson.dumps(api.decode_body(body, early_params(early.source, request_id)))
         early.task = asyncio.ensure_future(
-            self._open_decode(early.decode_worker, api.path, leg, request_id, trace.headers(None), early.mark_sent)
-        )
+            self._open_decode(early.decode_worker, api.path, leg, request_id, trace.headers(None), early.mark_sent,
+                              decode_tokens(plan))
+        )  # fmt: skip
         return early
 
     async def _decode(
@@ -449,7 +450,7 @@ class Disaggregator:
                         sent()
                     else:
                         resp, lease = await self._open_decode(worker, api.path, leg, request_id, trace.headers(span),
-                                                              sent)  # fmt: skip
+                                                              sent, decode_tokens(plan))  # fmt: skip
                 except LegFailed as exc:
                     early = self._drop_early(early, prefilled)
                     trace.end(span, exc.message)
@@ -483,11 +484,12 @@ class Disaggregator:
         return None
 
     async def _open_decode(self, worker: Worker, path: str, leg: bytes, request_id: str, trace_headers,
-                           on_sent: Callable[[], None]):  # fmt: skip
+                           on_sent: Callable[[], None], tokens: int = 0):  # fmt: skip
         """The decode response, checked before any byte goes to the client: once a
         streaming response has started, its status can no longer change. `on_sent`: called
-        once the leg went on the wire (the worker may then read its KV)."""
-        lease = worker.lease()
+        once the leg went on the wire (the worker may then read its KV); `tokens`: what the
+        leg's lease holds of the worker (`attempts.decode_tokens`)."""
+        lease = worker.lease(tokens)
         try:
             resp = await self.client.request(
                 worker.url, "POST", path, leg,

