@@ -247,7 +247,8 @@ class ProxySettings(BaseModel):
         "would compute and store costs, in prompt tokens, at an even share of the pool's recent cache churn "
         "(scaled by the worker's share times the pool's size). Storing evicts the least recently used blocks, "
         "younger on a worker that stored more lately, so misses spread over the pool instead of following a short "
-        "prefix one worker holds (a system prompt); 0: off.",
+        "prefix one worker holds (a system prompt); 0: off. At an even share it makes cached tokens weigh "
+        "1 + this against load (proxy/pool.py).",
     )
     kv_index_max_blocks: int = Field(
         200_000, ge=1, description="Most KV blocks the proxy's cache index keeps per worker (about 230 bytes "

@@ -194,7 +194,8 @@ def create_app(settings: ProxySettings) -> ProxyApp:
     prefill_pool = WorkerPool.from_urls("prefill", [], settings.prefill_policy)
     decode_pool = WorkerPool.from_urls("decode", [], settings.decode_policy)
     prefill_pool.load_tokens = decode_pool.load_tokens = settings.kv_aware_load_tokens
-    prefill_pool.churn_weight = settings.kv_aware_churn_weight  # a decode worker's legs carry no token count
+    # Churn is what prefill legs compute; a decode worker's cache fills with what it pulls, chosen by its load.
+    prefill_pool.churn_weight = settings.kv_aware_churn_weight
     membership = Membership(
         {prefill_pool: settings.prefill_urls, decode_pool: settings.decode_urls}, settings.dns_refresh_s
     )

@@ -93,10 +93,12 @@ def release_reason(exc: BaseException) -> str:
     return status_class(getattr(exc, "reason", "proxy_error"))
 
 
-def _affinity(body: dict[str, Any], plan: RoutePlan | None) -> str | None:
-    """The rendezvous key of a request's legs: from the prompt's token ids when the route
-    plan read them (a Messages `system`, which the body's key leaves out, included), else
-    from the body."""
+def _affinity(body: dict[str, Any], plan: RoutePlan | None, policy: str) -> str | None:
+    """The rendezvous key of a leg on a pool of `policy`: from the prompt's token ids when
+    the route plan read them (a Messages `system`, which the body's key leaves out,
+    included; for kv_aware, the prompt's first block no worker holds), else from the body."""
+    if plan is not None and policy == "kv_aware" and plan.new_part is not None:
+        return plan.new_part
     return plan.affinity if plan is not None and plan.affinity is not None else affinity_key(body)
 
 
@@ -201,7 +203,8 @@ class Disaggregator:
         retry's fresh KV, whose decode leg `_decode` sends itself)."""
         policy = self.settings.prefill_failure_policy
         tries = 1 + (self.settings.prefill_retries if policy == "retry" else 0)
-        key = _affinity(body, plan) if self.prefill_pool.policy in ("prefix_affinity", "kv_aware") else None
+        policy = self.prefill_pool.policy
+        key = _affinity(body, plan, policy) if policy in ("prefix_affinity", "kv_aware") else None
         leg = orjson.dumps(api.prefill_body(body))
         failure: LegFailed | None = None
         cached = plan.prefill_cached if plan is not None else None
@@ -393,7 +396,7 @@ class Disaggregator:
 
     def _decode_attempts(self, body: dict, plan: RoutePlan | None, tries: int, first: Worker | None = None):
         cached, planned = (plan.decode_cached, plan.decode_worker) if plan is not None else (None, None)
-        key = _affinity(body, plan) if self.decode_pool.policy == "kv_aware" else None
+        key = _affinity(body, plan, "kv_aware") if self.decode_pool.policy == "kv_aware" else None
         return attempts(self.decode_pool, tries, key, cached, first or planned)
 
     def _start_early(self, api: Api, body: dict, request_id: str, prefill_worker: Worker, plan: RoutePlan | None,
@@ -489,7 +492,7 @@ class Disaggregator:
         streaming response has started, its status can no longer change. `on_sent`: called
         once the leg went on the wire (the worker may then read its KV); `tokens`: what the
         leg's lease holds of the worker (`attempts.decode_tokens`)."""
-        lease = worker.lease(tokens)
+        lease = worker.lease(tokens, computed=False)
         try:
             resp = await self.client.request(
                 worker.url, "POST", path, leg,

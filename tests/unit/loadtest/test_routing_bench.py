@@ -95,6 +95,8 @@ def test_table_says_whether_the_decode_workers_report_their_pulled_blocks():
               "prompts": [{"full_blocks": 31, "decode": {"d0": 0, "d1": 31}}, {"full_blocks": 31, "decode": {"d0": 0}}]}
     table = markdown({"command": "c", "runs": [], "kv_events": events})
     assert "vLLM 0.33.0, tagged maps" in table and "pulled over NIXL: NO" in table and "31/31, 0/31" in table
+    failed = markdown({"command": "c", "runs": [], "kv_events": {"error": "SystemExit: no replay endpoint"}})
+    assert "the check failed (SystemExit: no replay endpoint)" in failed
 
 
 def test_rounds_pool_into_one_row_per_workload_and_policy():

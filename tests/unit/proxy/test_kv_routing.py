@@ -57,7 +57,7 @@ def test_new_contexts_after_a_shared_system_prompt_spread_over_the_workers():
     context after it the scores tie. The tie-break keys on the part no worker holds (the
     context), not on the prompt's shared start: new contexts spread over both workers
     instead of all churning one worker's cache while the other's stays cold."""
-    with Fleet(2, 1, INFO, **KV_AWARE) as fleet:
+    with Fleet(2, 1, INFO, **KV_AWARE, kv_aware_churn_weight=0) as fleet:  # the tie-break alone
         for server in fleet.servers[:2]:
             publish_held(fleet, server.url, LONG)
         for i in range(16):  # all on one worker by chance: 2 in 2**16
@@ -77,6 +77,18 @@ def test_new_contexts_spread_although_one_worker_alone_holds_the_system_prompt()
         for i in range(8):
             complete(fleet, LONG + chr(ord("A") + i) * 4 + f" context {i}: " + "x" * 600)
         assert [prefill_legs(b) > 0 for b in fleet.prefills] == [True, True]
+
+
+def test_prefix_affinity_keeps_a_conversation_on_one_prefill_worker_beside_a_kv_aware_decode_pool():
+    """A route plan exists (the decode pool is kv_aware), so prefix_affinity's key comes
+    from the plan's ids: their start, which every turn of a conversation shares, not
+    kv_aware's key (the first block no worker holds), which moves on with every turn."""
+    with Fleet(2, 1, INFO, **{**KV_AWARE, "prefill_policy": "prefix_affinity"}) as fleet:
+        history = LONG
+        for turn in range(12):  # all on one worker by chance, with a moving key: 2 in 2**12
+            history += f"# turn {turn}: " + chr(ord("A") + turn) * 40 + "\n"
+            complete(fleet, history)
+        assert sorted(prefill_legs(b) for b in fleet.prefills) == [0, 12]
 
 
 def send_burst(fleet: Fleet, prompts: list[str], while_first_runs=None) -> None:
@@ -261,11 +273,12 @@ def test_churn_halves_every_half_life_and_a_lease_adds_its_tokens():
     now[0] = 60.0
     assert churn.value() == pytest.approx(250)
     worker = Worker("http://w0")
+    worker.churn = DecayingSum(CHURN_HALF_LIFE_S, clock=lambda: 0.0)
     with worker.lease(700):
         pass
     with worker.lease():  # a leg that says no tokens stores none
         pass
-    assert worker.churn.value() == pytest.approx(700, rel=1e-3)
+    assert worker.churn.value() == 700
 
 
 def test_a_decode_worker_busy_with_a_prompt_loses_to_an_idle_one_holding_less():
