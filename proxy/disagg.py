@@ -203,8 +203,8 @@ class Disaggregator:
         retry's fresh KV, whose decode leg `_decode` sends itself)."""
         policy = self.settings.prefill_failure_policy
         tries = 1 + (self.settings.prefill_retries if policy == "retry" else 0)
-        policy = self.prefill_pool.policy
-        key = _affinity(body, plan, policy) if policy in ("prefix_affinity", "kv_aware") else None
+        routing = self.prefill_pool.policy
+        key = _affinity(body, plan, routing) if routing in ("prefix_affinity", "kv_aware") else None
         leg = orjson.dumps(api.prefill_body(body))
         failure: LegFailed | None = None
         cached = plan.prefill_cached if plan is not None else None
