@@ -265,7 +265,8 @@ class ProxySettings(BaseModel):
     )
     served_by_headers: bool = Field(
         False, description="Replies carry X-Pdspec-Prefill-Worker and X-Pdspec-Decode-Worker (`local`: the "
-        "decode worker prefilled). Off by default: worker addresses are internal.",
+        "decode worker prefilled) and a Server-Timing header of the request's phases (route, prefill, decode: "
+        "proxy/disagg.py, server_timing). Off by default: worker addresses and timings are internal.",
     )
     early_decode: bool = Field(
         False, description="Where the KV is pushed (kv_transfer = push): send the decode leg together with the "

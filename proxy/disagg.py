@@ -102,6 +102,14 @@ def _affinity(body: dict[str, Any], plan: RoutePlan | None, policy: str) -> str 
     return plan.affinity if plan is not None and plan.affinity is not None else affinity_key(body)
 
 
+def server_timing(**durations_s: float) -> str:
+    """A Server-Timing header (W3C) of the request's phases, in milliseconds: `route` (the
+    route plan: token ids, cache lookup), `prefill` (the prefill leg, retries included; 0
+    when the decode worker prefilled), `decode` (to the decode reply's headers when it
+    streams, to its end when not: the KV pull and the first token come after them)."""
+    return ", ".join(f"{name};dur={seconds * 1000:.1f}" for name, seconds in durations_s.items())
+
+
 def status_class(reason: str) -> str:
     """`http_503` -> `http_5xx`: one label value per class, not per status."""
     return reason[:6] + "xx" if reason.startswith("http_") and len(reason) == 8 else reason
@@ -168,18 +176,24 @@ class Disaggregator:
         the decode worker prefills, and there is no prefill KV to release). With cache-aware
         routing the route is planned first: the decode worker, and whether it prefills
         the prompt itself (conditional disaggregation)."""
+        started = time.perf_counter()
         plan = await self.kv_router.plan(body, api) if self.kv_router is not None else None
         if plan is not None and plan.local_prefill is not None and not decode_only:
             self.metrics.local_prefills.labels(plan.local_prefill).inc()
             decode_only = True
         try:
+            routed_at = time.perf_counter()
             prefilled = (
                 Prefilled(None, None) if decode_only else await self._prefill(api, body, request_id, trace, plan)
             )
             try:
+                prefilled_at = time.perf_counter()
                 reply = await self._decode(api, body, prefilled, request_id, trace, plan)
                 if self.settings.served_by_headers:
                     reply.headers["X-Pdspec-Prefill-Worker"] = prefilled.worker_url or "local"
+                    reply.headers["Server-Timing"] = server_timing(
+                        route=routed_at - started, prefill=prefilled_at - routed_at,
+                        decode=time.perf_counter() - prefilled_at)  # fmt: skip
                 return reply
             except BaseException as exc:
                 # Once handed over, the decode worker frees the KV when it aborts or refuses

@@ -61,6 +61,7 @@ class StandinBehaviour:
     headers: list[dict] = field(default_factory=list)
     tokenize_status: int = 200
     tokenized: list[dict] = field(default_factory=list)  # /tokenize requests
+    tokenize_delay_s: float = 0.0
     cached_tokens: int = 0  # the prefix-cache hits it reports in a Responses reply's usage
     scale_out: bool = True  # serves the render endpoints (False: vLLM's 403 without --enable-scale-out)
     render_status: int = 200
@@ -189,6 +190,8 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
         # Like vLLM's, for routing: a prompt's bytes (or a chat's JSON) as its token ids.
         body = await request.json()
         behaviour.tokenized.append(body)
+        if behaviour.tokenize_delay_s:
+            await asyncio.sleep(behaviour.tokenize_delay_s)
         text = body["prompt"] if "prompt" in body else json.dumps(body["messages"])
         tokens = list(text.encode())
         return JSONResponse({"count": len(tokens), "max_model_len": 4096, "tokens": tokens},

@@ -12,6 +12,9 @@ Two workloads, each run once per policy and round (`--repeats`) with fresh token
 no run finds another's blocks): `shared_prefix` (groups of a long context plus a short question, Poisson
 arrivals; `--system N` puts one common N-token system prompt before every context) and `multi_turn` (sessions whose every turn re-sends the history, a stand-in
 for the last answer, and a new message; sessions run side by side, turns in order).
+Within a round every policy gets the same workload but for its token ids: the same
+sequence of groups and the same arrival times (a paired comparison: a burst that one
+policy met, every policy met), so the policies' differences are theirs, not the draw's.
 
 Per (workload, policy): vLLM's own prefix-cache hit rate on each pool (its counters'
 deltas), the workload's `ideal_hit_rate` (the share of prompt tokens in a full block
@@ -19,7 +22,10 @@ that an earlier request of the run had), `affinity_lru_hit_rate` (what a balance
 affinity router reaches on caches of this size, simulated), TTFT and ITL (median, p90), output tokens/s,
 local prefills, pooled over the rounds (latencies over all their requests, hit rates over
 all their prompt tokens), with each round's TTFT p90 beside them; `rounds` in the JSON
-keeps every round's own figures. Writes `routing_bench.json`, `routing_bench.md` and
+keeps every round's own figures. pdspec's proxies run with `served_by_headers`, so each
+reply says where its time went (Server-Timing: route, prefill, decode) and which prefill
+worker served it: `ttft_breakdown` has each phase's median and its mean over the slowest
+tenth of requests, `prefill_share` the busiest prefill worker's share of prefill legs. Writes `routing_bench.json`, `routing_bench.md` and
 `routing_bench.png`.
 """
 
@@ -55,15 +61,29 @@ FIRST_ID, VOCAB = 10, 4000
 
 
 def shared_prefix(
-    rng: random.Random, groups: int, context: int, question: int, requests: int, system: int = 0
+    rng: random.Random, groups: int, context: int, question: int, requests: int, system: int = 0,
+    order: list[int] | None = None,
 ) -> list[list[int]]:
     """Requests of `groups` groups: a group's context plus a fresh question, all after one
     common system prompt of `system` tokens (0: none). With a system prompt longer than
     the proxy's affinity key (the first 256 characters), the prompt's start no longer
-    tells the groups apart, as in most real deployments."""
+    tells the groups apart, as in most real deployments. `order`: each request's group
+    (`group_order`; None: drawn from `rng`); `rng` draws the token ids."""
     preamble = [rng.randrange(FIRST_ID, VOCAB) for _ in range(system)]
     contexts = [preamble + [rng.randrange(FIRST_ID, VOCAB) for _ in range(context)] for _ in range(groups)]
-    return [rng.choice(contexts) + [rng.randrange(FIRST_ID, VOCAB) for _ in range(question)] for _ in range(requests)]
+    if order is None:
+        order = group_order(rng, groups, requests)
+    return [contexts[g] + [rng.randrange(FIRST_ID, VOCAB) for _ in range(question)] for g in order]
+
+
+def group_order(rng: random.Random, groups: int, requests: int) -> list[int]:
+    """Which group each request of a shared_prefix run asks about, uniformly."""
+    return [rng.randrange(groups) for _ in range(requests)]
+
+
+def arrival_gaps(rng: random.Random, rate: float, requests: int) -> list[float]:
+    """A Poisson process's gaps, in seconds: the wait after each request is sent."""
+    return [rng.expovariate(rate) for _ in range(requests)]
 
 
 def ideal_hit_rate(prompts: list[list[int]], block_size: int) -> float:
@@ -137,14 +157,13 @@ def proxy_count(url: str, name: str) -> float:
     return worker_metrics.parse(httpx.get(url + "/metrics", timeout=10).text).get(name, 0.0)
 
 
-async def run_shared_prefix(url: str, prompts: list[list[int]], rate: float, max_tokens: int, seed: int, bar):
-    rng = random.Random(seed)
+async def run_shared_prefix(url: str, prompts: list[list[int]], gaps: list[float], max_tokens: int, bar):
     async with httpx.AsyncClient(timeout=600) as client:
         tasks = []
-        for prompt in prompts:
+        for prompt, gap in zip(prompts, gaps):
             tasks.append(asyncio.create_task(stream_completion(client, url, completion_body(MODEL, prompt, max_tokens))))
             tasks[-1].add_done_callback(lambda _: bar.update())
-            await asyncio.sleep(rng.expovariate(rate))
+            await asyncio.sleep(gap)
         return list(await asyncio.gather(*tasks))
 
 
@@ -179,7 +198,31 @@ def summarize(results, window_s: float) -> dict:
         "requests": len(results), "failed": len(results) - len(ok),
         "ttft_ms": dist([r.ttft_s for r in ok]), "itl_ms": dist([g for r in ok for g in r.itl_s]),
         "output_tokens_per_s": sum(r.output_tokens for r in ok) / window_s if window_s else 0.0,
+        "ttft_breakdown": ttft_breakdown(ok), "prefill_share": prefill_share(ok),
     }  # fmt: skip
+
+
+def ttft_breakdown(results) -> dict | None:
+    """Where the requests' TTFT went, by the proxy's Server-Timing (ms): each phase's median
+    and its mean over the slowest tenth of requests by TTFT (the tail). `first_token` is
+    what TTFT has beyond the phases: the KV pull, the decode worker's first step, the
+    relay. None without Server-Timing (vLLM's router)."""
+    timed = [r for r in results if r.phases_ms]
+    if not timed:
+        return None
+    rows = [{**r.phases_ms, "first_token": max(r.ttft_s * 1000 - sum(r.phases_ms.values()), 0.0)} for r in timed]
+    ttft = np.asarray([r.ttft_s for r in timed])
+    tail = [row for row, t in zip(rows, ttft) if t >= np.percentile(ttft, 90)]
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    return {"median": {n: float(np.median([row.get(n, 0.0) for row in rows])) for n in names},
+            "slowest_tenth": {n: float(np.mean([row.get(n, 0.0) for row in tail])) for n in names}}  # fmt: skip
+
+
+def prefill_share(results) -> float | None:
+    """The busiest prefill worker's share of the prefill legs (0.5: even over two), by the
+    replies' X-Pdspec-Prefill-Worker (local prefills left out); None without them."""
+    workers = [r.served_by["prefill"] for r in results if r.served_by.get("prefill", "local") != "local"]
+    return max(workers.count(w) for w in set(workers)) / len(workers) if workers else None
 
 
 def start_fleet(args, run_dir: Path) -> tuple[subprocess.Popen, dict]:
@@ -222,7 +265,7 @@ def start_proxies(args, workers: dict, out: Path) -> dict[str, tuple[subprocess.
     for i, (name, policy) in enumerate(POLICIES.items(), start=1):
         port = args.base_port + i
         settings = {"port": port, "prefill_urls": workers["prefill"], "decode_urls": workers["decode"],
-                    "kv_source_ports": ["5600-5604"], **policy}  # fmt: skip
+                    "kv_source_ports": ["5600-5604"], "served_by_headers": True, **policy}  # fmt: skip
         process = subprocess.Popen([sys.executable, "-m", "pdspec.cli", "proxy"],
                                    env={**os.environ, "PDSPEC_PROXY": json.dumps(settings)},
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -270,9 +313,10 @@ def run(args) -> dict:
                     order = list(enumerate(proxies.items()))
                     order = order[round_index % len(order):] + order[:round_index % len(order)]
                     for p_index, (policy, (_, url)) in order:
-                        # Round 0 keeps the seeds of the runs before --repeats existed.
+                        # Fresh token ids for each run; the round's arrivals and groups for all.
                         seed = 1000 * w_index + 100_000 * round_index + p_index
-                        row, results = run_one(args, workers, workload, policy, url, seed, bar)
+                        structure = random.Random(f"round {round_index}")
+                        row, results = run_one(args, workers, workload, policy, url, seed, structure, bar)
                         rounds.append({"round": round_index, **row})
                         pool_run(pooled.setdefault((workload, policy), {}), row, results)
         # Do the workers' events say what they hold, the decode workers' pulled blocks included?
@@ -299,17 +343,22 @@ def run(args) -> dict:
     return report
 
 
-def run_one(args, workers: dict, workload: str, policy: str, url: str, seed: int, bar) -> tuple[dict, list]:
-    """One workload through one policy's proxy, with fresh prompts (`seed`): its row, and
-    the requests' results (pooled over rounds by the caller)."""
+def run_one(args, workers: dict, workload: str, policy: str, url: str, seed: int, structure: random.Random,
+            bar) -> tuple[dict, list]:  # fmt: skip
+    """One workload through one policy's proxy, with fresh token ids (`seed`) in the
+    round's shape (`structure`: the groups' order and the arrival gaps, alike for every
+    policy of a round): its row, and the requests' results (pooled over rounds by the
+    caller)."""
     before = {pool: pool_hits(urls) for pool, urls in workers.items()}
     ours = policy != VLLM_ROUTER_POLICY  # the Rust router has no such counter
     local_before = proxy_count(url, "pdspec_proxy_local_prefills_total") if ours else 0.0
     started = time.perf_counter()
     if workload == "shared_prefix":
+        order = group_order(structure, args.groups, args.requests)
+        gaps = arrival_gaps(structure, args.rate, args.requests)
         prompts = shared_prefix(random.Random(seed), args.groups, args.context, args.question,
-                                args.requests, args.system)  # fmt: skip
-        results = asyncio.run(run_shared_prefix(url, prompts, args.rate, args.max_tokens, seed, bar))
+                                args.requests, args.system, order)  # fmt: skip
+        results = asyncio.run(run_shared_prefix(url, prompts, gaps, args.max_tokens, bar))
     else:
         results, prompts = asyncio.run(run_multi_turn(url, args.sessions, args.turns, args.start,
                                                       args.step, args.max_tokens, seed, bar))  # fmt: skip
@@ -370,6 +419,7 @@ def markdown(report: dict) -> str:
                      f"{ttft.get('p90', 0):.0f} | {by_round(r)} | {itl.get('median', 0):.0f} | "
                      f"{r['output_tokens_per_s']:.1f} | "
                      f"{r['local_prefills']:.0f} |")  # fmt: skip
+    lines += breakdown_table(report["runs"])
     events = report.get("kv_events")
     if events and "error" in events:
         lines += ["", f"KV events: the check failed ({events['error']})."]
@@ -380,6 +430,25 @@ def markdown(report: dict) -> str:
                   f"{'yes' if events['decode_reports_received_blocks'] else 'NO'} (full blocks the decode pool holds of 4 "
                   f"fresh prompts, the last one decides: {held}); malformed events: {events['malformed']}."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def breakdown_table(runs: list[dict]) -> list[str]:
+    """Where TTFT went, per run with Server-Timing: each phase's median, then its mean over
+    the slowest tenth of requests."""
+    timed = [r for r in runs if r.get("ttft_breakdown")]
+    if not timed:
+        return []
+    phases = ("route", "prefill", "decode", "first_token")
+    lines = ["", "Where TTFT went (ms; the proxy's Server-Timing): median, then the mean over the slowest "
+             "tenth of requests; `first_token`: TTFT beyond the phases (KV pull, first decode step, relay); "
+             "prefill share: the busiest prefill worker's share of prefill legs.", "",
+             "| workload | policy | " + " | ".join(phases) + " | prefill share |", "|" + " --- |" * 7]  # fmt: skip
+    for r in timed:
+        b = r["ttft_breakdown"]
+        cells = [f"{b['median'].get(n, 0):.0f} / {b['slowest_tenth'].get(n, 0):.0f}" for n in phases]
+        share = "-" if r.get("prefill_share") is None else f"{r['prefill_share']:.2f}"
+        lines.append(f"| {r['workload']} | {r['policy']} | " + " | ".join(cells) + f" | {share} |")
+    return lines
 
 
 def by_round(run: dict) -> str:

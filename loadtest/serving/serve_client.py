@@ -66,6 +66,7 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict) -> 
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
                 return RequestResult(False, prompt_tokens, error=f"HTTP {response.status_code}: {text[:200]}")
+            phases, served_by = server_timing(response.headers.get("server-timing")), served_by_of(response.headers)
             async for line in response.aiter_lines():
                 if not line.startswith("data: "):
                     continue
@@ -93,7 +94,30 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict) -> 
     if not finished or ttft is None:
         return RequestResult(False, prompt_tokens, error="stream ended without a choice or [DONE]")
     output_tokens = (usage or {}).get("completion_tokens") or len(gaps) + 1
-    return RequestResult(True, (usage or {}).get("prompt_tokens") or prompt_tokens, output_tokens, ttft, e2e, gaps)
+    return RequestResult(True, (usage or {}).get("prompt_tokens") or prompt_tokens, output_tokens, ttft, e2e, gaps,
+                         phases_ms=phases, served_by=served_by)  # fmt: skip
+
+
+def server_timing(header: str | None) -> dict[str, float]:
+    """A Server-Timing header's durations by name (`route;dur=1.5, prefill;dur=250`);
+    entries without a duration, or with a bad one, are left out."""
+    phases: dict[str, float] = {}
+    for entry in (header or "").split(","):
+        name, *params = (part.strip() for part in entry.split(";"))
+        for param in params:
+            key, _, value = param.partition("=")
+            if name and key.strip() == "dur":
+                try:
+                    phases[name] = float(value.strip().strip('"'))
+                except ValueError:
+                    pass
+    return phases
+
+
+def served_by_of(headers) -> dict[str, str]:
+    """The workers pdspec's proxy says served a reply (its served_by_headers)."""
+    found = {"prefill": headers.get("x-pdspec-prefill-worker"), "decode": headers.get("x-pdspec-decode-worker")}
+    return {role: url for role, url in found.items() if url}
 
 
 async def run_load(

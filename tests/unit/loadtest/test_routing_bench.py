@@ -121,3 +121,46 @@ def test_rounds_pool_into_one_row_per_workload_and_policy():
     assert pooled["ttft_ms"]["median"] == 200.0  # over all 20 requests
     table = markdown({"command": "c", "runs": [{"workload": "w", "policy": "p", **pooled}]})
     assert "by round" in table and f"{pooled['ttft_p90_ms_by_round'][0]:.0f}, " in table
+
+
+def test_every_policy_of_a_round_gets_the_same_groups_and_arrivals_with_fresh_ids():
+    """The paired comparison: within a round the group order and the arrival gaps come
+    from the round alone, the token ids from each run's seed."""
+    from loadtest.serving.routing_bench import arrival_gaps, group_order
+
+    def run(round_index: int, seed: int):
+        structure = random.Random(f"round {round_index}")
+        order, gaps = group_order(structure, 4, 20), arrival_gaps(structure, 2.0, 20)
+        return order, gaps, shared_prefix(random.Random(seed), 4, 16, 3, 20, order=order)
+
+    order_a, gaps_a, prompts_a = run(0, seed=1)
+    order_b, gaps_b, prompts_b = run(0, seed=2)
+    assert (order_a, gaps_a) == (order_b, gaps_b)
+    assert not {tuple(p) for p in prompts_a} & {tuple(p) for p in prompts_b}  # no run finds another's blocks
+    # The same group structure: requests i and j share a context in one run iff they do in the other.
+    same_context = [[a[:16] == b[:16] for b in prompts_a] for a in prompts_a]
+    assert same_context == [[a[:16] == b[:16] for b in prompts_b] for a in prompts_b]
+    assert [len(set(order_a[:i + 1])) for i in range(20)][-1] > 1
+    assert run(1, seed=1)[:2] != (order_a, gaps_a)  # another round, another draw
+
+
+def test_ttft_breakdown_splits_ttft_into_the_proxys_phases_and_the_tail():
+    from loadtest.serving.routing_bench import prefill_share, ttft_breakdown
+    from loadtest.serving.serve_stats import RequestResult
+
+    fast = [RequestResult(True, ttft_s=0.1, phases_ms={"route": 1.0, "prefill": 60.0, "decode": 4.0},
+                          served_by={"prefill": "http://p0"}) for _ in range(9)]  # fmt: skip
+    slow = RequestResult(True, ttft_s=1.0, phases_ms={"route": 1.0, "prefill": 900.0, "decode": 4.0},
+                         served_by={"prefill": "http://p1"})  # fmt: skip
+    local = RequestResult(True, ttft_s=0.05, phases_ms={"route": 1.0, "prefill": 0.0, "decode": 4.0},
+                          served_by={"prefill": "local"})  # fmt: skip
+    breakdown = ttft_breakdown([*fast, slow])
+    assert breakdown["median"] == {"route": 1.0, "prefill": 60.0, "decode": 4.0, "first_token": 35.0}
+    assert breakdown["slowest_tenth"]["prefill"] == 900.0 and breakdown["slowest_tenth"]["first_token"] == 95.0
+    assert prefill_share([*fast, slow, local]) == 0.9
+    assert ttft_breakdown([RequestResult(True, ttft_s=0.1)]) is None and prefill_share([]) is None
+    run = {"workload": "w", "policy": "p", "failed": 0, "requests": 10, "prefill_hit_rate": 0.5,
+           "decode_hit_rate": 0.1, "ideal_hit_rate": 0.7, "affinity_lru_hit_rate": 0.45,
+           "ttft_ms": {"median": 1, "p90": 2}, "itl_ms": {"median": 3, "p90": 4}, "output_tokens_per_s": 1.0,
+           "local_prefills": 0, "ttft_breakdown": breakdown, "prefill_share": 0.9}  # fmt: skip
+    assert "| w | p | 1 / 1 | 60 / 900 | 4 / 4 | 35 / 95 | 0.90 |" in markdown({"command": "c", "runs": [run]})

@@ -211,6 +211,32 @@ def test_served_by_headers_are_off_by_default():
         response = complete(fleet, LONG)
         assert "x-pdspec-prefill-worker" not in response.headers
         assert "x-pdspec-decode-worker" not in response.headers
+        assert "server-timing" not in response.headers
+
+
+def server_timing(response: httpx.Response) -> dict[str, float]:
+    parts = [part.strip().split(";dur=") for part in response.headers["server-timing"].split(",")]
+    return {name: float(ms) for name, ms in parts}
+
+
+def test_server_timing_says_where_a_request_spent_its_time_before_its_stream():
+    """With served_by_headers, a reply's Server-Timing has its phases in milliseconds:
+    the route plan (the /tokenize call here), the prefill leg, the decode leg to its
+    reply's headers. Each stand-in's delay shows up in its own phase."""
+    with Fleet(1, 1, INFO, **KV_AWARE, served_by_headers=True) as fleet:
+        fleet.decodes[0].tokenize_delay_s = 0.2
+        fleet.prefills[0].delay_s = 0.6
+        with httpx.stream("POST", fleet.url + "/v1/completions",
+                          json={"model": "m", "prompt": LONG, "max_tokens": 3, "stream": True}) as response:
+            timing = server_timing(response)
+            list(response.iter_lines())
+        assert list(timing) == ["route", "prefill", "decode"]
+        assert timing["route"] >= 200 and timing["prefill"] >= 600
+        assert timing["decode"] < timing["route"] < timing["prefill"]
+        fleet.decodes[0].tokenize_delay_s = fleet.prefills[0].delay_s = 0.0
+        fleet.decodes[0].delay_s = 0.6
+        timing = server_timing(complete(fleet, LONG + "# again"))  # not streamed: decode is the whole leg
+        assert timing["decode"] >= 600 > timing["prefill"] + timing["route"]
 
 
 def pool(*outstanding: int) -> WorkerPool:
