@@ -14,6 +14,6 @@ ROLE = RoleSpec(
     side_channel_port=5700,
     kv_events_port=5750,
     cpu_core="1",
-    features=("k0_rule", "nixl_progress_delay", "kv_core_pinning", "stale_kv_guard"),
-    hooks=("cpu_affinity", "testing_hooks"),  # tests only: nothing unless `test_hooks` is on
+    features=("k0_rule", "nixl_progress_delay", "kv_core_pinning", "stale_kv_guard", "short_spin"),
+    hooks=("cpu_affinity", "short_spin", "testing_hooks"),  # testing_hooks: nothing unless `test_hooks` is on
 )

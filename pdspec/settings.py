@@ -136,6 +136,17 @@ class WorkerSettings(BaseModel):
         ge=0,
         description="Sleep of NIXL's progress thread between polls; 0 busy-spins a core.",
     )
+    kv_hold_poll_s: float = Field(
+        0.5, ge=0, description="Prefill worker: while its only requests are finished ones whose KV awaits a read, "
+        "its engine waits for new work up to this long between steps instead of vLLM's 1 ms (the kv_hold_wait "
+        "engine feature; held blocks are freed up to this much later, while nothing waits for them). 0: vLLM's "
+        "own loop.",
+    )
+    spin_window_ms: float = Field(
+        5.0, ge=0, description="CPU builds: how long vLLM's engine core and worker processes spin (sched_yield) "
+        "for the next message on their shared-memory queue before they sleep until notified; vLLM spins 1 s, "
+        "which takes a core from the engines beside them (the short_spin engine feature). 0: vLLM's own.",
+    )
     kv_lease_s: int = Field(
         120, ge=1, description="How long a prefill worker keeps a prompt's KV for its decode worker before freeing "
         "it (the KV connector's kv_lease_duration; vLLM's default is 30), renewed by the decode worker's "

@@ -15,6 +15,7 @@ ROLE = RoleSpec(
     side_channel_port=5600,
     kv_events_port=5650,
     cpu_core="0",
-    features=("k0_rule", "kv_only_pass", "nixl_progress_delay", "kv_core_pinning", "dp_idle_rank_vote"),
-    hooks=("cpu_affinity", "kv_only", "dp_vote", "testing_hooks"),
+    features=("k0_rule", "kv_only_pass", "nixl_progress_delay", "kv_core_pinning", "dp_idle_rank_vote",
+              "kv_hold_wait", "short_spin"),
+    hooks=("cpu_affinity", "kv_only", "dp_vote", "kv_hold_wait", "short_spin", "testing_hooks"),
 )

@@ -97,9 +97,8 @@ def _affinity(body: dict[str, Any], plan: RoutePlan | None, policy: str) -> str 
     """The rendezvous key of a leg on a pool of `policy`: from the prompt's token ids when
     the route plan read them (a Messages `system`, which the body's key leaves out,
     included; for kv_aware, the prompt's first block no worker holds), else from the body."""
-    if plan is not None and policy == "kv_aware" and plan.new_part is not None:
-        return plan.new_part
-    return plan.affinity if plan is not None and plan.affinity is not None else affinity_key(body)
+    key = plan.key(policy) if plan is not None else None
+    return key if key is not None else affinity_key(body)
 
 
 def server_timing(**durations_s: float) -> str:

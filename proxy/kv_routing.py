@@ -58,6 +58,16 @@ class RoutePlan:
     # that leg's pending tokens against this prompt, which would wait for them anyway.
     prefill_building: dict[str, int] | None = None
 
+    def key(self, policy: str) -> str | None:
+        """The rendezvous key a pool of `policy` routes this prompt by."""
+        return rendezvous_key(policy, self.affinity, self.new_part)
+
+
+def rendezvous_key(policy: str, affinity: str | None, new_part: str | None) -> str | None:
+    """kv_aware's tie-break key (`new_part`) on a kv_aware pool, else the ids' start
+    (`affinity`: prefix_affinity keeps a prefix on one worker)."""
+    return new_part if policy == "kv_aware" and new_part is not None else affinity
+
 
 @dataclass
 class _Subscription:
@@ -179,8 +189,8 @@ class KvRouter:
         affinity = token_affinity_key(ids)
         new_part = new_part_key(ids, keys, block_size, prefill_cached, decode_cached)
         try:
-            decode_worker = self.decode_pool.pick(affinity_key=new_part if self.decode_pool.policy == "kv_aware"
-                                                  else affinity, cached=decode_cached)  # fmt: skip
+            decode_worker = self.decode_pool.pick(affinity_key=rendezvous_key(self.decode_pool.policy, affinity,
+                                                                              new_part), cached=decode_cached)  # fmt: skip
         except NoHealthyWorker:  # the decode leg will say so
             return None
         local = None

@@ -35,7 +35,10 @@ NIXL_PROGRESS_DELAY = "nixl_progress_delay"  # NIXL's progress thread sleeps ins
 KV_CORE_PINNING = "kv_core_pinning"  # CPU: NixlConnector's KV core stays among the worker's cores
 DP_IDLE_RANK_VOTE = "dp_idle_rank_vote"  # an idle DP rank votes "skip drafts" on a prefill worker
 STALE_KV_GUARD = "stale_kv_guard"  # decode: a prefill's KV whose lease may have run out is not read
-FEATURES = (K0_RULE, KV_ONLY_PASS, NIXL_PROGRESS_DELAY, KV_CORE_PINNING, DP_IDLE_RANK_VOTE, STALE_KV_GUARD)
+KV_HOLD_WAIT = "kv_hold_wait"  # prefill: with only KV held for reads, wait for work instead of stepping
+SHORT_SPIN = "short_spin"  # CPU: vLLM's shared-memory readers spin milliseconds, not a second, before sleeping
+FEATURES = (K0_RULE, KV_ONLY_PASS, NIXL_PROGRESS_DELAY, KV_CORE_PINNING, DP_IDLE_RANK_VOTE, STALE_KV_GUARD,
+            KV_HOLD_WAIT, SHORT_SPIN)  # fmt: skip
 ROLE_FEATURES = {name: spec.features for name, spec in ROLES.items()}  # the role packages say
 
 ENGINE_FEATURE = Gauge(

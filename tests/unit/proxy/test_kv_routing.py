@@ -12,7 +12,7 @@ import pytest
 
 from proxy.kv_events import Stored
 from proxy.kv_index import block_keys
-from proxy.kv_routing import new_part_key
+from proxy.kv_routing import new_part_key, rendezvous_key
 from proxy.pool import CHURN_HALF_LIFE_S, DecayingSum, Worker, WorkerPool, token_affinity_key
 from tests.proxy_cluster import Fleet, sample
 from tests.harness import wait_for
@@ -453,3 +453,9 @@ def test_a_request_whose_render_fails_is_routed_without_cache_knowledge_and_serv
         assert len(behaviour.rendered) == 2
         assert sum(prefill_legs(b) for b in fleet.prefills) == 2  # always disaggregated without ids
         assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="any",reason="no_token_ids"}') == 2
+
+
+def test_a_kv_aware_pool_breaks_ties_on_the_new_part_and_prefix_affinity_on_the_ids_start():
+    assert rendezvous_key("kv_aware", "start", "new") == "new"
+    assert rendezvous_key("kv_aware", "start", None) == "start"
+    assert rendezvous_key("prefix_affinity", "start", "new") == "start"

@@ -1,0 +1,64 @@
+"""CPU builds: vLLM's shared-memory queue readers spin for `window_ms` after their last
+message before they sleep, not for a second (the `short_spin` engine feature).
+
+vLLM's engine core and its worker process talk through a shared-memory ring
+(`shm_broadcast.MessageQueue`). A reader that finds no message calls `sched_yield()` and
+looks again for `SpinCondition.busy_loop_s` (1 s) after its last read, and only then
+sleeps on a ZMQ notification, which every write sends. On a GPU host that costs a core
+that is there to spare. Here every worker shares two cores with three others: the engine
+core spins through each model step while it waits for the worker's output (a 150 ms
+prefill: 150 ms of a core), the worker spins for a second after every step burst, and a
+`sched_yield` spinner still takes its share of a core from the engine beside it. With a
+window of a few milliseconds a reader still catches the next message of a busy loop (the
+engine core sends the next step within about a millisecond) and sleeps otherwise, woken
+by the notification (tens of microseconds).
+
+Failure policy: off (reported) on GPU builds, with `window_ms` 0, or where vLLM's
+SpinCondition has no `busy_loop_s`; it changes a timing only, never what is read.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Any
+
+from pdspec.worker.engine import features
+from pdspec.worker.engine.control import SPIN_WINDOW_ENV as WINDOW_ENV
+from pdspec.worker.engine.wrap_once import wrap_once
+
+log = logging.getLogger("pdspec.engine.short_spin")
+
+MARKER = "short_spin"
+
+
+def _short_window(original: Any, window_s: float) -> Any:
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if getattr(self, "is_reader", False):
+            self.busy_loop_s = min(self.busy_loop_s, window_s)
+
+    return __init__
+
+
+def install_short_spin() -> None:
+    """Called by pdspec's vLLM plugin in every process of a P/D worker (the engine core
+    and the worker process both read a queue)."""
+    window_ms = float(os.environ.get(WINDOW_ENV, "0") or 0)
+    if window_ms <= 0:
+        features.report(features.SHORT_SPIN, False, f"off by setting ({WINDOW_ENV}=0)")
+        return
+    try:
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            features.report(features.SHORT_SPIN, False, "not a CPU build (vLLM's one-second spin kept)")
+            return
+        from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+    except ImportError:
+        features.report(features.SHORT_SPIN, False, "vLLM has no shm_broadcast.SpinCondition here")
+        return
+    wrap_once(SpinCondition, "__init__", MARKER, lambda original: _short_window(original, window_ms / 1000))
+    features.report(features.SHORT_SPIN, True)
