@@ -78,6 +78,13 @@ def test_environment_sets_side_channel_caches_and_idle_fix(tmp_path):
     assert env["PROMETHEUS_MULTIPROC_DIR"].startswith(str(tmp_path))
 
 
+def test_environment_carries_the_engine_loop_settings(tmp_path):
+    env = launch.worker_env("prefill", WorkerSettings(), tmp_path, cpu=True)
+    assert env["PDSPEC_KV_HOLD_POLL_S"] == "0.5" and env["PDSPEC_SPIN_WINDOW_MS"] == "5"  # the defaults
+    env = launch.worker_env("prefill", WorkerSettings(kv_hold_poll_s=0, spin_window_ms=0.5), tmp_path, cpu=True)
+    assert env["PDSPEC_KV_HOLD_POLL_S"] == "0" and env["PDSPEC_SPIN_WINDOW_MS"] == "0.5"
+
+
 def test_test_hooks_give_each_role_its_own_switch(tmp_path):
     hooks = WorkerSettings(test_hooks=True)
     prefill = launch.worker_env("prefill", hooks, tmp_path, cpu=True)
