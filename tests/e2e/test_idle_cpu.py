@@ -33,7 +33,9 @@ def wait_quiescent(stack, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         metrics = [harness.scrape(url) for url in (stack.prefill_url, stack.decode_url)]
-        if all(m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0 for m in metrics):
+        # A worker that has served nothing yet exports neither gauge.
+        if all(m.get("vllm:num_requests_running", 0) == 0 and m.get("vllm:num_requests_waiting", 0) == 0
+               for m in metrics):  # fmt: skip
             return
         time.sleep(0.2)  # poll interval
     raise AssertionError("workers never became idle")
