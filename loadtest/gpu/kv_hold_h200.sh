@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# kv_hold_wait on vLLM 0.33: is it on, and what does a prefill worker holding KV for a
+# read cost in CPU, with it (HOLD_POLL_S=0.5, the default) and without (HOLD_POLL_S=0)?
+# On the lent H200 (kind nvidia-h200), one device call per setting, after
+# ../shared/tools/gpu-stage installed vLLM 0.33 into /tmp/site on the same warm machine:
+#
+#   HOLD_POLL_S=0.5 bash loadtest/gpu/kv_hold_h200.sh
+#
+# `pdspec up` with the local model pair, 1P1D on GPU 0 at 10% each, eager, then
+# loadtest.kv_hold_cpu (4 held prompts of 960 tokens), then one request through the proxy.
+# $OUT/kv_hold-<poll>.json and the logs.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/kv-hold-out}
+POLL=${HOLD_POLL_S:-0.5}
+if [ -n "${DRY_RUN_CPU:-}" ]; then
+  export PYTHONPATH=$PWD
+  GPU_ARGS=()
+else
+  source loadtest/gpu/device_env.sh 1
+  GPU_ARGS=(--prefill.cuda_visible_devices 0 --decode.cuda_visible_devices 0
+    --prefill.gpu_memory_utilization 0.1 --decode.gpu_memory_utilization 0.1
+    --prefill.enforce_eager --decode.enforce_eager)
+fi
+export PDSPEC_HOME=${PDSPEC_HOME:-/tmp/pdspec-home} VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/pdspec-vllm-cache}
+RESULTS=/tmp/kv-hold-results
+rm -rf "$RESULTS" && mkdir -p "$OUT" "$RESULTS"
+setsid python3 -m pdspec.cli up --run_dir /tmp/kv-hold-run "${GPU_ARGS[@]}" --prefill.kv_hold_poll_s "$POLL" \
+  --restart never --ready_timeout_s "${READY_S:-400}" > "$RESULTS/up-log.txt" 2>&1 &
+up=$!
+source loadtest/gpu/stack_lifecycle.sh
+trap 'cp "$RESULTS/up-log.txt" "$OUT/up-log-$POLL.txt" 2>/dev/null; stop_stack' EXIT
+trap 'exit 143' TERM INT
+wait_ready http://127.0.0.1:8000 /ready "${READY_S:-400}" || exit 1
+python3 -m loadtest.kv_hold_cpu --prompts 4 --out "$OUT/kv_hold-$POLL.json"
+echo "kv_hold_cpu exit $?"
+curl -s -o "$OUT/completion-$POLL.json" -w "proxy completion: HTTP %{http_code}\n" http://127.0.0.1:8000/v1/completions \
+  -H 'content-type: application/json' -d '{"model": "pdspec-tiny", "prompt": "def add(a, b):", "max_tokens": 16}'
