@@ -137,7 +137,7 @@ class WorkerSettings(BaseModel):
         description="Sleep of NIXL's progress thread between polls; 0 busy-spins a core.",
     )
     kv_hold_poll_s: float = Field(
-        0.5, ge=0, description="Prefill worker: while its only requests are finished ones whose KV awaits a read, "
+        0.2, ge=0, le=5, description="Prefill worker: while its only requests are finished ones whose KV awaits a read, "
         "its engine waits for new work up to this long between steps instead of vLLM's 1 ms (the kv_hold_wait "
         "engine feature; held blocks are freed up to this much later, while nothing waits for them). 0: vLLM's "
         "own loop.",

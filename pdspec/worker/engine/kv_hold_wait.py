@@ -53,7 +53,7 @@ def _waiting_step(original: Any, poll_s: float) -> Any:
     @functools.wraps(original)
     def _process_engine_step(self: Any) -> bool:
         executed = original(self)
-        if executed or getattr(self, "batch_queue", None) or _data_parallel(self) or not only_held_kv(self.scheduler):
+        if executed or _batch_in_flight(self) or _data_parallel(self) or not only_held_kv(self.scheduler):
             return executed
         try:
             request = self.input_queue.get(timeout=poll_s)
@@ -63,6 +63,20 @@ def _waiting_step(original: Any, poll_s: float) -> Any:
         return executed
 
     return _process_engine_step
+
+
+def _batch_in_flight(engine: Any) -> bool:
+    """Asynchronous scheduling (vLLM's default on GPUs) keeps up to two batches queued, and
+    with only held KV one empty batch stays in flight (its output carries the finished
+    reads): waiting then delays nothing either. A queued batch that computes tokens is
+    work in flight: no wait."""
+    batches = getattr(engine, "batch_queue", None)
+    if not batches:
+        return False
+    try:
+        return any(batch[1].total_num_scheduled_tokens > 0 for batch in batches)
+    except (AttributeError, IndexError, TypeError):
+        return True
 
 
 def _data_parallel(engine: Any) -> bool:
