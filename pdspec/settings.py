@@ -139,8 +139,8 @@ class WorkerSettings(BaseModel):
     kv_hold_poll_s: float = Field(
         0.2, ge=0, le=5, description="Prefill worker: while its only requests are finished ones whose KV awaits a read, "
         "its engine waits for new work up to this long between steps instead of vLLM's 1 ms (the kv_hold_wait "
-        "engine feature; held blocks are freed up to this much later, while nothing waits for them). 0: vLLM's "
-        "own loop.",
+        "engine feature; held blocks are freed up to this much later, while nothing waits for them, so the proxy's "
+        "prefill_kv_admission sees freed room up to this much later too). 0: vLLM's own loop.",
     )
     spin_window_ms: float = Field(
         5.0, ge=0, description="CPU builds: how long vLLM's engine core and worker processes spin (sched_yield) "

@@ -103,9 +103,11 @@ def _affinity(body: dict[str, Any], plan: RoutePlan | None, policy: str) -> str 
 
 def server_timing(**durations_s: float) -> str:
     """A Server-Timing header (W3C) of the request's phases, in milliseconds: `route` (the
-    route plan: token ids, cache lookup), `prefill` (the prefill leg, retries included; 0
-    when the decode worker prefilled), `decode` (to the decode reply's headers when it
-    streams, to its end when not: the KV pull and the first token come after them)."""
+    route plan: token ids, cache lookup), `prefill` (the prefill leg, retries and the wait
+    for KV room under `prefill_kv_admission` included; 0 when the decode worker
+    prefilled), `decode` (to the decode reply's headers when it streams, to its end when
+    not: the KV pull and the first token come after them; a re-prefill after a failed KV
+    read counts here)."""
     return ", ".join(f"{name};dur={seconds * 1000:.1f}" for name, seconds in durations_s.items())
 
 

@@ -16,10 +16,16 @@ the next step, which also learns of every read finished meanwhile. Nothing waits
 held blocks in between (a request that needs them is a waiting request, and then the
 engine steps as vLLM does), so the blocks are freed at most `poll_s` later, unseen.
 
+What sees the lag: only observers of the held blocks, such as the proxy's KV-room
+admission (`prefill_kv_admission`), which learns of the freed room up to `poll_s` later.
+vLLM's stall watchdog (0.33, off unless its dump directory is set) only dumps stacks, after
+a timeout far above the 5 s this wait is bounded by (`kv_hold_poll_s`).
+
 Failure policy: off (reported) where vLLM's engine core lacks the hooks; never waits
-with data parallelism (its ranks step together) or asynchronous scheduling (a batch
-may be in flight); a scheduler without the expected methods raises nothing: the wait is
-skipped and vLLM's loop goes on as before.
+when its data-parallel group has more than one rank (the ranks step together) or while
+a batch that computes tokens is in flight (asynchronous scheduling); a scheduler or a
+batch queue without the expected attributes raises nothing: the wait is skipped and
+vLLM's loop goes on as before.
 """
 
 from __future__ import annotations

@@ -232,7 +232,7 @@ def test_server_timing_says_where_a_request_spent_its_time_before_its_stream():
             list(response.iter_lines())
         assert list(timing) == ["route", "prefill", "decode"]
         assert timing["route"] >= 200 and timing["prefill"] >= 600
-        assert timing["decode"] < timing["route"] < timing["prefill"]
+        assert timing["route"] < timing["prefill"]  # each delay counted once, in its own phase
         fleet.decodes[0].tokenize_delay_s = fleet.prefills[0].delay_s = 0.0
         fleet.decodes[0].delay_s = 0.6
         timing = server_timing(complete(fleet, LONG + "# again"))  # not streamed: decode is the whole leg

@@ -50,6 +50,11 @@ class Engine:
         self.handled.append((kind, request))
 
 
+def batch(scheduled_tokens):
+    """One entry of vLLM's asynchronous-scheduling batch queue: (future, scheduler output, ...)."""
+    return (None, types.SimpleNamespace(total_num_scheduled_tokens=scheduled_tokens), None)
+
+
 def step(engine, poll_s=0.5):
     return _waiting_step(type(engine)._process_engine_step, poll_s)(engine)
 
@@ -71,11 +76,20 @@ def test_an_engine_holding_only_kv_waits_for_a_request_and_takes_it():
     assert engine.input_queue.waits == [0.25] and engine.handled == []
 
 
+def test_an_empty_batch_in_flight_still_waits():
+    """Asynchronous scheduling (vLLM's default on GPUs) keeps one batch queued even when it
+    schedules nothing; on vLLM 0.33 the wait never happened until this counted as idle."""
+    engine = Engine(Scheduler(), Inputs(("ADD", "req-1")), batch_queue=[batch(0)])
+    step(engine)
+    assert engine.input_queue.waits == [0.5] and engine.handled == [("ADD", "req-1")]
+
+
 @pytest.mark.parametrize("engine", [
     Engine(Scheduler(unfinished=True), Inputs()),  # a request waits or runs
     Engine(Scheduler(), Inputs(), executed=True),  # the step computed tokens
     Engine(Scheduler(), Inputs(), dp=2),  # data-parallel ranks step together
-    Engine(Scheduler(), Inputs(), batch_queue=[object()]),  # a batch in flight (async scheduling)
+    Engine(Scheduler(), Inputs(), batch_queue=[batch(0), batch(12)]),  # a batch computing tokens in flight
+    Engine(Scheduler(), Inputs(), batch_queue=[object()]),  # a queue vLLM's doesn't look like
 ])  # fmt: skip
 def test_every_other_state_steps_as_vllm_does(engine):
     step(engine)
