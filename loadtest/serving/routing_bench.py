@@ -7,7 +7,8 @@ caches cut to `--kv-blocks` blocks each (so the workload's shared prefixes need 
 three times one worker's cache), plus one proxy per policy in front of the same workers:
 - `round_robin` (both pools), `prefix_affinity` (pdspec's default), `kv_aware` (both
   pools), `kv_aware` with conditional disaggregation;
-- with `--vllm-router PATH`, vLLM's Rust router's `cache_aware` P/D mode over NIXL.
+- with `--vllm-router PATH`, vLLM's Rust router's `cache_aware` P/D mode over NIXL;
+`--policies` and `--workloads` choose a subset (a longer look at two of them).
 Two workloads, each run once per policy and round (`--repeats`) with fresh token ids (so
 no run finds another's blocks): `shared_prefix` (groups of a long context plus a short question, Poisson
 arrivals; `--system N` puts one common N-token system prompt before every context) and `multi_turn` (sessions whose every turn re-sends the history, a stand-in
@@ -246,6 +247,7 @@ FLEET = {"prefill": ["http://127.0.0.1:8100", "http://127.0.0.1:8101"],
          "decode": ["http://127.0.0.1:8200", "http://127.0.0.1:8201"]}  # fmt: skip
 
 VLLM_ROUTER_POLICY = "vllm_router_cache_aware"
+WORKLOADS = ("shared_prefix", "multi_turn")
 
 
 def vllm_router_argv(path: str, port: int, workers: dict) -> list[str]:
@@ -260,9 +262,35 @@ def vllm_router_argv(path: str, port: int, workers: dict) -> list[str]:
     return argv
 
 
+def chosen_policies(policies: str | None, vllm_router: str | None) -> list[str]:
+    """`--policies` (comma-separated; None: every pdspec policy, and vLLM's router's when
+    its path is given), checked against the known names."""
+    known = [*POLICIES, VLLM_ROUTER_POLICY]
+    if policies is None:
+        return list(POLICIES) + ([VLLM_ROUTER_POLICY] if vllm_router else [])
+    names = [name.strip() for name in policies.split(",") if name.strip()]
+    unknown = [name for name in names if name not in known]
+    if unknown or not names:
+        raise SystemExit(f"--policies: unknown {unknown or 'empty list'}; known: {', '.join(known)}")
+    if VLLM_ROUTER_POLICY in names and not vllm_router:
+        raise SystemExit(f"--policies {VLLM_ROUTER_POLICY} needs --vllm-router PATH")
+    return names
+
+
+def chosen_workloads(workloads: str) -> list[str]:
+    names = [name.strip() for name in workloads.split(",") if name.strip()]
+    if not names or any(name not in WORKLOADS for name in names):
+        raise SystemExit(f"--workloads: {workloads!r}; known: {', '.join(WORKLOADS)}")
+    return names
+
+
 def start_proxies(args, workers: dict, out: Path) -> dict[str, tuple[subprocess.Popen, str]]:
+    """One proxy per chosen pdspec policy, on a port of its own whatever the choice (the
+    round_robin one always: the KV-events check sends through it), and vLLM's router."""
     proxies = {}
     for i, (name, policy) in enumerate(POLICIES.items(), start=1):
+        if name not in args.policies and name != "round_robin":
+            continue
         port = args.base_port + i
         settings = {"port": port, "prefill_urls": workers["prefill"], "decode_urls": workers["decode"],
                     "kv_source_ports": ["5600-5604"], "served_by_headers": True, **policy}  # fmt: skip
@@ -271,7 +299,7 @@ def start_proxies(args, workers: dict, out: Path) -> dict[str, tuple[subprocess.
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         proxies[name] = (process, f"http://127.0.0.1:{port}")
     ready_paths = {name: "/ready" for name in proxies}
-    if args.vllm_router:
+    if VLLM_ROUTER_POLICY in args.policies:
         port = args.base_port + len(POLICIES) + 1
         log = open(out / "vllm-router.log", "w")  # noqa: SIM115 (open while the router runs)
         process = subprocess.Popen(vllm_router_argv(args.vllm_router, port, workers), stdout=log,
@@ -305,12 +333,15 @@ def run(args) -> dict:
     pooled: dict[tuple[str, str], dict] = {}  # what each (workload, policy) saw over all rounds
     try:
         proxies = start_proxies(args, workers, args.out)
-        total = args.repeats * len(proxies) * (args.requests + args.sessions * args.turns)
+        per_run = {"shared_prefix": args.requests, "multi_turn": args.sessions * args.turns}
+        total = args.repeats * len(args.policies) * sum(per_run[w] for w in args.workloads)
+        benched = [(name, proxies[name]) for name in proxies if name in args.policies]
         with tqdm(total=total, desc="routing_bench", unit="req") as bar:
             for round_index in range(args.repeats):
-                for w_index, workload in enumerate(("shared_prefix", "multi_turn")):
+                for workload in args.workloads:
+                    w_index = WORKLOADS.index(workload)
                     # Each round starts with another policy, so drift over the run hits all alike.
-                    order = list(enumerate(proxies.items()))
+                    order = list(enumerate(benched))
                     order = order[round_index % len(order):] + order[:round_index % len(order)]
                     for p_index, (policy, (_, url)) in order:
                         # Fresh token ids for each run; the round's arrivals and groups for all.
@@ -518,8 +549,14 @@ def main(argv: list[str] | None = None) -> dict:
                              "figures pooled over the rounds")
     parser.add_argument("--vllm-router", metavar="PATH",
                         help="vLLM's Rust router binary (pip install vllm-router): adds its cache_aware P/D mode")
+    parser.add_argument("--policies", help="comma-separated subset of: " + ", ".join([*POLICIES, VLLM_ROUTER_POLICY])
+                        + " (default: all, vLLM's router's with --vllm-router)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of: "
+                        + ", ".join(WORKLOADS))
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
+    args.policies = chosen_policies(args.policies, args.vllm_router)
+    args.workloads = chosen_workloads(args.workloads)
     report = run(args)
     print(markdown(report))
     return report

@@ -2,8 +2,14 @@
 
 import random
 
+import pytest
+
 from loadtest.serving.routing_bench import (
+    POLICIES,
+    VLLM_ROUTER_POLICY,
     affinity_lru_hit_rate,
+    chosen_policies,
+    chosen_workloads,
     ideal_hit_rate,
     markdown,
     shared_prefix,
@@ -78,6 +84,19 @@ def test_the_rust_router_runs_in_pd_mode_with_cache_aware_on_both_pools():
     assert argv[argv.index("--policy") + 1] == "cache_aware" and argv[argv.index("--kv-connector") + 1] == "nixl"
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--prefill"] == workers["prefill"]
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--decode"] == workers["decode"]
+
+
+def test_policies_default_to_all_and_a_subset_is_checked():
+    assert chosen_policies(None, None) == list(POLICIES)
+    assert chosen_policies(None, "/bin/vllm-router") == [*POLICIES, VLLM_ROUTER_POLICY]
+    assert chosen_policies(f"kv_aware, {VLLM_ROUTER_POLICY}", "/bin/r") == ["kv_aware", VLLM_ROUTER_POLICY]
+    with pytest.raises(SystemExit, match="unknown"):
+        chosen_policies("kv_awarre", None)
+    with pytest.raises(SystemExit, match="needs --vllm-router"):
+        chosen_policies(VLLM_ROUTER_POLICY, None)
+    assert chosen_workloads("multi_turn") == ["multi_turn"]
+    with pytest.raises(SystemExit):
+        chosen_workloads("chat")
 
 
 def test_table_has_the_bound_column():
