@@ -38,24 +38,25 @@ def server_pid(url: str) -> int:
     raise SystemExit(f"nothing on this host listens on {url}")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) of a process and its descendants so far."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 def tree_cores(pids: dict[str, int], window_s: float) -> dict[str, float]:
     """Each process tree's CPU over `window_s`, in cores."""
-
-    def seconds(pid: int) -> float:
-        root = psutil.Process(pid)
-        total = 0.0
-        for process in [root, *root.children(recursive=True)]:
-            try:
-                times = process.cpu_times()
-                total += times.user + times.system
-            except psutil.NoSuchProcess:
-                pass
-        return total
-
-    start, wall = {role: seconds(pid) for role, pid in pids.items()}, time.monotonic()
+    start, wall = {role: tree_cpu_seconds(pid) for role, pid in pids.items()}, time.monotonic()
     time.sleep(window_s)  # the measurement window
     elapsed = time.monotonic() - wall
-    return {role: round((seconds(pid) - start[role]) / elapsed, 3) for role, pid in pids.items()}
+    return {role: round((tree_cpu_seconds(pid) - start[role]) / elapsed, 3) for role, pid in pids.items()}
 
 
 def features(url: str) -> dict[str, str]:

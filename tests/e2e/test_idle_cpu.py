@@ -6,26 +6,14 @@ afterwards."""
 import time
 
 import httpx
-import psutil
 
+from loadtest.serving.kv_hold_cpu import tree_cpu_seconds
 from proxy.legs import PREFILL_KV_REQUEST
 
 from tests import harness
 from tests.prompts import completion_body, unique_prompt
 
 WINDOW_S = 1.0
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    root = psutil.Process(pid)
-    total = 0.0
-    for process in [root, *root.children(recursive=True)]:
-        try:
-            times = process.cpu_times()
-            total += times.user + times.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 def wait_quiescent(stack, timeout_s: float = 30) -> None:
