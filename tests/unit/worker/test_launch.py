@@ -80,7 +80,7 @@ def test_environment_sets_side_channel_caches_and_idle_fix(tmp_path):
 
 def test_environment_carries_the_engine_loop_settings(tmp_path):
     env = launch.worker_env("prefill", WorkerSettings(), tmp_path, cpu=True)
-    assert env["PDSPEC_KV_HOLD_POLL_S"] == "0.5" and env["PDSPEC_SPIN_WINDOW_MS"] == "5"  # the defaults
+    assert env["PDSPEC_KV_HOLD_POLL_S"] == "0.2" and env["PDSPEC_SPIN_WINDOW_MS"] == "5"  # the defaults
     env = launch.worker_env("prefill", WorkerSettings(kv_hold_poll_s=0, spin_window_ms=0.5), tmp_path, cpu=True)
     assert env["PDSPEC_KV_HOLD_POLL_S"] == "0" and env["PDSPEC_SPIN_WINDOW_MS"] == "0.5"
 
