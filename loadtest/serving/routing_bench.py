@@ -188,6 +188,23 @@ async def run_multi_turn(url: str, sessions: int, turns: int, start: int, step: 
     return results, prompts
 
 
+class _Silent:
+    def update(self, n: int = 1) -> None:
+        pass
+
+
+async def warm_up(args, url: str) -> None:
+    """Requests of the workloads' shapes through the round_robin proxy before the first
+    round, measured by nobody: a worker's first prompts of a new length are slow (kernels
+    chosen, buffers grown), and without this the first policy of the first round paid for
+    it (a 30-s TTFT p90 once)."""
+    longest = args.system + args.context + args.question
+    rng = random.Random("warm-up")
+    prompts = [[rng.randrange(FIRST_ID, VOCAB) for _ in range(longest)] for _ in range(4)]
+    await run_shared_prefix(url, prompts, [0.0] * len(prompts), args.max_tokens, _Silent())
+    await run_multi_turn(url, args.sessions, args.turns, args.start, args.step, args.max_tokens, -1, _Silent())
+
+
 def summarize(results, window_s: float) -> dict:
     ok = [r for r in results if r.ok]
 
@@ -333,6 +350,7 @@ def run(args) -> dict:
     pooled: dict[tuple[str, str], dict] = {}  # what each (workload, policy) saw over all rounds
     try:
         proxies = start_proxies(args, workers, args.out)
+        asyncio.run(warm_up(args, proxies["round_robin"][1]))
         per_run = {"shared_prefix": args.requests, "multi_turn": args.sessions * args.turns}
         total = args.repeats * len(args.policies) * sum(per_run[w] for w in args.workloads)
         benched = [(name, proxies[name]) for name in proxies if name in args.policies]

@@ -183,3 +183,25 @@ def test_ttft_breakdown_splits_ttft_into_the_proxys_phases_and_the_tail():
            "ttft_ms": {"median": 1, "p90": 2}, "itl_ms": {"median": 3, "p90": 4}, "output_tokens_per_s": 1.0,
            "local_prefills": 0, "ttft_breakdown": breakdown, "prefill_share": 0.9}  # fmt: skip
     assert "| w | p | 1 / 1 | 60 / 900 | 4 / 4 | 35 / 95 | 0.90 |" in markdown({"command": "c", "runs": [run]})
+
+
+def test_warm_up_sends_both_workloads_shapes_before_the_rounds(monkeypatch):
+    import argparse
+    import asyncio
+
+    from loadtest.serving import routing_bench
+
+    sent = []
+
+    async def shared(url, prompts, gaps, max_tokens, bar):
+        sent.append(("shared_prefix", url, [len(p) for p in prompts]))
+
+    async def turns(url, sessions, turns, start, step, max_tokens, seed, bar):
+        sent.append(("multi_turn", url, (sessions, turns, start, step)))
+
+    monkeypatch.setattr(routing_bench, "run_shared_prefix", shared)
+    monkeypatch.setattr(routing_bench, "run_multi_turn", turns)
+    args = argparse.Namespace(system=128, context=768, question=64, sessions=4, turns=4, start=256, step=128,
+                              max_tokens=8)  # fmt: skip
+    asyncio.run(routing_bench.warm_up(args, "http://rr"))
+    assert sent == [("shared_prefix", "http://rr", [960] * 4), ("multi_turn", "http://rr", (4, 4, 256, 128))]
