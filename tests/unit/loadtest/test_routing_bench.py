@@ -1,4 +1,5 @@
-"""routing_bench's workload figures: the ideal hit rate, a balanced affinity router's on small caches, the Rust router's command line."""
+"""routing_bench's workload figures (the ideal hit rate, a balanced affinity router's on small caches), the Rust
+router's command line, the policy and workload choice, the warm-up, and its report (routing_report)."""
 
 import random
 
@@ -11,10 +12,10 @@ from loadtest.serving.routing_bench import (
     chosen_policies,
     chosen_workloads,
     ideal_hit_rate,
-    markdown,
     shared_prefix,
     vllm_router_argv,
 )
+from loadtest.serving.routing_report import markdown
 
 B = 4  # block size
 
@@ -121,7 +122,7 @@ def test_table_says_whether_the_decode_workers_report_their_pulled_blocks():
 def test_rounds_pool_into_one_row_per_workload_and_policy():
     """--repeats: latencies over every round's requests, hit rates over every round's
     prompt tokens (not a mean of rates), each round's TTFT p90 kept beside them."""
-    from loadtest.serving.routing_bench import pool_run, pooled_summary, summarize
+    from loadtest.serving.routing_report import pool_run, pooled_summary, summarize
     from loadtest.serving.serve_stats import RequestResult
 
     acc: dict = {}
@@ -164,7 +165,7 @@ def test_every_policy_of_a_round_gets_the_same_groups_and_arrivals_with_fresh_id
 
 
 def test_ttft_breakdown_splits_ttft_into_the_proxys_phases_and_the_tail():
-    from loadtest.serving.routing_bench import prefill_share, ttft_breakdown
+    from loadtest.serving.routing_report import prefill_share, ttft_breakdown
     from loadtest.serving.serve_stats import RequestResult
 
     fast = [RequestResult(True, ttft_s=0.1, phases_ms={"route": 1.0, "prefill": 60.0, "decode": 4.0},
