@@ -60,6 +60,7 @@ class Phase:
 
 
 def proxy_process(url: str) -> psutil.Process:
+    """The process listening on `url`'s port (a proxy's or a worker's server)."""
     port = urlsplit(url).port or 80
     for conn in psutil.net_connections(kind="tcp"):
         if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:

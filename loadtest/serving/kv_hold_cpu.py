@@ -24,6 +24,7 @@ import httpx
 import psutil
 
 from loadtest.serving import worker_metrics
+from loadtest.serving.hostile_clients import proxy_process
 from proxy.legs import PREFILL_KV_REQUEST
 
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -31,11 +32,10 @@ LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 def server_pid(url: str) -> int:
     """The process listening on `url`'s port (the worker's API server)."""
-    port = int(url.rsplit(":", 1)[1].split("/")[0])
-    for connection in psutil.net_connections(kind="tcp"):
-        if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port and connection.pid:
-            return connection.pid
-    raise SystemExit(f"nothing on this host listens on {url}")
+    try:
+        return proxy_process(url).pid
+    except RuntimeError:
+        raise SystemExit(f"nothing on this host listens on {url}") from None
 
 
 def tree_cpu_seconds(pid: int) -> float:

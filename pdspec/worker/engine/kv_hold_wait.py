@@ -31,7 +31,6 @@ vLLM's loop goes on as before.
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import queue
 from typing import Any
@@ -39,8 +38,6 @@ from typing import Any
 from pdspec.worker.engine import features
 from pdspec.worker.engine.control import KV_HOLD_POLL_ENV as POLL_ENV
 from pdspec.worker.engine.wrap_once import wrap_once
-
-log = logging.getLogger("pdspec.engine.kv_hold_wait")
 
 MARKER = "kv_hold_wait"
 

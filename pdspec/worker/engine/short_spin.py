@@ -20,15 +20,12 @@ SpinCondition has no `busy_loop_s`; it changes a timing only, never what is read
 from __future__ import annotations
 
 import functools
-import logging
 import os
 from typing import Any
 
 from pdspec.worker.engine import features
 from pdspec.worker.engine.control import SPIN_WINDOW_ENV as WINDOW_ENV
 from pdspec.worker.engine.wrap_once import wrap_once
-
-log = logging.getLogger("pdspec.engine.short_spin")
 
 MARKER = "short_spin"
 
