@@ -213,6 +213,14 @@ class _Connection(asyncio.Protocol):
     # --- one exchange ---------------------------------------------------------------------
 
     def send(self, message: bytes, response: UpstreamResponse, deadline: float | None) -> None:
+        if self.state == BROKEN or self.transport.is_closing():
+            # Reset between connecting and this write (a worker being killed completes
+            # handshakes from its listen queue, then resets them): nothing will call
+            # connection_lost again, and uvloop's transport raises on a write.
+            self.state = BROKEN
+            self.response = response
+            response._on_error(UpstreamError("connection_reset", "worker reset the connection before the request"))
+            return
         self.state = SENT
         self.response = response
         self.bytes_received = 0

@@ -170,13 +170,15 @@ def start_colocated(run_dir: Path, port: int) -> Server:
     return server
 
 
-def start_proxy(port: int, **settings: object) -> Server:
+def start_proxy(port: int, log_path: Path | None = None, **settings: object) -> Server:
+    """A proxy on `port` with `settings`; its log goes to `log_path` (none if None)."""
     import json
 
     env = {**os.environ, "PDSPEC_PROXY": json.dumps({"port": port, **settings})}
+    log = open(log_path, "wb") if log_path is not None else subprocess.DEVNULL
     process = subprocess.Popen(
         [sys.executable, "-m", "pdspec.cli", "proxy"], env=env, cwd=REPO,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     return Server(process, f"http://127.0.0.1:{port}")
 

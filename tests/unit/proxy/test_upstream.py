@@ -1,4 +1,6 @@
-"""The proxy's HTTP client against a raw asyncio HTTP server that misbehaves on request."""
+"""The proxy's HTTP client against a raw asyncio HTTP server that misbehaves on request,
+on both event loops (tests/unit/proxy/conftest.py): asyncio's and uvloop, which the proxy
+runs on (uvicorn's `auto`), and whose transports differ (a write after a reset raises there)."""
 
 import asyncio
 import socket
@@ -462,3 +464,34 @@ async def test_upgrade_and_unknown_transfer_codings_are_protocol_errors():
                 resp = await UpstreamClient().request(server.origin, "GET", path)
                 await resp.read()
             assert error.value.reason == "protocol_error"
+
+
+async def test_a_new_connection_reset_before_the_request_is_written_is_a_connection_reset(monkeypatch):
+    """A worker being killed completes handshakes from its dying listen queue, then resets
+    them: the reset may be handled before the request is written. Under uvloop (what the
+    proxy runs on) writing to that transport raises RuntimeError; it must be an
+    UpstreamError like any other reset, which the caller retries elsewhere."""
+    from proxy import upstream
+
+    async def reset_at_once(reader, writer):
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.close()
+
+    connect = upstream._OriginPool.connect
+
+    async def connect_then_lose_it(self, loop):
+        connection = await connect(self, loop)
+        await until(lambda: connection.state == upstream.BROKEN)  # the reset handled first
+        return connection
+
+    monkeypatch.setattr(upstream._OriginPool, "connect", connect_then_lose_it)
+    server = await asyncio.start_server(reset_at_once, "127.0.0.1", 0)
+    origin = "http://127.0.0.1:%d" % server.sockets[0].getsockname()[1]
+    client = UpstreamClient()
+    try:
+        with pytest.raises(UpstreamError) as error:
+            await client.request(origin, "POST", "/", b"{}")
+        assert error.value.reason == "connection_reset"
+    finally:
+        client.close()
+        server.close()
