@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import h11
 import pytest
+import uvloop
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -290,7 +291,8 @@ async def client_outcome(chunks: list[bytes], ending: str, consumer: str) -> Out
 
 @pytest.fixture(scope="module")
 def loop():
-    loop = asyncio.new_event_loop()
+    """uvloop's: the loop the proxy runs on (test_upstream.py runs on both)."""
+    loop = uvloop.new_event_loop()
     yield loop
     loop.close()
 
