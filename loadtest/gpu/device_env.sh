@@ -1,6 +1,29 @@
 # Sourced by the device scripts in this folder, from the repository root, after
 # ../shared/tools/gpu-stage installed vLLM 0.33 into /tmp/site on the same warm machine.
 # Usage: source loadtest/gpu/device_env.sh MIN_GPUS
+# DRY_RUN_CPU=1 (a check of a script on this CPU, where a script allows it): only
+# PYTHONPATH, and `one_gpu_pair` gives no GPU arguments.
+# Both ways: PDSPEC_HOME and VLLM_CACHE_ROOT under /tmp unless set (the local models and the
+# compile cache, kept for the next call on a warm machine).
+export PDSPEC_HOME=${PDSPEC_HOME:-/tmp/pdspec-home} VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/pdspec-vllm-cache}
+
+# one_gpu_pair MEMORY_FRACTION [eager]: GPU_ARGS, `pdspec up`'s arguments for a prefill and
+# a decode worker both on GPU 0 with MEMORY_FRACTION of its memory each (`eager`: no CUDA
+# graphs); none on a dry run.
+one_gpu_pair() {
+  GPU_ARGS=()
+  [ -n "${DRY_RUN_CPU:-}" ] && return 0
+  GPU_ARGS=(--prefill.cuda_visible_devices 0 --decode.cuda_visible_devices 0
+    --prefill.gpu_memory_utilization "$1" --decode.gpu_memory_utilization "$1")
+  [ "${2:-}" = eager ] && GPU_ARGS+=(--prefill.enforce_eager --decode.enforce_eager)
+  return 0
+}
+
+if [ -n "${DRY_RUN_CPU:-}" ]; then
+  export PYTHONPATH=$PWD
+  return 0
+fi
+
 export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 # NVLink multicast stays off on the lent machines (a program using it can take the

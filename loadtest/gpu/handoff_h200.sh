@@ -34,8 +34,7 @@ EAGER_ARGS=()
 [ -n "${EAGER:-}" ] && EAGER_ARGS=(--prefill.enforce_eager --decode.enforce_eager)
 EARLY_ARGS=()
 [ -n "${EARLY:-}" ] && EARLY_ARGS=(--proxy.early_decode)
-if [ -n "${DRY_RUN_CPU:-}" ]; then export PYTHONPATH=$PWD; else source loadtest/gpu/device_env.sh 1; fi
-export PDSPEC_HOME=${PDSPEC_HOME:-/tmp/pdspec-home} VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/pdspec-vllm-cache}
+source loadtest/gpu/device_env.sh 1
 RESULTS=/tmp/handoff-results
 rm -rf "$RESULTS" && mkdir -p "$OUT" "$RESULTS"
 proxy=http://127.0.0.1:8000 prefill=http://127.0.0.1:8100 decode=http://127.0.0.1:8200
@@ -43,8 +42,7 @@ model=${MODEL:-Qwen3-8B-dummy}
 input_len=${INPUT_LEN:-4096}
 # STACK (a dry run on the CPU sets it to nothing: the local model pair) picks the stack.
 STACK=${STACK-"--config deploy/profiles/dummy/qwen3-8b-eagle3-1p1d.toml"}
-GPU_ARGS=(--prefill.cuda_visible_devices 0 --decode.cuda_visible_devices 0
-  --prefill.gpu_memory_utilization 0.4 --decode.gpu_memory_utilization 0.4)
+one_gpu_pair 0.4
 [ -z "$STACK" ] && GPU_ARGS=()
 # push, as deploy/profiles/one-gpu-1p1d.toml: on one GPU UCX serves a pull's READ over TCP
 # (the 2026-12-01 runs, KV_TRANSFER=pull: 1.3-1.6 s for a 4,096-token prompt's KV).

@@ -13,16 +13,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/kv-events-out}
-if [ -n "${DRY_RUN_CPU:-}" ]; then
-  export PYTHONPATH=$PWD
-  GPU_ARGS=()
-else
-  source loadtest/gpu/device_env.sh 1
-  GPU_ARGS=(--prefill.cuda_visible_devices 0 --decode.cuda_visible_devices 0
-    --prefill.gpu_memory_utilization 0.1 --decode.gpu_memory_utilization 0.1
-    --prefill.enforce_eager --decode.enforce_eager)
-fi
-export PDSPEC_HOME=${PDSPEC_HOME:-/tmp/pdspec-home} VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/pdspec-vllm-cache}
+source loadtest/gpu/device_env.sh 1
+one_gpu_pair 0.1 eager
 RESULTS=/tmp/kv-events-results
 rm -rf "$RESULTS" && mkdir -p "$OUT" "$RESULTS"
 setsid python3 -m pdspec.cli up --run_dir /tmp/kv-events-run "${GPU_ARGS[@]}" --restart never \

@@ -33,7 +33,6 @@ cd "$(dirname "$0")/../.."
 what=${1:?usage: kv_only_h200.sh profile|bench512|bench2048|dflash512|worker512|worker2048|dflashworker512|dflashworker2048|dflashprofile}
 OUT=${OUT:-/tmp/kv-only-out}
 source loadtest/gpu/device_env.sh 1
-export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/pdspec-vllm-cache}  # kept for the next call on this machine
 mkdir -p "$OUT"
 
 shape=(--target deploy/shapes/qwen3-8b --drafter deploy/shapes/qwen3-8b-eagle3 --dummy --method eagle3 --k 3)

@@ -19,16 +19,14 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/one-gpu-admission-out}
 READY_S=${READY_S:-300}
-if [ -n "${DRY_RUN_CPU:-}" ]; then export PYTHONPATH=$PWD; else source loadtest/gpu/device_env.sh 1; fi
-export PDSPEC_HOME=${PDSPEC_HOME:-/tmp/pdspec-home} VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/pdspec-vllm-cache}
+source loadtest/gpu/device_env.sh 1
 RESULTS=/tmp/one-gpu-admission-results
 rm -rf "$RESULTS" && mkdir -p "$OUT" "$RESULTS"
 admitting=http://127.0.0.1:8000 plain=http://127.0.0.1:8001 prefill=http://127.0.0.1:8100 decode=http://127.0.0.1:8200
 # STACK (a dry run on the CPU sets it to nothing: the local model pair) picks the stack.
 STACK=${STACK-"--config deploy/profiles/dummy/qwen3-8b-eagle3-1p1d.toml"}
-GPU_ARGS=(--prefill.cuda_visible_devices 0 --decode.cuda_visible_devices 0
-  --prefill.gpu_memory_utilization 0.4 --decode.gpu_memory_utilization 0.4
-  --prefill.kv_transfer push --decode.kv_transfer push)
+one_gpu_pair 0.4
+GPU_ARGS+=(--prefill.kv_transfer push --decode.kv_transfer push)
 [ -z "$STACK" ] && GPU_ARGS=()
 INPUT_LEN=${INPUT_LEN:-8192}
 

@@ -25,7 +25,7 @@ OUT=${OUT:-/tmp/phases-out}
 BUDGET=${BUDGET:-540}            # seconds for `pdspec bench`, start to results written
 RUN_ROOT=/tmp/pdspec-phases      # logs (kept for a later call on this machine)
 RESULTS=/tmp/pdspec-phases-results
-if [ -n "${DRY_RUN_CPU:-}" ]; then export PYTHONPATH=$PWD; else source loadtest/gpu/device_env.sh 1; fi
+source loadtest/gpu/device_env.sh 1
 mkdir -p "$OUT" "$RESULTS"
 # A dry run on the CPU sets PROFILES and SET to nothing (the local model pair) and WORKLOAD=cpu-seed.
 PROFILES=${PROFILES-"deploy/profiles/dummy/qwen3-8b-eagle3-1p1d.toml"}

@@ -17,16 +17,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/routing-out}
-if [ -n "${DRY_RUN_CPU:-}" ]; then
-  export PYTHONPATH=$PWD
-  UP_ARGS=""
-else
-  source loadtest/gpu/device_env.sh 1
-  UP_ARGS="--prefill.cuda_visible_devices 0 --decode.cuda_visible_devices 0 \
---prefill.gpu_memory_utilization 0.1 --decode.gpu_memory_utilization 0.1 \
---prefill.enforce_eager --decode.enforce_eager --ready_timeout_s 400 --restart never"
-fi
-export PDSPEC_HOME=${PDSPEC_HOME:-/tmp/pdspec-home} VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/pdspec-vllm-cache}
+source loadtest/gpu/device_env.sh 1
+one_gpu_pair 0.1 eager
+UP_ARGS="${GPU_ARGS[*]}"
+[ -z "${DRY_RUN_CPU:-}" ] && UP_ARGS="$UP_ARGS --ready_timeout_s 400 --restart never"
 mkdir -p "$OUT"
 pack() { cp /tmp/routing-run/logs/*.log "$OUT/" 2>/dev/null; ls -la "$OUT"; }
 trap pack EXIT

@@ -30,3 +30,24 @@ def test_paths_the_script_names_exist(script):
     # "deploy/profiles/dummy/qwen3-8b-$x.toml": a prefix completed at run time
     missing = [p for p in named if not (ROOT / p).exists() and not list(ROOT.glob(p + "*"))]
     assert not missing, missing
+
+
+def gpu_args(*call: str, dry_run: bool) -> list[str]:
+    """GPU_ARGS after `one_gpu_pair *call` (device_env.sh sourced as a dry run, which is
+    all this machine can do, then the dry run switched off or not)."""
+    script = (f"source loadtest/gpu/device_env.sh 1 && DRY_RUN_CPU={'1' if dry_run else ''} && "
+              f"one_gpu_pair {' '.join(call)} && printf '%s\\n' \"${{GPU_ARGS[@]}}\"")  # fmt: skip
+    result = subprocess.run(["bash", "-uc", script], cwd=ROOT, env={"DRY_RUN_CPU": "1", "PATH": "/usr/bin:/bin"},
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split()
+
+
+def test_one_gpu_pair_puts_both_workers_on_gpu_0_and_nothing_on_a_dry_run():
+    assert gpu_args("0.4", dry_run=True) == []
+    assert gpu_args("0.4", dry_run=False) == [
+        "--prefill.cuda_visible_devices", "0", "--decode.cuda_visible_devices", "0",
+        "--prefill.gpu_memory_utilization", "0.4", "--decode.gpu_memory_utilization", "0.4",
+    ]  # fmt: skip
+    eager = gpu_args("0.1", "eager", dry_run=False)
+    assert eager[-2:] == ["--prefill.enforce_eager", "--decode.enforce_eager"] and "0.1" in eager
