@@ -15,8 +15,9 @@ mixed load would measure that). Outcomes:
   or whose decode worker was faulted under it (the reply's X-Pdspec-Decode-Worker names it:
   the fleet runs with `proxy.served_by_headers`; a request without one counts any decode
   fault while it ran);
-- `lost`: a hang, a wrong output, a malformed reply, or an error while the fleet could
-  have served it (prefill failures are retried on the other prefill worker);
+- `lost`: a hang, a wrong output, a malformed reply, the proxy's "Internal proxy error"
+  (an exception it did not expect: never excused by a fault), or an error while the fleet
+  could have served it (prefill failures are retried on the other prefill worker);
 - `left`: clients that went away on purpose.
 Writes `chaos.json`, `chaos.md` and `chaos.png` (requests per second by outcome, the
 faults marked) to `--out`.
@@ -149,6 +150,20 @@ def streamed_text(events: list[str], chat: bool) -> str:
     return "".join(pieces)
 
 
+def error_outcome(status: int, content: bytes) -> str:
+    """`bug` for the proxy's answer to an exception it did not expect (500 with code
+    `internal_server_error`, proxy/app.py): lost whatever the fleet's state, since no
+    worker fault excuses it; any other error status is `error` (`classify` decides)."""
+    if status == 500:
+        try:
+            code = json.loads(content)["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            code = None
+        if code == "internal_server_error":
+            return "bug"
+    return "error"
+
+
 async def one(client: httpx.AsyncClient, url: str, kind: str, body: dict, wanted: str | None, leave: bool) -> Record:
     chat = kind.startswith("chat")
     path = "/v1/chat/completions" if chat else "/v1/completions"
@@ -165,8 +180,8 @@ async def one(client: httpx.AsyncClient, url: str, kind: str, body: dict, wanted
                 decode_worker = response.headers.get("x-pdspec-decode-worker", "")
                 request_id = response.headers.get("x-request-id", "")
                 if response.status_code != 200:
-                    await response.aread()
-                    return done("error", f"HTTP {response.status_code}")
+                    content = await response.aread()
+                    return done(error_outcome(response.status_code, content), f"HTTP {response.status_code}")
                 events = []
                 async for line in response.aiter_lines():
                     if line.startswith("data: "):
@@ -182,7 +197,8 @@ async def one(client: httpx.AsyncClient, url: str, kind: str, body: dict, wanted
             decode_worker = response.headers.get("x-pdspec-decode-worker", "")
             request_id = response.headers.get("x-request-id", "")
             if response.status_code != 200:
-                return done("error", f"HTTP {response.status_code}: {response.text[:120]}")
+                return done(error_outcome(response.status_code, response.content),
+                            f"HTTP {response.status_code}: {response.text[:120]}")  # fmt: skip
             problem, _ = check_whole(response.content, body, chat)
             if problem:
                 return done("malformed", problem)

@@ -1,6 +1,9 @@
 """The chaos soak's classifier: which errors nothing could have served, and which are lost."""
 
-from loadtest.serving.chaos import Fault, Record, classify, fault_recovery, markdown, worker_urls
+import json
+
+from loadtest.serving.chaos import Fault, Record, classify, error_outcome, fault_recovery, markdown, worker_urls
+from proxy.errors import error_body
 
 PROXY_BOTH = [(10.0, {"prefill": 1, "decode": 1})]  # the proxy still counts one of each healthy
 
@@ -38,6 +41,20 @@ def test_a_decode_fault_under_the_request_is_clean_and_one_long_before_is_not():
 def test_a_wrong_output_is_lost_whatever_the_health():
     wrong = Record(10.0, 11.0, "chat", "wrong", "text differs")
     assert classify(wrong, [], [(10.5, {"prefill": 0, "decode": 0})]) == "lost"
+
+
+def test_the_proxys_internal_error_is_a_bug_lost_whatever_the_health():
+    """proxy/app.py answers an exception it did not expect with a 500 of this body."""
+    internal = json.dumps(error_body(500, "Internal proxy error.")).encode()
+    assert error_outcome(500, internal) == "bug"
+    bug = Record(10.0, 11.0, "completions", "bug", "HTTP 500")
+    assert classify(bug, [], [(10.5, {"prefill": 0, "decode": 0})]) == "lost"
+    # A worker's failure relayed as 502/503/504, or a 500 without that code: an error
+    # that the fleet's state may excuse.
+    for status in (502, 503, 504):
+        assert error_outcome(status, json.dumps(error_body(status, "prefill worker failed")).encode()) == "error"
+    assert error_outcome(500, b"not json") == "error"
+    assert error_outcome(500, json.dumps(error_body(500, "x", code="other")).encode()) == "error"
 
 
 def test_a_fault_is_recovered_when_its_worker_answers_and_the_pool_is_whole_again():
