@@ -180,7 +180,7 @@ def wait_for_alerts(prometheus, expected: dict[str, list[dict]], timeout_s: floa
 def test_faults_fire_their_alerts(stack, client, prometheus, tmp_path):
     watched = {"PdspecPrefillDraftingWithAutoPolicy", "PdspecDecodeOnlyFallback", "PdspecNoHealthyWorker",
                "PdspecProxyErrors", "PdspecTargetDown", "PdspecPrefillKvExpired", "PdspecPrefillDraftsAlways",
-               "PdspecPrefillKvOnlyPassOff"}
+               "PdspecPrefillKvOnlyPassOff", "PdspecProxyInternalError"}
     assert not watched & set(prometheus.api.firing()), prometheus.api.firing()
 
     host = lambda url: url.removeprefix("http://")  # noqa: E731

@@ -23,7 +23,7 @@ ROWS = ("K=0 proposals", "Speculative decoding", "P/D hand-off", "Latency and lo
 ALERTS = {
     "PdspecPrefillDraftingWithAutoPolicy", "PdspecDecodeOnlyFallback", "PdspecNixlTransferFailures",
     "PdspecPrefillKvExpired", "PdspecPrefillKvOnlyPassOff", "PdspecDecodeAcceptanceDrop", "PdspecTargetDown", "PdspecNoHealthyWorker",
-    "PdspecProxyErrors", "PdspecPDConfigMismatch", "PdspecPrefillDraftsAlways",
+    "PdspecProxyErrors", "PdspecProxyInternalError", "PdspecPDConfigMismatch", "PdspecPrefillDraftsAlways",
 }  # fmt: skip
 
 
