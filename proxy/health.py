@@ -5,6 +5,10 @@ Each round probes every worker at once (I/O: /health, and /metrics when the work
 `pdspec_worker_info` is due), then applies all results in one synchronous step, so no
 request is routed by a decision half made. A check that timed out while the proxy's own
 event loop was blocked (proxy/loop_lag.py) is not counted either way.
+
+Failure policy: a probe that raises anything but the worker client's own error is a bug
+here, not the worker's answer: logged with its traceback and counted as a failed check;
+the rounds go on whatever one of them raises.
 """
 
 from __future__ import annotations
@@ -64,6 +68,9 @@ class HealthChecker:
                             "not counted", worker.url, self.loop_lag.worst_since(started))  # fmt: skip
                 self.on_discarded()
                 return None
+            ok = False
+        except Exception:  # noqa: BLE001 (not the worker's answer: a bug here, logged, and the check failed)
+            log.exception("health check of %s raised", worker.url)
             ok = False
         # Read its info when it joins, when it answers again after a failed check (it may
         # be another process now, with another config), and every info_interval_s.
@@ -142,6 +149,11 @@ class HealthChecker:
                 log.exception("after a health round")
 
     async def run(self) -> None:
+        """Rounds every `interval_s`, for good: a round that raises is logged and the next
+        one runs (a dead loop would leave every pool as it was, dead workers in it)."""
         while True:
-            await self.check_all()
+            try:
+                await self.check_all()
+            except Exception:  # noqa: BLE001
+                log.exception("health round failed")
             await asyncio.sleep(self.interval_s)
