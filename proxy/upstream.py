@@ -31,9 +31,10 @@ Guarantees (tested against h11 in tests/unit/proxy/test_upstream_h11.py):
 - timeouts: `idle_timeout_s` between bytes (a stream may run as long as it keeps
   talking; time paused for a slow consumer does not count) and an optional total
   `timeout_s` per request.
-Errors are `UpstreamError` with a short `reason` for metrics. A reused idle connection
-that the worker had closed meanwhile is retried once on a new one, before any byte of
-the request could have been processed.
+Errors are `UpstreamError` with a short `reason` for metrics, a connection reset before
+the request was written included (a dying worker resets what its listen queue accepted;
+uvloop's transport would raise on the write). A reused idle connection that the worker had
+closed meanwhile is retried once on a new one, before any byte of it was processed.
 """
 
 from __future__ import annotations
@@ -167,18 +168,16 @@ class UpstreamResponse:
 
     def release(self) -> None:
         """Done with this response: keep the connection if it can serve another."""
-        if self._released:
-            return
-        self._released = True
-        connection = self._connection
-        if self.complete and connection.reusable():
-            self._pool.put(connection)
-        else:
-            connection.close()
+        if not self._released:
+            self._released = True
+            connection = self._connection
+            if self.complete and connection.reusable():
+                self._pool.put(connection)
+            else:
+                connection.close()
 
     def close(self) -> None:
-        """Drop the connection whatever its state (the worker sees its client leave);
-        once released, the connection is no longer this response's to drop."""
+        """Drop the connection whatever its state (the worker sees its client leave), unless released."""
         if not self._released:
             self._released = True
             self._connection.close()
@@ -213,16 +212,11 @@ class _Connection(asyncio.Protocol):
     # --- one exchange ---------------------------------------------------------------------
 
     def send(self, message: bytes, response: UpstreamResponse, deadline: float | None) -> None:
-        if self.state == BROKEN or self.transport.is_closing():
-            # Reset between connecting and this write (a worker being killed completes
-            # handshakes from its listen queue, then resets them): nothing will call
-            # connection_lost again, and uvloop's transport raises on a write.
-            self.state = BROKEN
-            self.response = response
-            response._on_error(UpstreamError("connection_reset", "worker reset the connection before the request"))
+        self.response = response
+        if self.state == BROKEN or self.transport.is_closing():  # reset since connect: no connection_lost to come
+            self._fail(UpstreamError("connection_reset", "worker reset the connection before the request"))
             return
         self.state = SENT
-        self.response = response
         self.bytes_received = 0
         self.head_bytes = 0
         self.head_chunks = []
@@ -417,9 +411,7 @@ class _Connection(asyncio.Protocol):
 
 
 def _earliest(a: float | None, b: float | None) -> float:
-    if a is None:
-        return b
-    return a if b is None or a < b else b
+    return b if a is None else a if b is None or a < b else b
 
 
 def _body_too_large(limit: int) -> UpstreamError:
