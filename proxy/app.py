@@ -81,7 +81,9 @@ class OpenAIEndpoint:
         self.disaggregator = disaggregator
         self.metrics = metrics
         self.tracing = tracing
-        self._requests_by_status: dict[int, object] = {}
+        # The 500 series (the proxy's own "Internal proxy error", alert PdspecProxyInternalError)
+        # exported at 0 from the start: born at 1, `increase` would never see its first one.
+        self._requests_by_status: dict[int, object] = {500: metrics.requests.labels(self.endpoint, "500")}
 
     async def __call__(self, scope, receive, send) -> None:
         started = time.perf_counter()
@@ -116,6 +118,7 @@ class OpenAIEndpoint:
                     self.admission.release()
             except asyncio.CancelledError:
                 if not watch.disconnected:
+                    status = 503  # the proxy shutting down cancelled it: not a bug (500)
                     raise
                 uncancel = getattr(asyncio.current_task(), "uncancel", None)
                 if uncancel is not None:

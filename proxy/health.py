@@ -6,9 +6,9 @@ Each round probes every worker at once (I/O: /health, and /metrics when the work
 request is routed by a decision half made. A check that timed out while the proxy's own
 event loop was blocked (proxy/loop_lag.py) is not counted either way.
 
-Failure policy: a probe that raises anything but the worker client's own error is a bug
-here, not the worker's answer: logged with its traceback and counted as a failed check;
-the rounds go on whatever one of them raises.
+Failure policy: a probe that raises anything but the worker client's own error (its
+/health call, or reading its info) is a bug here, not the worker's answer: logged and
+counted as a failed check of that worker alone; the rounds go on whatever one raises.
 """
 
 from __future__ import annotations
@@ -53,10 +53,26 @@ class HealthChecker:
         self.loop_lag = loop_lag
         self.on_discarded = on_discarded
         self.after_round = after_round  # sees each round's decisions (cache-aware routing's subscriptions)
+        self._raised: set[str] = set()  # workers whose last probe raised (its traceback logged)
 
     async def probe(self, worker: Worker) -> bool | None:
         """True: healthy; False: failed; None: timed out while the proxy's own event loop
-        was blocked for half the timeout or more, which says nothing about the worker."""
+        was blocked for half the timeout or more, which says nothing about the worker. A
+        probe that raises (a bug here, not the worker's answer) is a failed check, logged
+        with its traceback the first time in a row for that worker."""
+        try:
+            ok = await self._probe(worker)
+        except Exception as exc:  # noqa: BLE001
+            if worker.url in self._raised:
+                log.warning("health check of %s raised again: %r", worker.url, exc)
+            else:
+                self._raised.add(worker.url)
+                log.exception("health check of %s raised", worker.url)
+            return False
+        self._raised.discard(worker.url)
+        return ok
+
+    async def _probe(self, worker: Worker) -> bool | None:
         started = time.monotonic()
         try:
             resp = await self.client.request(worker.url, "GET", "/health", timeout_s=self.timeout_s)
@@ -68,9 +84,6 @@ class HealthChecker:
                             "not counted", worker.url, self.loop_lag.worst_since(started))  # fmt: skip
                 self.on_discarded()
                 return None
-            ok = False
-        except Exception:  # noqa: BLE001 (not the worker's answer: a bug here, logged, and the check failed)
-            log.exception("health check of %s raised", worker.url)
             ok = False
         # Read its info when it joins, when it answers again after a failed check (it may
         # be another process now, with another config), and every info_interval_s.

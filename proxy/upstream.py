@@ -31,10 +31,11 @@ Guarantees (tested against h11 in tests/unit/proxy/test_upstream_h11.py):
 - timeouts: `idle_timeout_s` between bytes (a stream may run as long as it keeps
   talking; time paused for a slow consumer does not count) and an optional total
   `timeout_s` per request.
-Errors are `UpstreamError` with a short `reason` for metrics, a connection reset before
-the request was written included (a dying worker resets what its listen queue accepted;
-uvloop's transport would raise on the write). A reused idle connection that the worker had
-closed meanwhile is retried once on a new one, before any byte of it was processed.
+Errors are `UpstreamError` (proxy/upstream_errors.py) with a short `reason` for metrics,
+a connection reset before the request was written included (a dying worker resets what its
+listen queue accepted; uvloop's transport would raise on the write), and `on_sent` is not
+called then. A reused idle connection that the worker had closed meanwhile is retried once
+on a new one, before any byte of the request could have been processed.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from proxy.upstream_errors import ExtraBytes, UpstreamError, body_too_large, empty_line, headers_too_large
+
 # Stop reading from a worker while this much of its body waits for a slow streaming
 # consumer; resume once it is down to half.
 _HIGH_WATER = 256 * 1024
@@ -58,19 +61,6 @@ _HEAD_END = re.compile(rb"\r?\n\r?\n")  # the empty line that ends a head (llhtt
 IDLE, SENT, BODY, DONE, BROKEN = range(5)
 # Body consumers.
 _UNREAD, _READ, _STREAM = range(3)
-
-
-class UpstreamError(Exception):
-    """A worker call failed: `reason` is one of connect_error, timeout, connection_reset,
-    protocol_error, headers_too_large, body_too_large."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class _ExtraBytes(Exception):
-    """Raised from a parser callback: a second message began after the reply."""
 
 
 class UpstreamResponse:
@@ -99,7 +89,7 @@ class UpstreamResponse:
         self._buffered += len(data)
         if self._consumer == _READ:
             if self._buffered > self._pool.max_body_bytes:
-                raise _body_too_large(self._pool.max_body_bytes)
+                raise body_too_large(self._pool.max_body_bytes)
         elif self._buffered > _HIGH_WATER:  # a streaming consumer behind, or none yet
             self._connection.pause_reading()
         self._wake()
@@ -138,7 +128,7 @@ class UpstreamResponse:
         self._consumer = _READ
         if self._buffered > self._pool.max_body_bytes:
             self.close()
-            raise _body_too_large(self._pool.max_body_bytes)
+            raise body_too_large(self._pool.max_body_bytes)
         self._connection.resume_reading()
         while not self.complete:
             await self._wait()
@@ -177,7 +167,8 @@ class UpstreamResponse:
                 connection.close()
 
     def close(self) -> None:
-        """Drop the connection whatever its state (the worker sees its client leave), unless released."""
+        """Drop the connection whatever its state (the worker sees its client leave);
+        once released, the connection is no longer this response's to drop."""
         if not self._released:
             self._released = True
             self._connection.close()
@@ -211,12 +202,15 @@ class _Connection(asyncio.Protocol):
 
     # --- one exchange ---------------------------------------------------------------------
 
-    def send(self, message: bytes, response: UpstreamResponse, deadline: float | None) -> None:
-        self.response = response
-        if self.state == BROKEN or self.transport.is_closing():  # reset since connect: no connection_lost to come
-            self._fail(UpstreamError("connection_reset", "worker reset the connection before the request"))
-            return
+    def send(self, message: bytes, response: UpstreamResponse, deadline: float | None) -> bool:
+        """Writes the request for `response`; False, writing nothing, if the connection was
+        reset or is closing since it was made or pooled (its connection_lost has come or is
+        due: uvloop's transport would raise on the write, asyncio's would drop it)."""
+        if self.state == BROKEN or self.transport.is_closing():
+            self.close()
+            return False
         self.state = SENT
+        self.response = response
         self.bytes_received = 0
         self.head_bytes = 0
         self.head_chunks = []
@@ -230,6 +224,7 @@ class _Connection(asyncio.Protocol):
         if idle is not None or deadline is not None:
             self.timer = self.loop.call_at(_earliest(now + idle if idle is not None else None, deadline), self._on_timer)
         self.transport.write(message)
+        return True
 
     def reusable(self) -> bool:
         return self.state == DONE and self.keep_alive and not self.paused
@@ -249,7 +244,7 @@ class _Connection(asyncio.Protocol):
         if state == SENT:
             # A status line is due (first, and after an interim reply): llhttp skips CR/LF, h11 refuses it.
             if self.await_status_line and data[0] in b"\r\n":
-                self._fail(_empty_line())
+                self._fail(empty_line())
                 return
             self.await_status_line = False
             self.head_chunks.append(data)
@@ -280,7 +275,7 @@ class _Connection(asyncio.Protocol):
                 self._fail(UpstreamError("protocol_error", f"bad HTTP from worker: {exc}"))
             return
         if self.state == SENT and self.bytes_received > self.pool.max_header_bytes:
-            self._fail(_headers_too_large(self.pool.max_header_bytes))
+            self._fail(headers_too_large(self.pool.max_header_bytes))
 
     def connection_lost(self, exc: Exception | None) -> None:
         state = self.state
@@ -297,7 +292,7 @@ class _Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         if self.state == DONE:
-            raise _ExtraBytes
+            raise ExtraBytes
 
     def _after_interim(self) -> None:
         """An interim reply's head is complete: the final status line must follow at once, as
@@ -310,12 +305,12 @@ class _Connection(asyncio.Protocol):
         if self.interim_offset == len(received):
             self.await_status_line = True  # what follows comes in the next segment
         elif received[self.interim_offset] in b"\r\n":
-            raise _empty_line()
+            raise empty_line()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.head_bytes += len(name) + len(value) + 4
         if self.head_bytes > self.pool.max_header_bytes:
-            raise _headers_too_large(self.pool.max_header_bytes)
+            raise headers_too_large(self.pool.max_header_bytes)
         self.response.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
@@ -411,19 +406,9 @@ class _Connection(asyncio.Protocol):
 
 
 def _earliest(a: float | None, b: float | None) -> float:
-    return b if a is None else a if b is None or a < b else b
-
-
-def _body_too_large(limit: int) -> UpstreamError:
-    return UpstreamError("body_too_large", f"worker reply over {limit} bytes")
-
-
-def _empty_line() -> UpstreamError:
-    return UpstreamError("protocol_error", "worker reply has an empty line where a status line belongs")
-
-
-def _headers_too_large(limit: int) -> UpstreamError:
-    return UpstreamError("headers_too_large", f"worker reply head over {limit} bytes")
+    if a is None:
+        return b
+    return a if b is None or a < b else b
 
 
 class _OriginPool:
@@ -528,7 +513,13 @@ class UpstreamClient:
             if connection is None:
                 connection = await pool.connect(loop)
             response = UpstreamResponse(connection, pool)
-            connection.send(message, response, deadline)
+            if not connection.send(message, response, deadline):
+                # Reset before anything was written (a dying worker resets what its listen
+                # queue accepted): nothing reached the worker; a pooled one is replaced once.
+                if reused:
+                    connection, reused = None, False
+                    continue
+                raise UpstreamError("connection_reset", "worker reset the connection before the request")
             if on_sent is not None:
                 on_sent()
             try:

@@ -180,6 +180,8 @@ def start_proxy(port: int, log_path: Path | None = None, **settings: object) -> 
         [sys.executable, "-m", "pdspec.cli", "proxy"], env=env, cwd=REPO,
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
+    if log_path is not None:
+        log.close()  # the child has its own copy
     return Server(process, f"http://127.0.0.1:{port}")
 
 

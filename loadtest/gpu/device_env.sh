@@ -1,25 +1,29 @@
 # Sourced by the device scripts in this folder, from the repository root, after
 # ../shared/tools/gpu-stage installed vLLM 0.33 into /tmp/site on the same warm machine.
-# Usage: source loadtest/gpu/device_env.sh MIN_GPUS
-# DRY_RUN_CPU=1 (a check of a script on this CPU, where a script allows it): only
-# PYTHONPATH, and `one_gpu_pair` gives no GPU arguments.
+# Usage: source loadtest/gpu/device_env.sh MIN_GPUS [dry-run-ok]
+# A script that can run on this CPU as a check of itself passes `dry-run-ok`; then
+# DRY_RUN_CPU=1 sets only PYTHONPATH, and `one_gpu_pair` gives no GPU arguments. Elsewhere
+# DRY_RUN_CPU is ignored (a stray one must not skip the GPU check).
 # Both ways: PDSPEC_HOME and VLLM_CACHE_ROOT under /tmp unless set (the local models and the
 # compile cache, kept for the next call on a warm machine).
 export PDSPEC_HOME=${PDSPEC_HOME:-/tmp/pdspec-home} VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/pdspec-vllm-cache}
+
+DRY_RUN=
+[ -n "${DRY_RUN_CPU:-}" ] && [ "${2:-}" = dry-run-ok ] && DRY_RUN=1
 
 # one_gpu_pair MEMORY_FRACTION [eager]: GPU_ARGS, `pdspec up`'s arguments for a prefill and
 # a decode worker both on GPU 0 with MEMORY_FRACTION of its memory each (`eager`: no CUDA
 # graphs); none on a dry run.
 one_gpu_pair() {
   GPU_ARGS=()
-  [ -n "${DRY_RUN_CPU:-}" ] && return 0
+  [ -n "$DRY_RUN" ] && return 0
   GPU_ARGS=(--prefill.cuda_visible_devices 0 --decode.cuda_visible_devices 0
     --prefill.gpu_memory_utilization "$1" --decode.gpu_memory_utilization "$1")
   [ "${2:-}" = eager ] && GPU_ARGS+=(--prefill.enforce_eager --decode.enforce_eager)
   return 0
 }
 
-if [ -n "${DRY_RUN_CPU:-}" ]; then
+if [ -n "$DRY_RUN" ]; then
   export PYTHONPATH=$PWD
   return 0
 fi

@@ -21,6 +21,7 @@
 # and a second proxy without it, on port 8001 in front of the same workers, is timed in the
 # probe's loop (`other_proxy_ttft_ms`) and swept last, time allowing (label 1p1d-usual).
 # Everything comes back in $OUT/handoff.tar.gz, with up-log.txt and the probe's JSON.
+# DRY_RUN_CPU=1 with STACK=: on this CPU with the local model pair (a check of the script).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/handoff-out}
@@ -34,7 +35,7 @@ EAGER_ARGS=()
 [ -n "${EAGER:-}" ] && EAGER_ARGS=(--prefill.enforce_eager --decode.enforce_eager)
 EARLY_ARGS=()
 [ -n "${EARLY:-}" ] && EARLY_ARGS=(--proxy.early_decode)
-source loadtest/gpu/device_env.sh 1
+source loadtest/gpu/device_env.sh 1 dry-run-ok
 RESULTS=/tmp/handoff-results
 rm -rf "$RESULTS" && mkdir -p "$OUT" "$RESULTS"
 proxy=http://127.0.0.1:8000 prefill=http://127.0.0.1:8100 decode=http://127.0.0.1:8200

@@ -10,10 +10,11 @@
 # took about 2 minutes to start there on 2026-12-03; the 2P2D fleet of routing_h200.sh
 # took 8), then loadtest.kv_events_check: 4 fresh 1,000-token prompts through the proxy,
 # both workers' events replayed into the proxy's own index. $OUT/kv_events.json and the logs.
+# DRY_RUN_CPU=1: the same on this CPU, without GPU arguments (a check of the script).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/kv-events-out}
-source loadtest/gpu/device_env.sh 1
+source loadtest/gpu/device_env.sh 1 dry-run-ok
 one_gpu_pair 0.1 eager
 RESULTS=/tmp/kv-events-results
 rm -rf "$RESULTS" && mkdir -p "$OUT" "$RESULTS"

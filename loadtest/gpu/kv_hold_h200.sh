@@ -9,11 +9,12 @@
 # `pdspec up` with the local model pair, 1P1D on GPU 0 at 10% each, eager, then
 # loadtest.kv_hold_cpu (4 held prompts of 960 tokens), then one request through the proxy.
 # $OUT/kv_hold-<poll>.json and the logs.
+# DRY_RUN_CPU=1: the same on this CPU, without GPU arguments (a check of the script).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/kv-hold-out}
 POLL=${HOLD_POLL_S:-0.5}
-source loadtest/gpu/device_env.sh 1
+source loadtest/gpu/device_env.sh 1 dry-run-ok
 one_gpu_pair 0.1 eager
 RESULTS=/tmp/kv-hold-results
 rm -rf "$RESULTS" && mkdir -p "$OUT" "$RESULTS"

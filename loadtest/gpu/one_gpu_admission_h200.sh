@@ -15,11 +15,12 @@
 # requests completed and failed (by status), and the proxies' own counters (prefill leg
 # failures, KV-room waits). Everything comes back in $OUT: up-log.txt, the two serve_bench
 # folders, the workers' and proxies' metrics, the worker logs (one-gpu-admission.tar.gz).
+# DRY_RUN_CPU=1 with STACK=: on this CPU with the local model pair (a check of the script).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/one-gpu-admission-out}
 READY_S=${READY_S:-300}
-source loadtest/gpu/device_env.sh 1
+source loadtest/gpu/device_env.sh 1 dry-run-ok
 RESULTS=/tmp/one-gpu-admission-results
 rm -rf "$RESULTS" && mkdir -p "$OUT" "$RESULTS"
 admitting=http://127.0.0.1:8000 plain=http://127.0.0.1:8001 prefill=http://127.0.0.1:8100 decode=http://127.0.0.1:8200

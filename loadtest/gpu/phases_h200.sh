@@ -19,13 +19,14 @@
 # call on the same warm machine measures. Admission's queue wait is 300 s (as
 # one_gpu_admission_h200.sh): with the default, legs held past it were refused (503) in
 # the first runs. Everything comes back in $OUT.
+# DRY_RUN_CPU=1 with PROFILES= SET= WORKLOAD=cpu-seed: on this CPU with the local model pair (a check of the script).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/phases-out}
 BUDGET=${BUDGET:-540}            # seconds for `pdspec bench`, start to results written
 RUN_ROOT=/tmp/pdspec-phases      # logs (kept for a later call on this machine)
 RESULTS=/tmp/pdspec-phases-results
-source loadtest/gpu/device_env.sh 1
+source loadtest/gpu/device_env.sh 1 dry-run-ok
 mkdir -p "$OUT" "$RESULTS"
 # A dry run on the CPU sets PROFILES and SET to nothing (the local model pair) and WORKLOAD=cpu-seed.
 PROFILES=${PROFILES-"deploy/profiles/dummy/qwen3-8b-eagle3-1p1d.toml"}

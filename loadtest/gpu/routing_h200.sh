@@ -17,10 +17,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/routing-out}
-source loadtest/gpu/device_env.sh 1
+source loadtest/gpu/device_env.sh 1 dry-run-ok
 one_gpu_pair 0.1 eager
 UP_ARGS="${GPU_ARGS[*]}"
-[ -z "${DRY_RUN_CPU:-}" ] && UP_ARGS="$UP_ARGS --ready_timeout_s 400 --restart never"
+[ -z "$DRY_RUN" ] && UP_ARGS="$UP_ARGS --ready_timeout_s 400 --restart never"
 mkdir -p "$OUT"
 pack() { cp /tmp/routing-run/logs/*.log "$OUT/" 2>/dev/null; ls -la "$OUT"; }
 trap pack EXIT

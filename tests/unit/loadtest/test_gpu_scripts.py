@@ -34,8 +34,8 @@ def test_paths_the_script_names_exist(script):
 
 def gpu_args(*call: str, dry_run: bool) -> list[str]:
     """GPU_ARGS after `one_gpu_pair *call` (device_env.sh sourced as a dry run, which is
-    all this machine can do, then the dry run switched off or not)."""
-    script = (f"source loadtest/gpu/device_env.sh 1 && DRY_RUN_CPU={'1' if dry_run else ''} && "
+    all this machine can do, then the dry run left on or switched off)."""
+    script = (f"source loadtest/gpu/device_env.sh 1 dry-run-ok && DRY_RUN={'1' if dry_run else ''} && "
               f"one_gpu_pair {' '.join(call)} && printf '%s\\n' \"${{GPU_ARGS[@]}}\"")  # fmt: skip
     result = subprocess.run(["bash", "-uc", script], cwd=ROOT, env={"DRY_RUN_CPU": "1", "PATH": "/usr/bin:/bin"},
                             capture_output=True, text=True)  # fmt: skip
@@ -51,3 +51,23 @@ def test_one_gpu_pair_puts_both_workers_on_gpu_0_and_nothing_on_a_dry_run():
     ]  # fmt: skip
     eager = gpu_args("0.1", "eager", dry_run=False)
     assert eager[-2:] == ["--prefill.enforce_eager", "--decode.enforce_eager"] and "0.1" in eager
+
+
+def test_a_stray_dry_run_cpu_does_not_skip_the_gpu_check_of_a_script_without_a_dry_run():
+    """Sourced without `dry-run-ok`, device_env.sh checks for vLLM and GPUs whatever
+    DRY_RUN_CPU says: here, with neither, it stops the script."""
+    def source(*args: str) -> subprocess.CompletedProcess:
+        script = f"source loadtest/gpu/device_env.sh {' '.join(args)} && echo past-the-check"
+        env = {"DRY_RUN_CPU": "1", "PATH": "/usr/bin:/bin"}
+        return subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
+
+    stray = source("1")
+    assert stray.returncode != 0 and "past-the-check" not in stray.stdout
+    dry = source("1", "dry-run-ok")
+    assert dry.returncode == 0 and "past-the-check" in dry.stdout
+
+
+def test_the_scripts_that_say_they_have_a_dry_run_ask_device_env_for_it():
+    says = {s.name for s in SCRIPTS if "DRY_RUN_CPU=1" in s.read_text() and s.name != "device_env.sh"}
+    asks = {s.name for s in SCRIPTS if "device_env.sh 1 dry-run-ok" in s.read_text()}
+    assert says == asks and len(asks) >= 5

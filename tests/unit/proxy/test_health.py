@@ -11,21 +11,22 @@ from proxy.upstream import UpstreamError
 
 class Response:
     status = 200
+    headers: dict = {}
 
     async def read(self) -> bytes:
         return b""
 
 
 class Client:
-    """Answers /health 200, except for the workers in `broken` (raises RuntimeError) and
-    `down` (a connect error); counts the calls."""
+    """Answers 200 with an empty body, except for the workers in `broken` (raises
+    RuntimeError on `broken_path`, any path by default) and `down` (a connect error)."""
 
-    def __init__(self, broken=(), down=()):
-        self.broken, self.down, self.calls = set(broken), set(down), 0
+    def __init__(self, broken=(), down=(), broken_path=None):
+        self.broken, self.down, self.broken_path, self.calls = set(broken), set(down), broken_path, 0
 
     async def request(self, origin, method, path, body=None, headers=None, timeout_s=None, on_sent=None):
         self.calls += 1
-        if origin in self.broken:
+        if origin in self.broken and self.broken_path in (None, path):
             raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
         if origin in self.down:
             raise UpstreamError("connect_error", "refused")
@@ -50,6 +51,19 @@ async def test_a_probe_that_raises_unexpectedly_fails_that_worker_only():
     for _ in range(2):
         await checker.check_all()
     assert not broken.healthy and fine.healthy
+
+
+async def test_reading_one_workers_info_that_raises_fails_that_worker_only():
+    """Its info is read after a good /health (here: due for both); the read raising must
+    not take the round, and every other worker's check, with it."""
+    pool = checked_pool()
+    broken, fine = pool.workers
+    for worker in pool.workers:
+        worker.info_read_at = None
+    checker = HealthChecker(Client(broken=[broken.url], broken_path="/metrics"), [pool], interval_s=1, timeout_s=1,
+                            eject_after=1, readmit_after=1)  # fmt: skip
+    await checker.check_all()
+    assert not broken.healthy and fine.healthy and fine.info_read_at is not None
 
 
 async def test_the_rounds_go_on_after_a_round_that_raised(monkeypatch):

@@ -44,3 +44,11 @@ def test_queued_gauge_counts_requests_waiting_for_a_slot():
         for thread in threads:
             thread.join()
         assert sample(httpx.get(c.url + "/metrics").text, "pdspec_proxy_queued_requests") == 0
+
+
+def test_every_endpoint_exports_its_500_count_at_zero_from_the_start():
+    """Alert PdspecProxyInternalError takes `increase` of it: a series born at 1 would never fire."""
+    with Cluster() as c:
+        metrics = httpx.get(c.url + "/metrics").text
+    for endpoint in ("completions", "chat", "responses", "messages"):
+        assert sample(metrics, f'pdspec_proxy_requests_total{{endpoint="{endpoint}",status="500"}}') == 0

@@ -487,11 +487,28 @@ async def test_a_new_connection_reset_before_the_request_is_written_is_a_connect
     monkeypatch.setattr(upstream._OriginPool, "connect", connect_then_lose_it)
     server = await asyncio.start_server(reset_at_once, "127.0.0.1", 0)
     origin = "http://127.0.0.1:%d" % server.sockets[0].getsockname()[1]
-    client = UpstreamClient()
+    client = UpstreamClient(idle_timeout_s=5)  # a regression on asyncio's loop waits for it
+    sent = []
     try:
         with pytest.raises(UpstreamError) as error:
-            await client.request(origin, "POST", "/", b"{}")
+            await client.request(origin, "POST", "/", b"{}", on_sent=lambda: sent.append(1))
         assert error.value.reason == "connection_reset"
+        assert not sent  # nothing went on the wire: a decode leg's KV was not handed over
     finally:
         client.close()
         server.close()
+
+
+async def test_a_pooled_connection_found_closing_is_replaced_before_anything_is_written():
+    """Taken from the pool after its transport began closing, before its connection_lost
+    ran: the request goes out on a new connection, once, as for any idle connection the
+    worker closed (it used to fail: the old connection's byte count said it had answered)."""
+    async with Server(echo) as server:
+        client = UpstreamClient(idle_timeout_s=5)
+        assert await (await client.request(server.origin, "POST", "/", b"{}")).read() == b'{"got":2}'
+        (pooled,) = client._pool(server.origin).idle
+        pooled.transport.close()  # closing now; connection_lost comes at the loop's next turn
+        resp = await client.request(server.origin, "POST", "/", b"{}")
+        assert await resp.read() == b'{"got":2}'
+        assert server.connections == 2 and len(server.requests) == 2
+        client.close()
