@@ -1,6 +1,6 @@
-"""The proxy's hand-off histogram and queue gauge, against stand-in workers (the
-dashboard's hand-off and queue panels read them; tests/e2e/test_observability.py reads
-them from a real stack)."""
+"""The proxy's hand-off histogram, queue gauge and request counts by status, against
+stand-in workers (the dashboard's panels and the alerts read them;
+tests/e2e/test_observability.py reads them from a real stack)."""
 
 import threading
 import time
@@ -52,3 +52,51 @@ def test_every_endpoint_exports_its_500_count_at_zero_from_the_start():
         metrics = httpx.get(c.url + "/metrics").text
     for endpoint in ("completions", "chat", "responses", "messages"):
         assert sample(metrics, f'pdspec_proxy_requests_total{{endpoint="{endpoint}",status="500"}}') == 0
+
+
+async def test_a_request_cancelled_by_the_proxys_own_shutdown_counts_503_not_500():
+    """uvicorn cancels the requests still running when its graceful shutdown ends: not an
+    "Internal proxy error" (500, alert PdspecProxyInternalError), nor a client that left (499)."""
+    import asyncio
+    import json
+
+    from pdspec.settings import ProxySettings
+    from proxy.admission import Admission
+    from proxy.apis import COMPLETIONS
+    from proxy.app import OpenAIEndpoint
+    from proxy.auth import ApiKeys
+    from proxy.limits import ModelLimits
+    from proxy.metrics import ProxyMetrics
+    from proxy.tracing import Tracing
+
+    serving = asyncio.Event()
+
+    class Hanging:  # the legs of a request the shutdown catches mid-way
+        async def serve(self, api, body, request_id, trace):
+            serving.set()
+            await asyncio.Event().wait()
+
+    limits = ModelLimits(None, None, {})
+    limits.known = True
+    metrics = ProxyMetrics.create()
+    endpoint = OpenAIEndpoint(COMPLETIONS, ProxySettings(), ApiKeys([]), Admission(4, 4, 5.0, 1), limits, Hanging(),
+                              metrics, Tracing(None))  # fmt: skip
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions",
+             "headers": [(b"content-type", b"application/json")]}  # fmt: skip
+    messages = [{"type": "http.request", "body": json.dumps(BODY).encode(), "more_body": False}]
+
+    async def receive():
+        if messages:
+            return messages.pop()
+        await asyncio.Event().wait()  # the client stays
+
+    async def send(message):
+        pass
+
+    task = asyncio.ensure_future(endpoint(scope, receive, send))
+    await asyncio.wait_for(serving.wait(), 5)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    count = lambda status: metrics.registry.get_sample_value(  # noqa: E731
+        "pdspec_proxy_requests_total", {"endpoint": "completions", "status": status})
+    assert count("503") == 1 and count("500") == 0 and count("499") is None
