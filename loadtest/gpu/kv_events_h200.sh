@@ -10,7 +10,7 @@
 # took about 2 minutes to start there on 2026-12-03; the 2P2D fleet of routing_h200.sh
 # took 8), then loadtest.kv_events_check: 4 fresh 1,000-token prompts through the proxy,
 # both workers' events replayed into the proxy's own index. $OUT/kv_events.json and the logs.
-# DRY_RUN_CPU=1: the same on this CPU, without GPU arguments (a check of the script).
+# DRY_RUN_CPU=1 (with the venv on PATH): the same on this CPU, without GPU arguments (a check of the script).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/kv-events-out}

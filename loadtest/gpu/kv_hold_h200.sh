@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # kv_hold_wait on vLLM 0.33: is it on, and what does a prefill worker holding KV for a
-# read cost in CPU, with it (HOLD_POLL_S=0.5, the default) and without (HOLD_POLL_S=0)?
+# read cost in CPU, with it (HOLD_POLL_S=0.2, the default) and without (HOLD_POLL_S=0)?
 # On the lent H200 (kind nvidia-h200), one device call per setting, after
 # ../shared/tools/gpu-stage installed vLLM 0.33 into /tmp/site on the same warm machine:
 #
-#   HOLD_POLL_S=0.5 bash loadtest/gpu/kv_hold_h200.sh
+#   HOLD_POLL_S=0.2 bash loadtest/gpu/kv_hold_h200.sh
 #
 # `pdspec up` with the local model pair, 1P1D on GPU 0 at 10% each, eager, then
 # loadtest.kv_hold_cpu (4 held prompts of 960 tokens), then one request through the proxy.
 # $OUT/kv_hold-<poll>.json and the logs.
-# DRY_RUN_CPU=1: the same on this CPU, without GPU arguments (a check of the script).
+# DRY_RUN_CPU=1 (with the venv on PATH): the same on this CPU, without GPU arguments (a check of the script).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/kv-hold-out}
-POLL=${HOLD_POLL_S:-0.5}
+POLL=${HOLD_POLL_S:-0.2}
 source loadtest/gpu/device_env.sh 1 dry-run-ok
 one_gpu_pair 0.1 eager
 RESULTS=/tmp/kv-hold-results
