@@ -158,13 +158,14 @@ class UpstreamResponse:
 
     def release(self) -> None:
         """Done with this response: keep the connection if it can serve another."""
-        if not self._released:
-            self._released = True
-            connection = self._connection
-            if self.complete and connection.reusable():
-                self._pool.put(connection)
-            else:
-                connection.close()
+        if self._released:
+            return
+        self._released = True
+        connection = self._connection
+        if self.complete and connection.reusable():
+            self._pool.put(connection)
+        else:
+            connection.close()
 
     def close(self) -> None:
         """Drop the connection whatever its state (the worker sees its client leave);
