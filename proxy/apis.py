@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 from proxy import legs, messages, responses
-from proxy.errors import sse_error_event
+from proxy.errors import anthropic_error_body, error_body, sse_error_event
 from proxy.limits import LIMITED_FIELDS
 from proxy.messages_stream import MessagesStream
 from proxy.responses_stream import PREAMBLE_EVENTS, ResponsesStream
@@ -69,6 +69,8 @@ class Api:
     render_body: Callable[[Body], Body] | None = None
     preamble_events: int = 0  # stream events a decode worker sends before it reads the KV
     prepare: Callable[[Body, str], None] | None = None  # (body, request id), after validation
+    # The body of an error the proxy answers on this endpoint (proxy/errors.py).
+    error_body: Callable[..., dict] = error_body
 
 
 COMPLETIONS = Api(
@@ -83,25 +85,26 @@ CHAT = Api(
     lambda body, params: legs.release_body(body, True, params),
     legs.decode_only_reason, cached_tokens_of, patch_body, chat=True,
 )  # fmt: skip
-# No fan-out (the API has no `n`), no context check (vLLM caps `max_output_tokens` at what
-# the context leaves instead of refusing it). Its token ids come from the worker's
+# No fan-out (the API has no `n`); the context check on `max_output_tokens` (vLLM refuses
+# one beyond `max_model_len` and caps one up to it at what the prompt leaves). Its token ids come from the worker's
 # `/v1/responses/render`: its `input` items and `instructions` render through vLLM's
 # Responses renderer, which /tokenize does not offer.
 RESPONSES = Api(
     "responses", "/v1/responses", validate_responses, responses.prefill_body, responses.responses_decode_body,
     responses.release_body, responses.decode_only_reason, responses_cached_tokens_of, patch_responses_body,
-    stream=_responses_stream, fans_out=False, limit_fields=(), render_path="/v1/responses/render",
+    stream=_responses_stream, fans_out=False, limit_fields=("max_output_tokens",), render_path="/v1/responses/render",
     render_body=responses.render_body, preamble_events=PREAMBLE_EVENTS, prepare=responses.with_request_id,
 )  # fmt: skip
 
 # Anthropic's Messages: no fan-out (no `n`), the context check on its `max_tokens` (vLLM's
-# chat serving refuses one beyond the context). Its token ids come from the worker's
+# chat serving refuses one beyond the context), the proxy's own errors in Anthropic's format. Its token ids come from the worker's
 # `/v1/messages/render`: its messages and `system` render through vLLM's own conversion to
 # chat, which /tokenize does not offer.
 MESSAGES = Api(
     "messages", "/v1/messages", validate_messages, messages.prefill_body, legs.decode_body, messages.release_body,
     messages.decode_only_reason, messages_cached_tokens_of, patch_messages_body, stream=_messages_stream,
     fans_out=False, limit_fields=("max_tokens",), render_path="/v1/messages/render", render_body=messages.render_body,
+    error_body=anthropic_error_body,
 )  # fmt: skip
 
 APIS = (COMPLETIONS, CHAT, RESPONSES, MESSAGES)

@@ -21,7 +21,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse, Response
+from starlette.datastructures import URL
+from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from pdspec.settings import ProxySettings
 from proxy.admission import Admission
@@ -43,7 +44,7 @@ from proxy.passthrough import add_passthrough_routes
 from proxy.pool import WorkerPool
 from proxy.tracing import NO_TRACE, Tracing
 from proxy.upstream import UpstreamClient
-from proxy.validation import parse_json_object
+from proxy.validation import check_content_type, parse_json_object
 
 log = logging.getLogger("pdspec.proxy")
 
@@ -129,12 +130,13 @@ class OpenAIEndpoint:
         except ProxyError as exc:
             status = exc.status
             if status != 499:  # nobody is left to tell
-                await send_reply(send, Reply.error(exc, request_id))
+                await send_reply(send, Reply.error(exc, request_id, self.api.error_body))
         except Exception:  # a bug: still an OpenAI error (unless the reply began), and the proxy lives on
             log.exception("unexpected error", extra={"request_id": request_id})
             status = 500
             with contextlib.suppress(Exception):
-                await send_reply(send, Reply.error(ProxyError(500, "Internal proxy error."), request_id))
+                await send_reply(send, Reply.error(ProxyError(500, "Internal proxy error."), request_id,
+                                                   self.api.error_body))  # fmt: skip
         finally:
             self.metrics.inflight.set(self.admission.inflight)
             self._count(status)
@@ -166,7 +168,9 @@ class OpenAIEndpoint:
 
 
 class HotPaths:
-    """ASGI: requests for these exact paths go straight to their endpoint."""
+    """ASGI: requests for these exact paths go straight to their endpoint; the same path
+    with a trailing slash is redirected to it (307, the method and body kept), as vLLM's
+    router (Starlette's `redirect_slashes`) answers."""
 
     def __init__(self, app, endpoints: dict[str, OpenAIEndpoint]) -> None:
         self.app = app
@@ -174,10 +178,13 @@ class HotPaths:
 
     async def __call__(self, scope, receive, send) -> None:
         endpoint = self.endpoints.get(scope["path"]) if scope["type"] == "http" else None
-        if endpoint is None:
-            await self.app(scope, receive, send)
-        else:
+        if endpoint is not None:
             await endpoint(scope, receive, send)
+        elif scope["type"] == "http" and scope["path"].endswith("/") and scope["path"][:-1] in self.endpoints:
+            location = URL(scope=scope).replace(path=scope["path"][:-1])
+            await RedirectResponse(str(location), status_code=307)(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
 
 
 class ProxyApp(FastAPI):
@@ -317,6 +324,16 @@ def create_app(settings: ProxySettings) -> ProxyApp:
         """Liveness: the proxy itself answers."""
         return JSONResponse({"status": "ok"})
 
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> Response:
+        """vLLM's liveness route for SageMaker-style checks (an empty 200), as /health."""
+        return Response(status_code=200)
+
+    @app.get("/load")
+    async def load() -> JSONResponse:
+        """vLLM's `/load`: the requests this proxy is serving now (admitted, not queued)."""
+        return JSONResponse({"server_load": admission.inflight})
+
     @app.get("/ready")
     async def ready() -> JSONResponse:
         """Readiness: at least one healthy, admitted prefill and decode worker; the pairing
@@ -390,14 +407,6 @@ def check_choices(body: dict, max_choices: int) -> None:
                               f"serves at most {max_choices} in one request.", param="prompt")  # fmt: skip
     if n > max_choices:
         raise ProxyError(400, f"'n' is {n}; this proxy serves at most {max_choices} choices.", param="n")
-
-
-def check_content_type(content_type: str | None) -> None:
-    """JSON bodies only, as vLLM takes them: with no API keys set, a web page could make
-    a browser POST a form or text/plain body to the proxy without a CORS preflight."""
-    media_type = (content_type or "").lower().split(";", maxsplit=1)[0]
-    if media_type != "application/json":
-        raise ProxyError(400, "Unsupported Media Type: Only 'application/json' is allowed", param="content-type")
 
 
 def request_id_of(scope) -> str:

@@ -55,8 +55,10 @@ class Reply:
     closer: Any = None  # has close(): frees what a stream holds if it is never sent whole
 
     @classmethod
-    def error(cls, exc: ProxyError, request_id: str | None) -> Reply:
-        body = json.dumps(error_body(exc.status, exc.message, exc.param, exc.code)).encode()
+    def error(cls, exc: ProxyError, request_id: str | None, body_of: Callable[..., dict] = error_body) -> Reply:
+        """`exc` as a reply; `body_of(status, message, param, code)` writes its body (OpenAI's
+        format unless the endpoint's API has its own)."""
+        body = json.dumps(body_of(exc.status, exc.message, exc.param, exc.code)).encode()
         headers = dict(exc.headers)
         if request_id:
             headers["X-Request-Id"] = request_id

@@ -6,9 +6,11 @@ piece, so its cost grows with the square of the header's size: one 256 MB header
 blocked the event loop for a minute, long enough for the proxy's own health checks to
 time out and eject every worker. This protocol is uvicorn's, plus, each from
 `ClientLimits` (the settings' `client_*` fields):
-- `max_header_bytes`: the request line and headers together; beyond it, 431 and close;
-  the check runs after every chunk the socket hands over (at most 256 KiB on uvloop), so
-  the parser never holds more than the limit plus one chunk of a head;
+- `max_header_bytes`: the request line and headers together; beyond it, 431 and close.
+  It is checked on every chunk the socket hands over (at most 256 KiB on uvloop) before
+  the parser sees it, up to the head's end (`\r\n\r\n`) when the chunk holds it: a head
+  that arrives whole in one chunk is measured as exactly as one in many, and the parser
+  never holds more of a head than the limit;
 - `head_timeout_s`: from a request's first byte to the end of its head; then 408;
 - `body_timeout_s`: from the end of the head to the end of the body; then 408 (or just
   close, if the app already began its reply);
@@ -51,6 +53,13 @@ def refusal(status: int, message: str) -> bytes:
     ).encode() + body
 
 
+def head_part(tail: bytes, data: bytes) -> int:
+    """How many bytes of `data` belong to a request head whose bytes so far end in `tail`
+    (their last three): all of it, or up to and including the blank line that ends it."""
+    end = (tail + data).find(b"\r\n\r\n")
+    return len(data) if end < 0 else end + 4 - len(tail)
+
+
 def limited_protocol(limits: ClientLimits, on_refusal: Callable[[str], None] = lambda reason: None) -> type:
     """uvicorn's httptools protocol class with `limits` applied (pass as uvicorn's `http`)."""
 
@@ -59,6 +68,7 @@ def limited_protocol(limits: ClientLimits, on_refusal: Callable[[str], None] = l
             super().connection_made(transport)
             self._awaiting_head = True  # no request under way, or one whose head is not complete
             self._head_bytes = 0
+            self._head_tail = b""
             self._phase_timer: asyncio.TimerHandle | None = None
             if len(self.connections) > limits.max_connections:
                 self._refuse(503, f"The proxy holds its maximum of {limits.max_connections} client connections.",
@@ -74,10 +84,15 @@ def limited_protocol(limits: ClientLimits, on_refusal: Callable[[str], None] = l
             if self._awaiting_head:
                 if self._head_bytes == 0:  # a request's first bytes: the head's clock starts
                     self._arm(limits.head_timeout_s, self._head_timeout)
-                self._head_bytes += len(data)
+                    self._head_tail = b""
+                self._head_bytes += head_part(self._head_tail, data)
+                self._head_tail = data[-3:]  # the head's end may straddle two chunks
+                if self._head_bytes > limits.max_header_bytes:
+                    if not self.transport.is_closing():
+                        self._refuse(431, f"Request head is larger than {limits.max_header_bytes} bytes.",
+                                     "header_too_large")
+                    return
             super().data_received(data)
-            if self._awaiting_head and self._head_bytes > limits.max_header_bytes and not self.transport.is_closing():
-                self._refuse(431, f"Request head is larger than {limits.max_header_bytes} bytes.", "header_too_large")
 
         def on_headers_complete(self) -> None:
             self._awaiting_head = False

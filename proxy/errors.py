@@ -1,4 +1,6 @@
-"""Errors in the OpenAI error format: {"error": {"message", "type", "param", "code"}}."""
+"""Errors in the OpenAI error format: {"error": {"message", "type", "param", "code"}}; on
+the Anthropic Messages endpoint in Anthropic's: {"type": "error", "error": {"type",
+"message"}} (`anthropic_error_body`)."""
 
 from __future__ import annotations
 
@@ -48,6 +50,22 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
             "code": code if code is not None else HTTPStatus(status).phrase.lower().replace(" ", "_"),
         }
     }
+
+
+# Anthropic's error types by status (its API reference, "Errors"); 503 is its overload.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error",
+}  # fmt: skip
+
+
+def anthropic_error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    """An error as Anthropic's Messages API writes one (the anthropic client reads its
+    `error.message`). vLLM writes its Messages errors in this frame too, with its own
+    exception names as `type` ("BadRequestError") and OpenAI's frame for a body its request
+    model refuses; Anthropic's own type names are what Anthropic's clients know."""
+    error_type = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": error_type, "message": message}}
 
 
 def error_response(error: ProxyError, headers: dict[str, str] | None = None) -> JSONResponse:

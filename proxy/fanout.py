@@ -120,7 +120,13 @@ async def _events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield pending[6:]
 
 
-async def merge_streams(replies: list[Reply], include_usage: bool, n: int = 1) -> AsyncIterator[bytes]:
+async def merge_streams(
+    replies: list[Reply], include_usage: bool, n: int = 1, continuous_usage: bool = False
+) -> AsyncIterator[bytes]:
+    """The choices' streams as one; with `continuous_usage` (`stream_options.
+    continuous_usage_stats`) each chunk keeps the usage its decode worker put in it, which
+    is its own choice's (that prompt's tokens, that choice's tokens so far), as vLLM's own
+    chunks carry for a request with several choices."""
     queue: asyncio.Queue = asyncio.Queue(maxsize=_QUEUED_EVENTS)
     usages: list[dict | None] = [None] * len(replies)
 
@@ -138,7 +144,8 @@ async def merge_streams(replies: list[Reply], include_usage: bool, n: int = 1) -
                     usages[index] = chunk["usage"]
                     if not chunk.get("choices"):
                         continue  # the closing usage chunk: merged at the end
-                    chunk["usage"] = None
+                    if not continuous_usage:
+                        chunk["usage"] = None
                 for choice in chunk.get("choices") or []:
                     choice["index"] = index
                 await queue.put(b"data: " + orjson.dumps(chunk) + b"\n\n")
@@ -206,9 +213,11 @@ async def fan_out(
             return Reply(200, merge_whole([r.body for r in replies], n), headers=headers)
         except orjson.JSONDecodeError:
             raise ProxyError(502, "decode worker sent a body that is not JSON") from None
-    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    return Reply(200, content_type="text/event-stream", stream=merge_streams(replies, include_usage, n),
-                 headers=headers, closer=FanOutCloser(replies))  # fmt: skip
+    options = body.get("stream_options") or {}
+    include_usage = bool(options.get("include_usage"))
+    continuous_usage = include_usage and bool(options.get("continuous_usage_stats"))
+    stream = merge_streams(replies, include_usage, n, continuous_usage)
+    return Reply(200, content_type="text/event-stream", stream=stream, headers=headers, closer=FanOutCloser(replies))
 
 
 async def _first_failure(choices: list[asyncio.Future]) -> Reply | BaseException | None:

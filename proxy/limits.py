@@ -34,7 +34,9 @@ class ModelLimits:
                 continue
 
     async def check(self, body: dict, fields: tuple[str, ...] = LIMITED_FIELDS) -> None:
-        """`fields` of `body` (the API's: proxy/apis.py) must stay below the model's context."""
+        """`fields` of `body` (the API's: proxy/apis.py) may not exceed the model's context:
+        vLLM refuses a value above `max_model_len` and caps one up to it at what the prompt
+        leaves, so a value equal to the context is served."""
         if not self.known:  # no worker was up when the proxy started
             await self.fetch()
         max_len = self.max_model_len.get(body.get("model"))
@@ -42,7 +44,7 @@ class ModelLimits:
             return
         for field in fields:
             value = body.get(field)
-            if isinstance(value, int) and value >= max_len:
+            if isinstance(value, int) and value > max_len:
                 raise ProxyError(
                     400, f"'{field}' is {value}, but the model's context is {max_len} tokens.", param=field
                 )

@@ -23,6 +23,8 @@ client's (it names where a decode worker pulls KV from).
 
 from __future__ import annotations
 
+import json
+
 from typing import Annotated, Any
 
 import orjson
@@ -89,15 +91,23 @@ _COERCED = ("stream", "max_tokens", "n", "temperature", "seed", "min_tokens", "p
             "top_logprobs", "echo", "max_completion_tokens", "use_beam_search")  # fmt: skip
 
 
+def check_content_type(content_type: str | None) -> None:
+    """JSON bodies only, as vLLM takes them: with no API keys set, a web page could make
+    a browser POST a form or text/plain body to the proxy without a CORS preflight."""
+    media_type = (content_type or "").lower().split(";", maxsplit=1)[0]
+    if media_type != "application/json":
+        raise ProxyError(400, "Unsupported Media Type: Only 'application/json' is allowed", param="content-type")
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """The body as vLLM reads it (FastAPI: Python's `json.loads` on the bytes): UTF-8, or
+    UTF-8 with a byte order mark, UTF-16 or UTF-32 (told apart as `json.detect_encoding`
+    does). Plain UTF-8 is parsed straight from the bytes; only a body orjson refuses is
+    looked at again for another encoding."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ProxyError(400, "Request body is not valid UTF-8.") from None
-    try:
-        body = orjson.loads(text)
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise ProxyError(400, f"Request body is not valid JSON: {exc.msg} at position {exc.pos}.") from None
+        body = _parse_other_encoding(raw, exc)
     if not isinstance(body, dict):
         raise ProxyError(400, "Request body must be a JSON object.")
     # Nesting deeper than the limit needs more opening brackets than the limit: counted in
@@ -105,6 +115,24 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _deeper_than(body, MAX_JSON_DEPTH):
         raise ProxyError(400, f"Request body is nested more than {MAX_JSON_DEPTH} levels deep.")
     return body
+
+
+def _parse_other_encoding(raw: bytes, utf8_error: orjson.JSONDecodeError) -> Any:
+    encoding = json.detect_encoding(raw)
+    if encoding == "utf-8":
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProxyError(400, "Request body is not valid UTF-8.") from None
+        raise ProxyError(400, f"Request body is not valid JSON: {utf8_error.msg} at position {utf8_error.pos}.")
+    try:
+        text = raw.decode(encoding)
+    except UnicodeDecodeError:
+        raise ProxyError(400, f"Request body is not valid {encoding.upper()}.") from None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise ProxyError(400, f"Request body is not valid JSON: {exc.msg} at position {exc.pos}.") from None
 
 
 def _deeper_than(value: Any, limit: int) -> bool:

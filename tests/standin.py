@@ -230,6 +230,10 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
         body = await request.json()
         return JSONResponse({"prompt": bytes(body["tokens"]).decode(errors="replace")})
 
+    @app.get("/version")
+    async def version():
+        return {"version": "standin-0"}
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": "standin", "object": "model"}]}

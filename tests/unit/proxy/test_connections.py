@@ -150,3 +150,46 @@ def test_a_healthy_request_within_the_limits_is_untouched(proxy):
     response = httpx.post(proxy.url + "/v1/completions", json=BODY, headers=headers, timeout=10)
     assert response.status_code == 200
     assert sum(refusals(proxy).values()) == 0
+
+
+@pytest.mark.parametrize("kilobytes", [17, 70])
+def test_a_head_over_the_limit_that_arrives_whole_is_431(proxy, kilobytes):
+    """One write of the whole head: the proxy once counted a head per chunk after parsing
+    it, so a head that came in one chunk was never refused (70 KB against 64 KiB: 200)."""
+    payload = json.dumps(BODY).encode()
+    sock = connect(proxy)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\nX-Big: "
+                 + b"a" * (kilobytes * 1024) + b"\r\ncontent-length: %d\r\n\r\n%s" % (len(payload), payload))
+    status, body = read_reply(sock)
+    assert status == 431 and body["error"]["type"]
+    assert refusals(proxy)["header_too_large"] == 1
+    assert_served(proxy)
+
+
+def test_a_big_body_after_a_head_within_the_limit_is_not_counted_as_head(proxy):
+    """The body's bytes in the head's last chunk, and a head whose blank line straddles two
+    chunks, are not the head's."""
+    prompt = "hello " * 8000  # 48 KB of body, more than the 16 KiB head limit
+    payload = json.dumps({**BODY, "prompt": prompt}).encode()
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n" \
+           b"content-length: %d\r\n\r\n" % len(payload)  # fmt: skip
+    sock = connect(proxy)
+    sock.sendall(head[:-2])
+    time.sleep(0.2)  # a chunk boundary inside the blank line (the client's own pace)
+    sock.sendall(head[-2:] + payload)
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        reply += sock.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+    assert sum(refusals(proxy).values()) == 0
+
+
+@pytest.mark.parametrize(
+    "tail, data, expected",
+    [(b"", b"GET / HTTP/1.1\r\n\r\nbody", 18), (b"", b"partial", 7), (b"\r\n\r", b"\nbody", 1), (b"x\r\n", b"\r\nbody", 2),
+     (b"", b"\r\n\r\n", 4)],
+)  # fmt: skip
+def test_head_part_counts_up_to_the_blank_line(tail, data, expected):
+    from proxy.connections import head_part
+
+    assert head_part(tail, data) == expected

@@ -95,3 +95,29 @@ async def test_a_client_that_reads_nothing_holds_a_bounded_merge():
         await asyncio.sleep(0)
     assert sum(produced) <= _QUEUED_EVENTS + 4
     await merged.aclose()
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+async def test_continuous_usage_stays_on_every_chunk(continuous):
+    """With `continuous_usage_stats` every chunk keeps its own choice's usage, as vLLM's
+    chunks do (the merge once cleared it from all but the closing usage chunk)."""
+
+    async def events(index: int):
+        for done in (1, 2):
+            usage = {"prompt_tokens": 3, "completion_tokens": done, "total_tokens": 3 + done}
+            yield b"data: " + json.dumps({"choices": [{"index": 0, "text": "t"}], "usage": usage}).encode() + b"\n\n"
+        closing = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+        yield b"data: " + json.dumps(closing).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    replies = [Reply(200, stream=events(i)) for i in range(2)]
+    chunks = [json.loads(event[6:]) async for event in merge_streams(replies, True, 2, continuous)
+              if event != b"data: [DONE]\n\n"]  # fmt: skip
+    with_choices = [c for c in chunks if c["choices"]]
+    assert len(with_choices) == 4
+    if continuous:
+        assert all(c["usage"]["prompt_tokens"] == 3 for c in with_choices)
+        assert sorted(c["usage"]["completion_tokens"] for c in with_choices) == [1, 1, 2, 2]
+    else:
+        assert all(c["usage"] is None for c in with_choices)
+    assert chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}

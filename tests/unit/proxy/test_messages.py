@@ -74,7 +74,10 @@ def test_streaming_relays_the_event_lines_and_patches_both_usages():
 def test_what_only_the_decode_leg_would_refuse_is_refused_up_front(body, param):
     with Cluster() as c:
         response = httpx.post(c.url + "/v1/messages", json=body)
-    assert response.status_code == 400 and response.json()["error"]["param"] == param
+    error = response.json()
+    # Anthropic's error format (no `param`): the message names the field.
+    assert response.status_code == 400 and error["type"] == "error", error
+    assert error["error"]["type"] == "invalid_request_error" and param in error["error"]["message"]
     assert c.p1.received == c.p2.received == c.d.received == []
 
 

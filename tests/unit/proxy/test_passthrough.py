@@ -79,3 +79,35 @@ def test_the_workers_scale_out_endpoints_are_not_served(fleet, path):
         assert response.json()["error"] == {"message": f"No route {path}.", "type": "not_found_error",
                                             "param": None, "code": "not_found"}  # fmt: skip
     assert prefill.rendered == decode.rendered == [] and prefill.received == decode.received == []
+
+
+@pytest.mark.parametrize("path", ["/tokenize", "/detokenize"])
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_only_json_bodies_reach_a_worker(fleet, path, content_type):
+    """As vLLM: 400 for any type but application/json (a browser's cross-site simple POST
+    among them); the proxy once forwarded the client's type after its own and the worker
+    answered 200."""
+    url, _, decode = fleet
+    headers = {**KEY, **({"content-type": content_type} if content_type else {})}
+    refused = httpx.post(url + path, content=b'{"model": "m", "prompt": "hi"}', headers=headers)
+    assert refused.status_code == 400 and "application/json" in refused.json()["error"]["message"]
+    assert decode.tokenized == []
+
+
+def test_vllms_small_routes_answer_as_vllm_does(fleet):
+    """/version (a decode worker's), /ping (an empty 200 for GET and POST) and /load (the
+    requests in flight) once answered 404."""
+    url, _, _ = fleet
+    assert httpx.get(url + "/version", headers=KEY).json() == {"version": "standin-0"}
+    for method in ("GET", "POST"):
+        ping = httpx.request(method, url + "/ping")
+        assert ping.status_code == 200 and ping.content == b""
+    assert httpx.get(url + "/load").json() == {"server_load": 0}
+
+
+@pytest.mark.parametrize("path", ["/v1/completions/", "/v1/chat/completions/", "/v1/responses/", "/v1/messages/"])
+def test_a_trailing_slash_is_redirected_with_307(fleet, path):
+    url, _, _ = fleet
+    response = httpx.post(url + path + "?x=1", json={"model": "m"}, headers=KEY, follow_redirects=False)
+    assert response.status_code == 307
+    assert response.headers["location"] == url + path[:-1] + "?x=1"
