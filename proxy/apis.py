@@ -20,7 +20,7 @@ from proxy.limits import LIMITED_FIELDS
 from proxy.messages_stream import MessagesStream
 from proxy.responses_stream import PREAMBLE_EVENTS, ResponsesStream
 from proxy.usage import (
-    cached_tokens_of, messages_cached_tokens_of, patch_body, patch_messages_body, patch_responses_body, patch_stream,
+    cached_tokens_of, messages_cache_of, messages_cached_tokens_of, patch_body, patch_messages_body, patch_responses_body, patch_stream,
     responses_cached_tokens_of,
 )  # fmt: skip
 from proxy.validation import ChatCompletionRequest, CompletionRequest, validate
@@ -54,8 +54,9 @@ class Api:
     decode_body: Callable[[Body, Body | None], Body]
     release_body: Callable[[Body, Body], Body]
     decode_only_reason: Callable[[Body], str | None]
-    cached_tokens_of: Callable[[Body], int | None]
-    patch_body: Callable[[bytes, int | None], bytes]
+    cached_tokens_of: Callable[[Body], int | None]  # the prefill's prefix-cache hits (admission counts them)
+    # (decode body, the prefill's usage counts) -> the body the client gets
+    patch_body: Callable[[bytes, Any], bytes]
     # (decode chunks, cached_tokens) -> (stream for the client, error_event(status, message))
     stream: Callable = _default_stream
     chat: bool = False  # the prompt is `messages` (for routing tokens)
@@ -69,6 +70,8 @@ class Api:
     render_body: Callable[[Body], Body] | None = None
     preamble_events: int = 0  # stream events a decode worker sends before it reads the KV
     prepare: Callable[[Body, str], None] | None = None  # (body, request id), after validation
+    # What patch_body and stream take from the prefill reply; None: cached_tokens_of's number.
+    prefill_usage_of: Callable[[Body], Any] | None = None
     # The body of an error the proxy answers on this endpoint (proxy/errors.py).
     error_body: Callable[..., dict] = error_body
 
@@ -104,7 +107,7 @@ MESSAGES = Api(
     "messages", "/v1/messages", validate_messages, messages.prefill_body, legs.decode_body, messages.release_body,
     messages.decode_only_reason, messages_cached_tokens_of, patch_messages_body, stream=_messages_stream,
     fans_out=False, limit_fields=("max_tokens",), render_path="/v1/messages/render", render_body=messages.render_body,
-    error_body=anthropic_error_body,
+    prefill_usage_of=messages_cache_of, error_body=anthropic_error_body,
 )  # fmt: skip
 
 APIS = (COMPLETIONS, CHAT, RESPONSES, MESSAGES)

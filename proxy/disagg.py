@@ -128,6 +128,7 @@ class Prefilled:
     worker_url: str | None = None  # the prefill worker (None: the decode worker prefills)
     prompt_tokens: int | None = None  # as the prefill reply counted them
     early: EarlyLeg | None = None  # the decode leg sent with the prefill leg (proxy/early_decode.py)
+    usage: Any = None  # what the API's patchers take from the prefill reply (Api.prefill_usage_of)
 
 
 class Disaggregator:
@@ -315,8 +316,9 @@ class Disaggregator:
             raise LegFailed(502, "Prefill worker returned no kv_transfer_params; is it a kv_producer?", "no_kv_params")
         self._check_remote(params, worker)
         worker.kv_source = kv_source(params)
-        return Prefilled(params, api.cached_tokens_of(reply), worker_url=worker.url,
-                         prompt_tokens=reply_prompt_tokens(reply))
+        cached = api.cached_tokens_of(reply)
+        usage = cached if api.prefill_usage_of is None else api.prefill_usage_of(reply)
+        return Prefilled(params, cached, worker_url=worker.url, prompt_tokens=reply_prompt_tokens(reply), usage=usage)
 
     def _check_remote(self, params: dict, worker: Worker) -> None:
         """The decode worker will connect to (remote_host, remote_port) and pull KV from
@@ -483,10 +485,10 @@ class Disaggregator:
                 relay = Relay(self, resp, worker, lease, trace, span, handoff, handoff_started)
                 if body.get("stream"):
                     relay.preamble_events = api.preamble_events
-                    stream, relay.error_event = api.stream(relay.chunks(), prefilled.cached_tokens)
+                    stream, relay.error_event = api.stream(relay.chunks(), prefilled.usage)
                     return Reply(200, content_type="text/event-stream", stream=stream, headers=headers, closer=relay)
                 data = await relay.read()
-                return Reply(200, api.patch_body(data, prefilled.cached_tokens), headers=headers)
+                return Reply(200, api.patch_body(data, prefilled.usage), headers=headers)
         finally:
             self._drop_early(early, prefilled)  # the client went away while it opened
         trace.end(handoff, "no decode")

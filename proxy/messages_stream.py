@@ -4,7 +4,7 @@
 vLLM frames each event as `event: <type>` and `data: <json>` lines; the stream ends with
 `message_stop` (no `[DONE]`). Events pass through byte for byte, except that the usage in
 `message_start` (`message.usage`) and `message_delta` (`usage`) gets the prefill leg's
-`cache_read_input_tokens` (proxy/usage.py, patch_messages_usage), and that a broken
+cache counts (`cached_tokens` holds proxy/usage.py's MessagesCache; patch_messages_usage), and that a broken
 decode stream ends with Anthropic's `error` event (`{"type": "error", "error": {"type":
 "api_error", "message": ...}}`), which the anthropic client raises as an error.
 """
@@ -12,7 +12,7 @@ decode stream ends with Anthropic's `error` event (`{"type": "error", "error": {
 from __future__ import annotations
 
 from proxy.named_events import NamedEventStream, event_bytes, parse_data, with_data
-from proxy.usage import MESSAGES_MARKER, patch_messages_usage
+from proxy.usage import CREATION_MARKER, MESSAGES_MARKER, patch_messages_usage
 
 
 class MessagesStream(NamedEventStream):
@@ -23,7 +23,7 @@ class MessagesStream(NamedEventStream):
         return event_bytes("error", {"type": "error", "error": {"type": "api_error", "message": message}})
 
     def _event(self, event: bytes) -> bytes:
-        if self.cached_tokens is None or MESSAGES_MARKER not in event:
+        if self.cached_tokens is None or (MESSAGES_MARKER not in event and CREATION_MARKER not in event):
             return event
         parsed = parse_data(event)
         if parsed is None or not isinstance(parsed[1], dict):

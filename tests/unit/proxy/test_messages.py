@@ -10,7 +10,7 @@ import pytest
 from proxy.legs import PREFILL_KV_REQUEST
 from proxy.messages import prefill_body, release_body
 from proxy.messages_stream import MessagesStream
-from proxy.usage import patch_messages_body
+from proxy.usage import MessagesCache, messages_cache_of, patch_messages_body
 from tests.proxy_cluster import Cluster
 from tests.unit.proxy.test_responses import parse_events, prefill_legs, wait_for
 
@@ -121,6 +121,20 @@ def test_a_broken_stream_ends_with_anthropics_error_event():
             raw = response.read().decode()
     kind, error = parse_events(raw)[-1]
     assert kind == "error" and error["type"] == "error" and error["error"]["type"] == "api_error"
+
+
+def test_the_prefills_cache_creation_replaces_the_decode_workers():
+    """The decode worker wrote none of the prompt it pulled to a cache (0); a colocated
+    vLLM reports what it computed, as the prefill worker does."""
+    decoded = json.dumps({"usage": {"input_tokens": 130, "output_tokens": 2, "cache_read_input_tokens": 0,
+                                    "cache_creation_input_tokens": 0}}).encode()  # fmt: skip
+    prefill_reply = {"usage": {"input_tokens": 2, "output_tokens": 1, "cache_read_input_tokens": 0,
+                               "cache_creation_input_tokens": 128}}  # fmt: skip
+    cache = messages_cache_of(prefill_reply)
+    assert cache == MessagesCache(read=0, created=128)
+    assert json.loads(patch_messages_body(decoded, cache))["usage"] == {
+        "input_tokens": 2, "output_tokens": 2, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 128}
+    assert messages_cache_of({"usage": {"input_tokens": 3, "output_tokens": 1}}) is None
 
 
 def test_usage_patch_moves_input_tokens_by_the_difference():
