@@ -231,7 +231,9 @@ def field_row(info: FieldInfo, env_prefix: str) -> tuple[str, str, str]:
     limits = constraints(info)
     type_cell = (kind if group is not None else code(kind)) + (f" ({limits})" if limits else "")
     if group is not None:
-        return cell(type_cell), "its group's defaults", description(info) or cell(first_sentence(doc_of(group)))
+        unset = info.default_factory is None and info.default is None
+        default = "*unset*" if unset else "its group's defaults"
+        return cell(type_cell), default, description(info) or cell(first_sentence(doc_of(group)))
     return cell(type_cell), default_of(info, env_prefix), description(info)
 
 

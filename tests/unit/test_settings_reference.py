@@ -57,6 +57,7 @@ class Toy(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TOY_", env_nested_delimiter="__")
     outer: Middle = Field(default_factory=Middle)
     other: Derived = Field(default_factory=Derived)
+    optional: Innermost | None = None
     flag: bool = False
 
 
@@ -70,6 +71,9 @@ def test_nested_groups_are_walked_at_any_depth_with_their_spellings():
     assert "Every field of [Middle](#middle); these differ:" in derived
     assert '| `mode` | `"a" \\| "b"` | `"b"` |' in derived and "| `inner` |" not in derived
     assert "| `flag` | `--flag` | `TOY_FLAG` | `bool` | `false` |" in page
+    # A group that may be left out is a group still (dotted names), unset by default.
+    assert "| `optional` | `--optional.*` | `TOY_OPTIONAL__*` | [Innermost](#innermost) \\| None | *unset* |" in page
+    assert "`--optional.<field>`, `TOY_OPTIONAL__<FIELD>`, TOML `[optional]`" in page
 
 
 def test_defaults_do_not_depend_on_the_machine(monkeypatch, tmp_path):
