@@ -8,80 +8,8 @@ import httpx
 import pytest
 
 from tests import harness
+from tests.api_cases import ACCEPTED_AS_VLLM_ACCEPTS, BAD_REQUESTS, C
 from tests.prompts import COMPLETION_PROMPTS, completion_body
-
-C, CHAT = "/v1/completions", "/v1/chat/completions"
-M = '"model": "pdspec-tiny"'
-MSG = '"messages": [{"role": "user", "content": "hi"}]'
-
-
-def raw(text: str) -> bytes:
-    return text.encode()
-
-
-BAD_REQUESTS = [
-    # malformed bodies
-    (C, b"{not json", 400),
-    (C, b"", 400),
-    (C, b"{", 400),
-    (C, b'{"model": "pdspec-tiny", "prompt": "x",}', 400),
-    (C, b"\xff\xfe\x00", 400),
-    (C, b'{"model": "pdspec-tiny", "prompt": "\xc3\x28"}', 400),
-    (C, b"[]", 400),
-    (C, b'"just a string"', 400),
-    (C, b"42", 400),
-    (C, b"null", 400),
-    (CHAT, b"{not json", 400),
-    (CHAT, b"[1, 2]", 400),
-    # missing fields
-    (C, b"{}", 400),
-    (C, raw(f"{{{M}}}"), 400),
-    (CHAT, raw(f"{{{M}}}"), 400),
-    # wrong types
-    (C, raw('{"model": 7, "prompt": "x"}'), 400),
-    (C, raw(f'{{{M}, "prompt": 5}}'), 400),
-    (C, raw(f'{{{M}, "prompt": {{"a": 1}}}}'), 400),
-    (C, raw(f'{{{M}, "prompt": [1, "a"]}}'), 400),
-    (C, raw(f'{{{M}, "prompt": [-1, 2]}}'), 400),
-    (C, raw(f'{{{M}, "prompt": ""}}'), 400),
-    (C, raw(f'{{{M}, "prompt": "x", "max_tokens": "three"}}'), 400),
-    (C, raw(f'{{{M}, "prompt": "x", "max_tokens": 2.5}}'), 400),
-    (C, raw(f'{{{M}, "prompt": "x", "temperature": "hot"}}'), 400),
-    (C, raw(f'{{{M}, "prompt": "x", "top_p": 0}}'), 400),
-    (C, raw(f'{{{M}, "prompt": "x", "stop": 5}}'), 400),
-    (C, raw(f'{{{M}, "prompt": "x", "stream_options": "all"}}'), 400),
-    (C, raw(f'{{{M}, "prompt": "x", "logprobs": -1}}'), 400),
-    (CHAT, raw(f'{{{M}, "messages": "hello"}}'), 400),
-    (CHAT, raw(f'{{{M}, "messages": []}}'), 400),
-    (CHAT, raw(f'{{{M}, "messages": [{{"role": "user", "content": 7}}]}}'), 400),
-    (CHAT, raw(f'{{{M}, "messages": [{{"content": "x"}}]}}'), 400),
-    (CHAT, raw(f'{{{M}, {MSG}, "max_completion_tokens": "x"}}'), 400),
-    # values out of range
-    (C, raw(f'{{{M}, "prompt": "x", "max_tokens": -4}}'), 400),
-    (C, raw(f'{{{M}, "prompt": "x", "max_tokens": 0}}'), 400),
-    (C, raw(f'{{{M}, "prompt": "x", "max_tokens": 1000000}}'), 400),
-    (C, raw(f'{{{M}, "prompt": "x", "n": 0}}'), 400),
-    (C, raw(f'{{{M}, "prompt": "x", "temperature": -1}}'), 400),
-    (CHAT, raw(f'{{{M}, {MSG}, "max_tokens": -1}}'), 400),
-    (CHAT, raw(f'{{{M}, {MSG}, "max_completion_tokens": 1000000}}'), 400),
-    # fields clients may not set
-    (C, raw(f'{{{M}, "prompt": "x", "kv_transfer_params": {{"remote_host": "10.0.0.1"}}}}'), 400),
-    (CHAT, raw(f'{{{M}, {MSG}, "kv_transfer_params": {{"do_remote_prefill": true}}}}'), 400),
-    # the model and the prompt's length
-    (C, raw('{"model": "no-such-model", "prompt": "x", "max_tokens": 2}'), 404),
-    (CHAT, raw(f'{{"model": "gpt-4", {MSG}}}'), 404),
-    (C, raw(f'{{{M}, "prompt": {json.dumps("word " * 5000)}, "max_tokens": 4}}'), 400),
-    (C, raw(f'{{{M}, "prompt": {json.dumps(list(range(3000)))}, "max_tokens": 4}}'), 400),
-    # JSON nested deeper than the proxy can re-serialize (was a 500)
-    (C, raw(f'{{{M}, "prompt": "x", "extra": {"[" * 300 + "]" * 300}}}'), 400),
-    (CHAT, raw(f'{{{M}, {MSG}, "extra": {"[" * 1023 + "]" * 1023}}}'), 400),
-    # decode-only fields vLLM would refuse after the prefill pinned KV
-    (C, raw(f'{{{M}, "prompt": "x", "min_tokens": -1}}'), 400),
-    (C, raw(f'{{{M}, "prompt": "x", "n": 2, "temperature": 0}}'), 400),
-    (C, raw(f'{{{M}, "prompt": "x", "seed": {2**63}}}'), 400),
-    # oversized body (limit 4 MiB)
-    (C, raw(f'{{{M}, "prompt": "{"x" * (5 * 1024 * 1024)}"}}'), 413),
-]
 
 
 def assert_openai_error(response: httpx.Response, status: int) -> None:
@@ -95,24 +23,6 @@ def assert_good_request_works(client: httpx.Client, url: str, headers: dict | No
     good = client.post(url + C, json=completion_body(COMPLETION_PROMPTS[0]), headers=headers)
     assert good.status_code == 200
     assert good.json()["choices"][0]["text"]
-
-
-# Odd but valid: vLLM's request models are lax (pydantic's lax mode) and take these, so the
-# proxy does too, and answers as the decode worker does on its own (issue 24, item 10).
-ACCEPTED_AS_VLLM_ACCEPTS = [
-    (C, raw('{"prompt": "x", "max_tokens": 3}')),  # no model: vLLM's served model
-    (CHAT, raw(f"{{{MSG}, \"max_tokens\": 3}}")),
-    (C, raw('{"model": null, "prompt": "x", "max_tokens": 3}')),
-    (C, raw(f'{{{M}, "prompt": "x", "stream": "yes", "max_tokens": 3}}')),
-    (C, raw(f'{{{M}, "prompt": "x", "stream": 1, "max_tokens": 3}}')),
-    (C, raw(f'{{{M}, "prompt": "x", "n": "2", "max_tokens": 3}}')),
-    (C, raw(f'{{{M}, "prompt": "x", "max_tokens": 4.0}}')),
-    (C, raw(f'{{{M}, "prompt": "x", "max_tokens": 3, "logprobs": true}}')),
-    (CHAT, raw(f'{{{M}, "messages": [{{"role": "wizard", "content": "x"}}], "max_tokens": 3}}')),
-    (CHAT, raw(f'{{{M}, "messages": [{{"role": "function", "name": "f", "content": "1"}}, '
-               f'{{"role": "user", "content": "hi"}}], "max_tokens": 3}}')),
-    (CHAT, raw(f'{{{M}, {MSG}, "logprobs": "yes", "max_tokens": 3}}')),
-]
 
 
 @pytest.mark.parametrize("path, body", ACCEPTED_AS_VLLM_ACCEPTS, ids=[f"{i}" for i in range(len(ACCEPTED_AS_VLLM_ACCEPTS))])

@@ -80,6 +80,22 @@ def test_prefix_cache_hits_are_reported_from_the_prefill_worker(cluster, client)
     assert 0 < cached < reply["usage"]["prompt_tokens"] and cached % 16 == 0
 
 
+def test_messages_cache_creation_is_the_prefill_workers(cluster, client):
+    """A Messages prompt nobody has seen: the prefill worker computes and caches its whole
+    blocks, as a colocated vLLM reports in `cache_creation_input_tokens`; the decode worker
+    pulled them and created none (the proxy passed its 0 on before issue 39)."""
+    body = {"model": "pdspec-tiny", "max_tokens": 3, "temperature": 0,
+            "messages": [{"role": "user", "content": unique_prompt(150)}]}  # fmt: skip
+    usage = client.post(cluster["single"].url + "/v1/messages", json=body).json()["usage"]
+    created = usage["cache_creation_input_tokens"]
+    assert created > 0 and created % 16 == 0, usage
+    # The decode worker now holds the prompt (pulled): served alone it reads it all from
+    # its cache, so the prompt's size is known from the same request.
+    direct = client.post(cluster["d"].url + "/v1/messages", json=body).json()["usage"]
+    total = direct["input_tokens"] + direct["cache_read_input_tokens"] + direct["cache_creation_input_tokens"]
+    assert usage["input_tokens"] + usage["cache_read_input_tokens"] + created == total
+
+
 def test_client_disconnect_mid_stream_frees_both_workers(cluster):
     body = completion_body(unique_prompt(60), stream=True, max_tokens=1000)
     asyncio.run(stream_then_vanish(cluster["single"].url, body))
