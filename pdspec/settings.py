@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field
 
-from decode_worker.role import ROLE as DECODE_ROLE
+from decode_worker import role as decode_role
 from pdspec.contract import DecodeRoutingPolicy, Disaggregation, DraftsPolicy, RoutingPolicy
-from prefill_worker.role import ROLE as PREFILL_ROLE
+from prefill_worker import role as prefill_role
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -476,19 +476,19 @@ class ModelsCommand(_Base):
 class PrefillWorkerSettings(WorkerSettings):
     """A prefill worker's defaults in `pdspec up` (prefill_worker/role.py): its own ports and the first core."""
 
-    port: int = PREFILL_ROLE.port
-    side_channel_port: int = PREFILL_ROLE.side_channel_port
-    kv_events_port: int = PREFILL_ROLE.kv_events_port
-    cpu_omp_threads_bind: str | None = PREFILL_ROLE.cpu_core
+    port: int = prefill_role.PORT
+    side_channel_port: int = prefill_role.SIDE_CHANNEL_PORT
+    kv_events_port: int = prefill_role.KV_EVENTS_PORT
+    cpu_omp_threads_bind: str | None = prefill_role.CPU_CORE
 
 
 class DecodeWorkerSettings(WorkerSettings):
     """A decode worker's defaults in `pdspec up` (decode_worker/role.py): its own ports and the second core."""
 
-    port: int = DECODE_ROLE.port
-    side_channel_port: int = DECODE_ROLE.side_channel_port
-    kv_events_port: int = DECODE_ROLE.kv_events_port
-    cpu_omp_threads_bind: str | None = DECODE_ROLE.cpu_core
+    port: int = decode_role.PORT
+    side_channel_port: int = decode_role.SIDE_CHANNEL_PORT
+    kv_events_port: int = decode_role.KV_EVENTS_PORT
+    cpu_omp_threads_bind: str | None = decode_role.CPU_CORE
 
 
 class PrefillCommand(WorkerCommand):

@@ -1,9 +1,9 @@
 """`pdspec prefill`: start vLLM as a prefill worker (its role: role.py)."""
 
-from prefill_worker.role import ROLE
+from prefill_worker import role
 from pdspec.settings import WorkerCommand
 from pdspec.worker.launch import exec_worker
 
 
 def run(command: WorkerCommand) -> None:
-    exec_worker(ROLE.name, command.model, command.worker, command.run_dir)
+    exec_worker(role.NAME, command.model, command.worker, command.run_dir)

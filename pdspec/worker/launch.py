@@ -38,7 +38,14 @@ KV_ROLES: dict[Role, str] = {name: spec.kv_role for name, spec in ROLES.items()}
 # its alias of NixlPullConnector).
 KV_CONNECTORS: dict[str, str] = {"pull": "NixlConnector", "push": "NixlPushConnector"}
 LOCAL_MODEL_NAME = "pdspec-tiny"
+# The K=0 scheduler of a worker with no role package (colocated); a P/D role names its own
+# (role.py's SCHEDULER_CLS: the decode worker's adds the stale-KV guard).
 SCHEDULER_CLS = "pdspec.worker.engine.k0_scheduler.K0Scheduler"
+
+
+def scheduler_cls(role: Role) -> str:
+    """The `--scheduler-cls` of a worker of `role`."""
+    return ROLES[role].scheduler_cls if role in ROLES else SCHEDULER_CLS
 
 
 def skip_drafter_file(run_dir: Path, role: Role) -> Path:
@@ -228,7 +235,7 @@ def engine_options(role: Role, model: ModelSettings, worker: WorkerSettings, cpu
     if worker.gpu_memory_utilization is not None and not cpu:
         options["gpu_memory_utilization"] = worker.gpu_memory_utilization
     if worker.engine_plugin:  # K=0 proposals with a drafter; pdspec_worker_info always
-        options["scheduler_cls"] = SCHEDULER_CLS
+        options["scheduler_cls"] = scheduler_cls(role)
     return options
 
 
@@ -284,7 +291,7 @@ def worker_env(role: Role, worker: WorkerSettings, run_dir: Path, cpu: bool) -> 
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
     }
-    if role == "decode":  # the stale-KV guard (engine/stale_kv.py): half the prefill worker's lease
+    if role == "decode":  # the stale-KV guard (decode_worker/engine/stale_kv.py): half the prefill worker's lease
         env[STALE_KV_AFTER_ENV] = f"{worker.kv_lease_s / 2:g}"
     if worker.test_hooks and role == "prefill":
         env[TEST_SKIP_DRAFTER_FILE_ENV] = str(skip_drafter_file(run_dir, role))

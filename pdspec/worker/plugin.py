@@ -2,13 +2,18 @@
 workers), so start-up fixes that must hold in the engine-core process live here.
 
 It does nothing unless pdspec's worker launcher set the environment it reads, so a
-plain `vllm serve` in the same environment is unaffected.
+plain `vllm serve` in the same environment is unaffected. It is the one place that maps a
+role to its engine hooks: the role package's role.py names them (`HOOKS`), and they are
+imported from there, the role's own from its package (prefill_worker/engine/, ...), the
+shared ones from pdspec/worker/engine/.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+from collections.abc import Callable
 
 from pdspec.worker.engine.control import ROLE_ENV
 from pdspec.worker.nixl_progress import PROGRESS_DELAY_ENV, apply_progress_delay
@@ -17,14 +22,13 @@ log = logging.getLogger("pdspec.worker.plugin")
 
 
 def register() -> None:
-    """Installs, in this vLLM process, what the worker's role uses (the one place that maps
-    a role to its engine hooks, as its role package lists them): every P/D worker gets the
-    NIXL progress delay, the CPU KV-core pinning and the short spin of vLLM's queue readers;
-    a prefill worker also the KV-only drafter pass, the DP idle-rank vote, the wait while
-    only held KV remains and, in tests, the drafter-KV switch; a decode worker,
-    in tests, the dump of the drafter KV it received. Every worker process counts its GC
-    pauses (`pdspec_engine_gc_pause_seconds_total`). The K=0 rule comes in through
-    `--scheduler-cls`."""
+    """Installs, in this vLLM process, what the worker's role uses: the hooks its role.py
+    names (`HOOKS`), in its order. Every P/D worker gets the NIXL progress delay, the CPU
+    KV-core pinning and the short spin of vLLM's queue readers; a prefill worker also the
+    KV-only drafter pass, the DP idle-rank vote, the wait while only held KV remains and, in
+    tests, the drafter-KV switch; a decode worker, in tests, the dump of the drafter KV it
+    received. Every worker process counts its GC pauses (`pdspec_engine_gc_pause_seconds_total`).
+    The K=0 rule (and the decode worker's stale-KV guard) comes in through `--scheduler-cls`."""
     delay = os.environ.get(PROGRESS_DELAY_ENV)
     if delay is not None:
         applied = apply_progress_delay(int(delay))
@@ -47,20 +51,29 @@ def register() -> None:
 
 
 def install_role_hooks(hooks: tuple[str, ...]) -> None:
-    """The role's engine hooks (its role package lists them), in a fixed order."""
-    from pdspec.worker.engine.cpu_affinity import install_cpu_affinity_fix
-    from pdspec.worker.engine.dp_vote import install_dp_vote
-    from pdspec.worker.engine.kv_hold_wait import install_kv_hold_wait
-    from pdspec.worker.engine.kv_only import install_kv_only_drafter
-    from pdspec.worker.engine.short_spin import install_short_spin
-    from pdspec.worker.engine.testing_hooks import install_test_hooks
-
-    installers = {"cpu_affinity": install_cpu_affinity_fix, "kv_only": install_kv_only_drafter,
-                  "dp_vote": install_dp_vote, "kv_hold_wait": install_kv_hold_wait, "short_spin": install_short_spin,
-                  "testing_hooks": install_test_hooks}  # fmt: skip
-    unknown = set(hooks) - set(installers)
+    """Runs each hook, `module:function` as a role.py names it, in the given order; every
+    one is looked up before any runs, so a name that does not resolve (ValueError) installs
+    nothing. The hooks are imported only here, in vLLM's processes: a role package's hooks
+    live in that package, and the shared engine code never imports a role package."""
+    installers = [_resolve(hook) for hook in hooks]
+    unknown = [hook for hook, install in zip(hooks, installers) if install is None]
     if unknown:
-        raise ValueError(f"unknown engine hooks {sorted(unknown)}")
-    for name, install in installers.items():
-        if name in hooks:
-            install()
+        raise ValueError(f"unknown engine hooks {unknown}")
+    for install in installers:
+        install()
+
+
+def _resolve(hook: str) -> Callable[[], None] | None:
+    """The function a hook names; None where there is no such module or function (an
+    import that fails inside an existing module raises as it is)."""
+    module_name, _, function = hook.partition(":")
+    if not module_name or not function:
+        return None
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            return None
+        raise
+    install = getattr(module, function, None)
+    return install if callable(install) else None

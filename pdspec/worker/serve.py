@@ -16,12 +16,15 @@ from pdspec.worker.engine.control import ROLE_ENV
 
 
 def install_server_hooks(role: str | None) -> None:
-    """The role's hooks that live in the API server's process (the vLLM plugin,
-    pdspec/worker/plugin.py, installs the engine's): a prefill worker's reply guard."""
-    if role == "prefill":
-        from prefill_worker.reply_guard import install_reply_guard
+    """The hooks a role installs in its API server's process (role.py's `SERVER_HOOKS`; the
+    vLLM plugin, pdspec/worker/plugin.py, installs the engine's): a prefill worker's reply
+    guard. Nothing without a P/D role (a colocated server)."""
+    if role not in ("prefill", "decode"):
+        return
+    from pdspec.worker.plugin import install_role_hooks
+    from pdspec.worker.roles import ROLES
 
-        install_reply_guard()
+    install_role_hooks(ROLES[role].server_hooks)
 
 
 def main() -> None:

@@ -41,7 +41,7 @@ def test_kv_only_pass_writes_the_full_passs_drafter_kv(tmp_path):
 
 
 def test_dflash_kv_only_pass_writes_the_full_passs_context_kv(tmp_path):
-    """DFlash on the V1 runner (pdspec/worker/engine/kv_only_dflash.py): the pass runs vLLM's
+    """DFlash on the V1 runner (prefill_worker/engine/kv_only/dflash.py): the pass runs vLLM's
     own context precompute alone, so every drafter layer's context K/V is bitwise the full
     pass's. The drafter is the small target's untrained DFlash drafter (pdspec.models.dflash)."""
     from pdspec.models.dflash import write_dflash_drafter

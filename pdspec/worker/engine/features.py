@@ -14,8 +14,9 @@ it) the API server's /metrics shows it, taking the largest value over processes.
 `pdspec_kv_only_passes_total` counts the K=0 steps whose drafter KV the KV-only pass
 wrote: on a prefill worker with the pass on, it equals `pdspec_k0_proposals_total`.
 
-Which features a role has: `ROLE_FEATURES`. Only those are reported by that role's
-worker, so a decode worker never shows a prefill-only feature as off.
+Which features a role has: its role.py (`FEATURES`, gathered in pdspec/worker/roles.py's
+`ROLE_FEATURES`; this module, shared engine code, imports no role package). Only those are
+reported by that role's worker, so a decode worker never shows a prefill-only feature as off.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import logging
 from prometheus_client import Counter, Gauge
 
 from pdspec.contract import ENGINE_FEATURE_METRIC
-from pdspec.worker.roles import ROLES
 
 log = logging.getLogger("pdspec.engine.features")
 
@@ -41,7 +41,6 @@ SHORT_SPIN = "short_spin"  # CPU: vLLM's shared-memory readers spin milliseconds
 PREFILL_REPLY_GUARD = "prefill_reply_guard"
 FEATURES = (K0_RULE, KV_ONLY_PASS, NIXL_PROGRESS_DELAY, KV_CORE_PINNING, DP_IDLE_RANK_VOTE, STALE_KV_GUARD,
             KV_HOLD_WAIT, SHORT_SPIN, PREFILL_REPLY_GUARD)  # fmt: skip
-ROLE_FEATURES = {name: spec.features for name, spec in ROLES.items()}  # the role packages say
 
 ENGINE_FEATURE = Gauge(
     ENGINE_FEATURE_METRIC,
@@ -50,8 +49,9 @@ ENGINE_FEATURE = Gauge(
     multiprocess_mode="max",
 )
 KV_ONLY_PASSES = Counter("pdspec_kv_only_passes", "K=0 steps whose drafter KV was written by the KV-only pass.")
-# Here rather than in dflash_context_graph.py (imported only where vLLM's V2 runner captures
-# graphs), so every worker exports the series and the dashboard shows 0, not "no data".
+# Here rather than in prefill_worker/engine/kv_only/ (dflash_context_graph.py is imported only
+# where vLLM's V2 runner captures graphs), so every worker exports the series and the
+# dashboard shows 0, not "no data".
 KV_ONLY_GRAPH_REPLAYS = Counter(
     "pdspec_kv_only_graph_replays", "K=0 steps whose KV-only pass ran as one CUDA graph replay (DFlash, V2 runner)."
 )

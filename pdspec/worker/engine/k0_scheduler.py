@@ -1,6 +1,7 @@
 """The K=0 rule in vLLM's scheduler: `K0Scheduler`, named on vLLM's command line
-(`--scheduler-cls pdspec.worker.engine.k0_scheduler.K0Scheduler`), runs in the engine-core
-process in front of vLLM's own scheduler.
+(`--scheduler-cls pdspec.worker.engine.k0_scheduler.K0Scheduler`; the decode worker names
+its subclass, decode_worker/engine/scheduler.py), runs in the engine-core process in front
+of vLLM's own scheduler.
 
 - `SchedulerOutput.skip_drafts` exists (vLLM 0.33) and the V2 model runner is in use: vLLM
   applies the rule itself; the plugin counts it, and `always` turns it off.
@@ -28,7 +29,6 @@ from pdspec.worker.engine.metrics import (
     K_POSITIVE_AUTO_PROPOSALS,
     PROPOSALS,
 )
-from pdspec.worker.engine.stale_kv import StaleKvMixin, start_guard
 from pdspec.worker.worker_info import WorkerInfo
 
 log = logging.getLogger("pdspec.engine")
@@ -126,22 +126,20 @@ def _has_own_forward(spec: Any) -> bool:
     return getattr(spec, "method", None) in ("dflash", "mtp", "draft_model")
 
 
-def _scheduler_classes() -> tuple[type, type]:
+def _scheduler_classes(front: tuple[type, ...] = ()) -> tuple[type, type]:
+    """The sync and async schedulers: `front`'s mixins, then the K=0 rule, then vLLM's."""
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    # The stale-KV guard (stale_kv.py) rides on the same class: vLLM takes one scheduler.
-    class K0SyncScheduler(StaleKvMixin, _K0Mixin, Scheduler):
+    class K0SyncScheduler(*front, _K0Mixin, Scheduler):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._pdspec_init(self.vllm_config)
-            self._pdspec_stale_after_s = start_guard()
 
-    class K0AsyncScheduler(StaleKvMixin, _K0Mixin, AsyncScheduler):
+    class K0AsyncScheduler(*front, _K0Mixin, AsyncScheduler):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._pdspec_init(self.vllm_config)
-            self._pdspec_stale_after_s = start_guard()
 
     return K0SyncScheduler, K0AsyncScheduler
 
@@ -149,10 +147,17 @@ def _scheduler_classes() -> tuple[type, type]:
 class K0Scheduler:
     """The class named on vLLM's command line. vLLM picks AsyncScheduler or Scheduler
     from its config only when no class is given; this picks the same way, so async
-    scheduling stays on wherever vLLM would have used it."""
+    scheduling stays on wherever vLLM would have used it.
+
+    vLLM takes one scheduler class, so a role that needs more of the scheduler subclasses
+    this one and names its mixins in `FRONT` (put in front of the K=0 rule, each calling
+    `super().__init__`): the decode worker's stale-KV guard
+    (decode_worker/engine/scheduler.py). This module imports no role package."""
+
+    FRONT: tuple[type, ...] = ()
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         vllm_config = kwargs.get("vllm_config", args[0] if args else None)
-        sync_cls, async_cls = _scheduler_classes()
+        sync_cls, async_cls = _scheduler_classes(cls.FRONT)
         chosen = async_cls if vllm_config.scheduler_config.async_scheduling else sync_cls
         return chosen(*args, **kwargs)

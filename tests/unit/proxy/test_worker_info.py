@@ -151,7 +151,7 @@ def test_plugin_is_loaded_without_a_drafter_too_unless_turned_off():
 
     model = ModelSettings(models_dir=Path("/m"), method="none")
     assert "--speculative-config" not in launch.vllm_argv("decode", model, WorkerSettings(), cpu=True)
-    assert launch.SCHEDULER_CLS in launch.vllm_argv("decode", model, WorkerSettings(), cpu=True)
+    assert launch.scheduler_cls("decode") in launch.vllm_argv("decode", model, WorkerSettings(), cpu=True)
     assert "--scheduler-cls" not in launch.vllm_argv("decode", model, WorkerSettings(engine_plugin=False), cpu=True)
 
 

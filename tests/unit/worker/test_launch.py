@@ -20,7 +20,7 @@ def test_roles_get_their_nixl_role_and_the_same_drafter(role, kv_role):
     # A decode worker recomputes a prompt whose KV pull failed (its prefill worker died).
     recompute = {"kv_load_failure_policy": "recompute"} if role == "decode" else {}
     # The same KV lease on both roles: the prefill worker keeps KV that long, the decode
-    # worker renews it (heartbeats) and trusts it for half of it (engine/stale_kv.py).
+    # worker renews it (heartbeats) and trusts it for half of it (decode_worker/engine/stale_kv.py).
     assert json.loads(option(argv, "--kv-transfer-config")) == {
         "kv_connector": "NixlConnector", "kv_role": kv_role, "kv_buffer_device": "cpu",
         "kv_connector_extra_config": {"kv_lease_duration": 120}, **recompute,

@@ -8,7 +8,7 @@ import pytest
 from pydantic_settings import CliApp
 
 from pdspec.settings import UpCommand, WorkerSettings
-from pdspec.worker.launch import KV_ROLES, SCHEDULER_CLS, vllm_argv, worker_env
+from pdspec.worker.launch import KV_ROLES, scheduler_cls, vllm_argv, worker_env
 
 PROFILES = Path(__file__).resolve().parents[3] / "deploy" / "profiles"
 
@@ -59,7 +59,7 @@ def test_dummy_1p1d_profiles_run_the_shapes_with_random_weights(monkeypatch, tmp
         spec = json.loads(argv[argv.index("--speculative-config") + 1])
         assert (spec["method"], spec["num_speculative_tokens"], spec["model"]) == (method, k, up.model.drafter)
         assert json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_role"] == KV_ROLES[role]
-        assert argv[argv.index("--scheduler-cls") + 1] == SCHEDULER_CLS
+        assert argv[argv.index("--scheduler-cls") + 1] == scheduler_cls(role)
         assert worker_env(role, worker, tmp_path, cpu=False)["CUDA_VISIBLE_DEVICES"] == gpu
     prefill = vllm_argv("prefill", up.model, up.prefill, cpu=False)
     assert prefill[prefill.index("--max-num-batched-tokens") + 1] == "512"

@@ -7,9 +7,10 @@ import types
 
 import pytest
 
-from pdspec.worker.engine import features, kv_hold_wait
-from pdspec.worker.engine.kv_hold_wait import MARKER, _waiting_step, only_held_kv
+from pdspec.worker.engine import features
 from pdspec.worker.engine.wrap_once import is_wrapped
+from prefill_worker.engine import kv_hold_wait
+from prefill_worker.engine.kv_hold_wait import MARKER, _waiting_step, only_held_kv
 
 
 class Scheduler:

@@ -1,4 +1,4 @@
-"""The decode worker's stale-KV guard (pdspec/worker/engine/stale_kv.py): a request whose
+"""The decode worker's stale-KV guard (decode_worker/engine/stale_kv.py): a request whose
 prefill worker's KV lease may have run out before the scheduler got it is prefilled here."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pdspec.worker.engine import stale_kv
+from decode_worker.engine import stale_kv
 from pdspec.worker.engine.metrics import STALE_KV_RECOMPUTED
 
 REMOTE = {"do_remote_prefill": True, "remote_block_ids": [[1, 2]], "remote_engine_id": "p"}

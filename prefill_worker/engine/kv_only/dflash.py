@@ -32,11 +32,17 @@ import logging
 from typing import Any
 
 from pdspec.worker.engine import features
-from pdspec.worker.engine.connector_hooks import kv_only_connector_reason
 from pdspec.worker.engine.control import LiveFlag
-from pdspec.worker.engine.kv_only import KvOnlyUnsupported, _decide_at_load, _kv_only_flag, _unwrap, v1_k0_inputs, \
-    v1_k0_wrapper
 from pdspec.worker.engine.wrap_once import wrap_once
+from prefill_worker.engine.kv_only.connector_hooks import kv_only_connector_reason
+from prefill_worker.engine.kv_only.proposer_pass import (
+    KvOnlyUnsupported,
+    decide_at_load,
+    kv_only_flag,
+    unwrap,
+    v1_k0_inputs,
+    v1_k0_wrapper,
+)
 
 log = logging.getLogger("pdspec.engine")
 
@@ -78,7 +84,7 @@ def install_kv_only_dflash_v1(proposer_cls: type, flag: LiveFlag | None = None) 
     """V1 runner: DFlash proposals with K=0 write the context K/V and skip the query pass."""
     wrap_once(proposer_cls, "propose", "kv_only_dflash_v1", lambda original: v1_k0_wrapper(
         original, flag, _dflash_v1_blocker, _build_dflash_pass, _dflash_v1_kv_only_propose))  # fmt: skip
-    _decide_at_load(proposer_cls, _dflash_v1_blocker, _build_dflash_pass)
+    decide_at_load(proposer_cls, _dflash_v1_blocker, _build_dflash_pass)
 
 
 def _dflash_v1_kv_only_propose(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
@@ -117,7 +123,7 @@ def _counting_v2(original: Any, flag: LiveFlag | None) -> Any:
             and not kwargs.get("is_profile")  # fmt: skip
         # The two wrappers below take the step to the graph while this is set.
         self._pdspec_graph_step = k0_step and getattr(self, "_pdspec_context_graphs", None) is not None \
-            and (flag or _kv_only_flag()).current()  # fmt: skip
+            and (flag or kv_only_flag()).current()  # fmt: skip
         self._pdspec_staged = None
         try:
             result = original(self, *args, **kwargs)
@@ -162,10 +168,13 @@ def _capturing_context_graphs(original: Any) -> Any:
         # switch says now: each K=0 step reads it (`_counting_v2`), so it can turn on later.
         self._pdspec_context_graphs = None
         try:
-            from pdspec.worker.engine.dflash_context_graph import DFlashContextGraphs, graph_sizes, \
-                verify_steps_from_env  # fmt: skip
+            from prefill_worker.engine.kv_only.dflash_context_graph import (
+                DFlashContextGraphs,
+                graph_sizes,
+                verify_steps_from_env,
+            )
 
-            model = _unwrap(self.model)
+            model = unwrap(self.model)
             graphs = DFlashContextGraphs(self, model, verify_steps_from_env())
             sizes = graph_sizes(self.max_num_tokens, self.vllm_config.compilation_config.cudagraph_capture_sizes)
             graphs.capture(sizes)

