@@ -297,13 +297,27 @@ def plot(report: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def read_requests(run_dir: Path, workload: str, policy: str) -> list[dict]:
+    """A job's request records: requests-<workload>-<policy>.jsonl, or the same gzipped."""
+    import gzip
+
+    path = run_dir / f"requests-{workload}-{policy}.jsonl"
+    if path.exists():
+        text = path.read_text()
+    elif path.with_suffix(".jsonl.gz").exists():
+        with gzip.open(path.with_suffix(".jsonl.gz"), "rt") as source:
+            text = source.read()
+    else:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 def build(run_dir: Path, traces: dict[str, Path]) -> dict:
     bench = json.loads((run_dir / "fleet_bench.json").read_text())
     prefill_urls = bench["workers"]["prefill"]
     summaries = []
     for job in bench["jobs"]:
-        path = run_dir / f"requests-{job['workload']}-{job['policy']}.jsonl"
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        rows = read_requests(run_dir, job["workload"], job["policy"])
         summaries.append(job_summary(job, rows, prefill_urls))
     n_prefill, n_all = len(prefill_urls), len(prefill_urls) + len(bench["workers"]["decode"])
     blocks = [b for b in (bench.get("fleet_blocks") or {}).values() if b]
