@@ -11,8 +11,9 @@ Definitions (a request that failed or was cut counts as missing every SLO, with 
 infinite TTFT in the percentiles):
 - TTFT: request sent to its first streamed token; TPOT: (end - TTFT) / (output tokens - 1);
 - a level *passes* an SLO when its TTFT p90 and TPOT p90 are both within it;
-- goodput under an SLO: the completed requests per second of the highest level that
-  passes it, 0 when none does (DistServe's "the highest rate the SLO holds at"); beside it,
+- goodput under an SLO: the requests per second that met both limits one by one (over the
+  level's length in the trace) at the highest level whose p90s
+  pass it, 0 when none does (after DistServe's "the highest rate the SLO holds at"); beside it,
   `slo_rps`, the requests per second that met both limits one by one, per level;
 - fleet hit rate: 1 - prompt tokens the workers computed (vLLM's prompt tokens by source,
   `local_compute`, summed over every worker) / prompt tokens sent;
@@ -37,7 +38,13 @@ import numpy as np
 
 SLOS = {"strict": {"ttft_ms": 2000.0, "tpot_ms": 50.0}, "relaxed": {"ttft_ms": 2000.0, "tpot_ms": 100.0}}
 PRIMARY_SLO = "strict"
+# Levels with fewer requests say nothing about a rate (a Poisson draw can give one request).
+MIN_REQUESTS = 5
 SOURCE_COMPUTE = "source:local_compute"
+# One colour per policy in every plot.
+COLOURS = {"round_robin": "tab:orange", "least_outstanding": "tab:gray", "prefix_affinity": "tab:green",
+           "kv_aware": "tab:blue", "kv_aware_conditional": "tab:brown", "colocated_kv_aware": "tab:red",
+           "vllm_router_cache_aware": "tab:purple"}  # fmt: skip
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -49,15 +56,18 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else value * 1000.0
 
 
-def level_stats(level: dict, rows: list[dict], colocated: bool, prefill_urls: list[str]) -> dict:
-    """One level's figures from its requests (`rows`) and the workers' counter deltas."""
+def level_stats(level: dict, rows: list[dict], colocated: bool, prefill_urls: list[str],
+                duration_s: float | None = None) -> dict:  # fmt: skip
+    """One level's figures from its requests (`rows`) and the workers' counter deltas;
+    `duration_s`, the level's length in the trace (its arrivals' window): the rates per
+    second are counts over it (None: over the measured span, first send to last reply)."""
     ok = [r for r in rows if r["ok"]]
     ttft = [r["ttft_s"] if r["ok"] else math.inf for r in rows]
     tpot = [r["tpot_s"] for r in ok if r.get("tpot_s") is not None]
     tpot_all = [r["tpot_s"] if r["ok"] and r.get("tpot_s") is not None else math.inf for r in rows]
     done = [r["done_s"] for r in ok if r.get("done_s") is not None]
     sent = [r["sent_s"] for r in rows if r.get("sent_s") is not None]
-    span = (max(done) - min(sent)) if done and sent else None
+    span = duration_s or ((max(done) - min(sent)) if done and sent else None)
     workers = level["workers"]
     computed = sum(w.get(SOURCE_COMPUTE, 0.0) for w in workers.values())
     prompt_sent = sum(r["prompt_tokens"] for r in rows)
@@ -72,7 +82,7 @@ def level_stats(level: dict, rows: list[dict], colocated: bool, prefill_urls: li
         "phase": level["phase"], "qps": level["qps"], "requests": len(rows), "ok": len(ok),
         "failed": len(rows) - len(ok), "cut": sum(bool(r.get("cut")) for r in rows),
         "errors": sorted({(r.get("error") or "")[:120] for r in rows if not r["ok"]})[:5],
-        "achieved_rps": len(ok) / span if span else None,
+        "achieved_rps": len(ok) / span if span else None, "duration_s": span,
         "ttft_ms": {"p50": _ms(percentile(ttft, 50)), "p90": _ms(percentile(ttft, 90)), "p99": _ms(percentile(ttft, 99))},
         "tpot_ms": {"p50": _ms(percentile(tpot, 50)), "p90": _ms(percentile(tpot_all, 90))},
         "route_ms": {"p50": percentile(routes, 50), "p90": percentile(routes, 90)} if routes else None,
@@ -94,12 +104,15 @@ def level_stats(level: dict, rows: list[dict], colocated: bool, prefill_urls: li
     return out
 
 
-def job_summary(job: dict, rows: list[dict], prefill_urls: list[str]) -> dict:
+def job_summary(job: dict, rows: list[dict], prefill_urls: list[str], durations: list[float] | None = None) -> dict:
+    """A job's levels and goodput; `durations`: each level's length in the trace, in order."""
     colocated = job["policy"] == "colocated_kv_aware"
     by_phase: dict[str, list[dict]] = {}
     for row in rows:
         by_phase.setdefault(row["phase"], []).append(row)
-    levels = [level_stats(level, by_phase.get(level["phase"], []), colocated, prefill_urls) for level in job["levels"]]
+    levels = [level_stats(level, by_phase.get(level["phase"], []), colocated, prefill_urls,
+                          durations[i] if durations and i < len(durations) else None)
+              for i, level in enumerate(job["levels"])]  # fmt: skip
     summary = {"workload": job["workload"], "policy": job["policy"], "duration_s": job.get("duration_s"),
                "reset": job.get("reset"), "warmup_failed": (job.get("warmup") or {}).get("failed"),
                "levels": levels, "goodput": {}}  # fmt: skip
@@ -107,7 +120,7 @@ def job_summary(job: dict, rows: list[dict], prefill_urls: list[str]) -> dict:
         passing = [lv for lv in levels if lv["slo"][name]["passes"]]
         best = max(passing, key=lambda lv: lv["qps"]) if passing else None
         summary["goodput"][name] = {"qps": best["qps"] if best else 0.0,
-                                    "rps": (best["achieved_rps"] or 0.0) if best else 0.0}  # fmt: skip
+                                    "rps": (best["slo"][name]["slo_rps"] or 0.0) if best else 0.0}  # fmt: skip
     measured = [lv for lv in levels if lv["prompt_tokens"]]
     prompt = sum(lv["prompt_tokens"] for lv in measured)
     summary["fleet_hit_rate"] = 1.0 - sum(lv["recomputed_tokens"] for lv in measured) / prompt if prompt else None
@@ -175,7 +188,7 @@ def goals(summaries: dict[tuple[str, str], dict], ref: dict | None, prefill_work
     cond, always, colo = get("kv_aware_conditional"), get("kv_aware"), get("colocated_kv_aware")
     if cond and always and colo:
         worst = None
-        for lv in cond["levels"]:
+        for lv in (lv for lv in cond["levels"] if lv["requests"] >= MIN_REQUESTS):
             others = [x for x in (always, colo) for y in x["levels"] if y["qps"] == lv["qps"]]
             best = max((y["slo"][PRIMARY_SLO]["slo_rps"] or 0.0) for x in others for y in x["levels"]
                        if y["qps"] == lv["qps"])  # fmt: skip
@@ -184,7 +197,7 @@ def goals(summaries: dict[tuple[str, str], dict], ref: dict | None, prefill_work
             if worst is None or short > worst["shortfall"]:
                 worst = {"qps": lv["qps"], "conditional": mine, "best_other": best, "shortfall": short}
         out.append({"goal": "conditional never > 5% under the better of always-disaggregated and colocated "
-                    "(SLO-met requests/s, per level)", "worst": worst,
+                    f"(SLO-met requests/s, per level of >= {MIN_REQUESTS} requests)", "worst": worst,
                     "met": None if worst is None else worst["shortfall"] <= 0.05})  # fmt: skip
     return out
 
@@ -205,8 +218,9 @@ def markdown(report: dict) -> str:
     lines = [f"Command: `{report['command']}`", ""]
     slo = SLOS[PRIMARY_SLO]
     lines += [f"SLO `strict`: TTFT p90 <= {slo['ttft_ms']:.0f} ms and TPOT p90 <= {slo['tpot_ms']:.0f} ms; "
-              f"`relaxed`: TPOT p90 <= {SLOS['relaxed']['tpot_ms']:.0f} ms. Goodput: completed requests/s of the "
-              "highest QPS level inside the SLO (its offered QPS in brackets).", ""]  # fmt: skip
+              f"`relaxed`: TPOT p90 <= {SLOS['relaxed']['tpot_ms']:.0f} ms. Goodput: requests/s that met the SLO one "
+              "by one (over the level's length in the trace) at the highest QPS level whose p90s are inside it "
+              "(its offered QPS in brackets).", ""]  # fmt: skip
     for workload in dict.fromkeys(s["workload"] for s in report["summaries"]):
         rows = [s for s in report["summaries"] if s["workload"] == workload]
         ref = (report.get("reference") or {}).get(workload)
@@ -271,7 +285,7 @@ def plot(report: dict, out: Path) -> None:
             p90 = [lv["ttft_ms"]["p90"] for lv in s["levels"]]
             # A p90 that failed requests made infinite is drawn at the plot's ceiling (60 s).
             ax.plot(qps, [min(v / 1000, 60.0) if v is not None else 60.0 for v in p90], marker="o",
-                    label=s["policy"])  # fmt: skip
+                    label=s["policy"], color=COLOURS.get(s["policy"]))  # fmt: skip
         ax.axhline(SLOS[PRIMARY_SLO]["ttft_ms"] / 1000, color="k", ls="--", lw=1, label="SLO")
         ax.set_yscale("log")
         ax.set_xlabel("offered QPS")
@@ -318,7 +332,8 @@ def build(run_dir: Path, traces: dict[str, Path]) -> dict:
     summaries = []
     for job in bench["jobs"]:
         rows = read_requests(run_dir, job["workload"], job["policy"])
-        summaries.append(job_summary(job, rows, prefill_urls))
+        levels = ((bench.get("traces") or {}).get(job["workload"]) or {}).get("settings", {}).get("levels")
+        summaries.append(job_summary(job, rows, prefill_urls, [d for _, d in levels] if levels else None))
     n_prefill, n_all = len(prefill_urls), len(prefill_urls) + len(bench["workers"]["decode"])
     blocks = [b for b in (bench.get("fleet_blocks") or {}).values() if b]
     capacity = int(min(blocks)) - 1 if blocks else bench["kv_blocks"]  # vLLM keeps the null block back
