@@ -53,6 +53,9 @@ class Child:
     before_start: Callable[[], None] | None = None
     # The GPUs it runs on (None: none, or the CPU build): children sharing one start in turn.
     gpus: frozenset[str] | None = None
+    # Its KV cache size is given (vLLM's --kv-cache-memory-bytes): the engine skips
+    # measuring the GPU's free memory, so it may start beside others on its GPU.
+    sized_kv: bool = False
     role: str | None = None  # a worker's role (prefill, decode, colocated); None for the proxy
     _log: IO[bytes] | None = field(default=None, repr=False)
 
@@ -137,6 +140,7 @@ def plan_children(settings: UpCommand) -> list[Child]:
                     log_path=settings.run_dir / "logs" / f"{name}.log",
                     before_start=functools.partial(prepare_run_dir, role, run_dir),
                     gpus=None if cpu else worker_gpus(worker),
+                    sized_kv=explicit_kv_size(worker),
                     role=role,
                 )
             )
@@ -167,17 +171,29 @@ def worker_gpus(worker: WorkerSettings) -> frozenset[str]:
     return frozenset((worker.cuda_visible_devices or "0").split(","))
 
 
+def explicit_kv_size(worker: WorkerSettings) -> bool:
+    """True when the worker's vLLM arguments give its KV cache size in bytes
+    (`--kv-cache-memory-bytes`): vLLM 0.33 then skips its memory profile (it still runs
+    one dummy forward pass) and never reads the GPU's free memory after start-up."""
+    return any(arg == "--kv-cache-memory-bytes" or arg.startswith("--kv-cache-memory-bytes=")
+               for arg in worker.extra_vllm_args)  # fmt: skip
+
+
 def start_waves(children: list[Child]) -> list[list[Child]]:
     """The order `pdspec up` starts its children in: a worker sharing a GPU with an earlier
     one starts only once that one is ready (two vLLM engines measuring one GPU's free
     memory at once fail: "No available memory for the cache blocks"); the others at once.
+    Workers whose KV size is given (`sized_kv`) measure nothing, so they do not wait for
+    each other; they still wait for, and are waited for by, workers that measure.
     Children without a GPU (the proxy; every child on the CPU build) start with the last
     wave: the proxy's readiness needs the workers anyway, and on the CPU there is one wave."""
     waves: list[list[Child]] = [[]]
     placed: dict[str, int] = {}  # child name -> its wave
     on_gpus = [c for c in children if c.gpus is not None]
     for child in on_gpus:
-        wave = max((placed[o.name] + 1 for o in on_gpus if o.name in placed and o.gpus & child.gpus), default=0)
+        wave = max((placed[o.name] + 1 for o in on_gpus
+                    if o.name in placed and o.gpus & child.gpus and not (o.sized_kv and child.sized_kv)),
+                   default=0)  # fmt: skip
         placed[child.name] = wave
         while len(waves) <= wave:
             waves.append([])

@@ -74,6 +74,23 @@ def test_workers_sharing_a_gpu_start_in_turn(tmp_path, monkeypatch):
     assert names(waves) == [["prefill worker"], ["decode worker", "proxy"]]
 
 
+def test_workers_with_a_given_kv_size_share_a_gpu_and_start_together(tmp_path, monkeypatch):
+    """A 2P2D fleet on one GPU whose engines are told their KV size (vLLM 0.33's
+    --kv-cache-memory-bytes: no memory profile) starts in one wave; a worker that measures
+    the GPU's free memory still starts alone, after those before it."""
+    sized = {"replicas": 2, "extra_vllm_args": ["--kv-cache-memory-bytes", "5000000000"]}
+    fleet = UpCommand(run_dir=tmp_path, prefill=sized, decode=sized)
+    assert names(start_waves(gpu_children(tmp_path, fleet, monkeypatch))) == [
+        ["prefill-0 worker", "prefill-1 worker", "decode-0 worker", "decode-1 worker", "proxy"]]
+    mixed = UpCommand(run_dir=tmp_path, prefill=sized, decode={"replicas": 2})
+    assert names(start_waves(gpu_children(tmp_path, mixed, monkeypatch))) == [
+        ["prefill-0 worker", "prefill-1 worker"], ["decode-0 worker"], ["decode-1 worker", "proxy"]]
+    flag_form = UpCommand(run_dir=tmp_path, prefill={"extra_vllm_args": ["--kv-cache-memory-bytes=5000000000"]},
+                          decode={"extra_vllm_args": ["--kv-cache-memory-bytes=5000000000"]})  # fmt: skip
+    assert names(start_waves(gpu_children(tmp_path, flag_form, monkeypatch))) == [
+        ["prefill worker", "decode worker", "proxy"]]
+
+
 def test_workers_on_their_own_gpus_start_together(tmp_path, monkeypatch):
     up = UpCommand(run_dir=tmp_path, prefill={"replicas": 2, "cuda_visible_devices": "0,1"},
                    decode={"replicas": 2, "cuda_visible_devices": "2,3"})  # fmt: skip
