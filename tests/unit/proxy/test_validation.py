@@ -14,7 +14,8 @@ def test_parses_a_json_object():
         (b"{bad", "not valid JSON"),
         (b"[1, 2]", "must be a JSON object"),
         (b'"text"', "must be a JSON object"),
-        (b"\xff\xfe{}", "not valid UTF-8"),
+        (b'{"model": "\xff"}', "not valid UTF-8"),
+        (b"\xff\xfe{}", "not valid JSON"),  # a UTF-16 byte order mark, then no JSON
         (b"", "not valid JSON"),
     ],
 )
