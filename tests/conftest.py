@@ -17,6 +17,7 @@ from tests.prompts import (
     chat_body,
     complete,
     completion_body,
+    seeded_outputs,
 )
 
 REFERENCE_PORT = harness.REFERENCE_PORT
@@ -48,7 +49,8 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def reference_outputs(tmp_path_factory) -> dict:
-    """Greedy outputs of one colocated vLLM server (same model and drafter, no P/D)."""
+    """Greedy (and seeded, temperature 1) outputs of one colocated vLLM server (same model
+    and drafter, no P/D)."""
     server = harness.start_colocated(tmp_path_factory.mktemp("colocated"), REFERENCE_PORT)
     try:
         with httpx.Client(timeout=120) as client:
@@ -57,6 +59,7 @@ def reference_outputs(tmp_path_factory) -> dict:
                     complete(client, server.url, "/v1/completions", completion_body(p)) for p in COMPLETION_PROMPTS
                 ],
                 "chat": [complete(client, server.url, "/v1/chat/completions", chat_body(m)) for m in CHAT_MESSAGES],
+                "seeded": seeded_outputs(client, server.url),
             }
             before = harness.scrape(server.url)
             outputs["acceptance_texts"] = [

@@ -29,6 +29,23 @@ def chat_body(messages: list, stream: bool = False, **extra) -> dict:
             "stream": stream, **extra}  # fmt: skip
 
 
+# Seeded sampling (issue 39): the same text on every run, through P/D as colocated.
+SEEDED_PROMPTS = ["def read_config(path):", COMPLETION_PROMPTS[1]]
+SEEDS = [1234, 7]
+
+
+def seeded_body(prompt: str, seed: int, stream: bool = False) -> dict:
+    return {"model": "pdspec-tiny", "prompt": prompt, "max_tokens": 32, "temperature": 1.0, "seed": seed,
+            "stream": stream}  # fmt: skip
+
+
+def seeded_outputs(client: httpx.Client, base_url: str, stream: bool = False) -> list[str]:
+    """SEEDED_PROMPTS x SEEDS at temperature 1 from one endpoint (what the colocated
+    reference's "seeded" hold)."""
+    return [complete(client, base_url, "/v1/completions", seeded_body(p, s, stream))
+            for p in SEEDED_PROMPTS for s in SEEDS]  # fmt: skip
+
+
 def unique_prompt(words: int = 40) -> str:
     """A prompt no cache has seen, so its KV must come over NIXL, never from a prefix hit."""
     return f"# {uuid.uuid4().hex}\n" + " ".join(f"value_{i}" for i in range(words))

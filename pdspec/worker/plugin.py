@@ -20,6 +20,9 @@ from pdspec.worker.nixl_progress import PROGRESS_DELAY_ENV, apply_progress_delay
 
 log = logging.getLogger("pdspec.worker.plugin")
 
+# The roles pdspec's launcher starts (pdspec/worker/launch.py's Role).
+PDSPEC_ROLES = ("prefill", "decode", "colocated")
+
 
 def register() -> None:
     """Installs, in this vLLM process, what the worker's role uses: the hooks its role.py
@@ -28,11 +31,19 @@ def register() -> None:
     KV-only drafter pass, the DP idle-rank vote, the wait while only held KV remains and, in
     tests, the drafter-KV switch; a decode worker, in tests, the dump of the drafter KV it
     received. Every worker process counts its GC pauses (`pdspec_engine_gc_pause_seconds_total`).
-    The K=0 rule (and the decode worker's stale-KV guard) comes in through `--scheduler-cls`."""
+    Every pdspec server, the colocated one included, gets the CPU build's fix of the
+    rejection sampler's expand kernel (engine/cpu_expand_fix.py). The K=0 rule (and the
+    decode worker's stale-KV guard) comes in through `--scheduler-cls`."""
     delay = os.environ.get(PROGRESS_DELAY_ENV)
     if delay is not None:
         applied = apply_progress_delay(int(delay))
     role = os.environ.get(ROLE_ENV)
+    if role in PDSPEC_ROLES:
+        # A fix of vLLM's own sampling, so the colocated reference server gets it too
+        # (P/D must match it).
+        from pdspec.worker.engine.cpu_expand_fix import install_cpu_expand_fix
+
+        install_cpu_expand_fix()
     if role not in ("prefill", "decode"):
         return
     from pdspec.worker.engine import features

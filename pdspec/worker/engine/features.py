@@ -37,10 +37,11 @@ DP_IDLE_RANK_VOTE = "dp_idle_rank_vote"  # an idle DP rank votes "skip drafts" o
 STALE_KV_GUARD = "stale_kv_guard"  # decode: a prefill's KV whose lease may have run out is not read
 KV_HOLD_WAIT = "kv_hold_wait"  # prefill: with only KV held for reads, wait for work instead of stepping
 SHORT_SPIN = "short_spin"  # CPU: vLLM's shared-memory readers spin milliseconds, not a second, before sleeping
+CPU_EXPAND_FIX = "cpu_expand_fix"  # CPU: the rejection sampler's per-draft temperature is the request's (issue 39)
 # prefill, API server: a prefill leg's reply never fails after its engine parked the KV
 PREFILL_REPLY_GUARD = "prefill_reply_guard"
 FEATURES = (K0_RULE, KV_ONLY_PASS, NIXL_PROGRESS_DELAY, KV_CORE_PINNING, DP_IDLE_RANK_VOTE, STALE_KV_GUARD,
-            KV_HOLD_WAIT, SHORT_SPIN, PREFILL_REPLY_GUARD)  # fmt: skip
+            KV_HOLD_WAIT, SHORT_SPIN, CPU_EXPAND_FIX, PREFILL_REPLY_GUARD)  # fmt: skip
 
 ENGINE_FEATURE = Gauge(
     ENGINE_FEATURE_METRIC,

@@ -29,6 +29,7 @@ from pdspec.worker.engine.metrics import (
     K_POSITIVE_AUTO_PROPOSALS,
     PROPOSALS,
 )
+from pdspec.worker.engine.seeded_first_step import SeededFirstStepMixin
 from pdspec.worker.worker_info import WorkerInfo
 
 log = logging.getLogger("pdspec.engine")
@@ -127,16 +128,17 @@ def _has_own_forward(spec: Any) -> bool:
 
 
 def _scheduler_classes(front: tuple[type, ...] = ()) -> tuple[type, type]:
-    """The sync and async schedulers: `front`'s mixins, then the K=0 rule, then vLLM's."""
+    """The sync and async schedulers: `front`'s mixins, the seeded first step (every role's:
+    seeded_first_step.py), then the K=0 rule, then vLLM's."""
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    class K0SyncScheduler(*front, _K0Mixin, Scheduler):
+    class K0SyncScheduler(*front, SeededFirstStepMixin, _K0Mixin, Scheduler):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._pdspec_init(self.vllm_config)
 
-    class K0AsyncScheduler(*front, _K0Mixin, AsyncScheduler):
+    class K0AsyncScheduler(*front, SeededFirstStepMixin, _K0Mixin, AsyncScheduler):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._pdspec_init(self.vllm_config)

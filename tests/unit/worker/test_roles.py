@@ -41,7 +41,7 @@ def test_settings_defaults_and_the_launcher_come_from_the_roles():
 def test_every_role_names_only_features_that_exist():
     known = {features.K0_RULE, features.KV_ONLY_PASS, features.NIXL_PROGRESS_DELAY, features.KV_CORE_PINNING,
              features.DP_IDLE_RANK_VOTE, features.STALE_KV_GUARD, features.KV_HOLD_WAIT,
-             features.SHORT_SPIN, features.PREFILL_REPLY_GUARD}  # fmt: skip
+             features.SHORT_SPIN, features.CPU_EXPAND_FIX, features.PREFILL_REPLY_GUARD}  # fmt: skip
     assert set(ROLE_FEATURES["prefill"]) == known - {features.STALE_KV_GUARD}
     assert set(ROLE_FEATURES["decode"]) < known and features.KV_ONLY_PASS not in ROLE_FEATURES["decode"]
     assert features.STALE_KV_GUARD in ROLE_FEATURES["decode"]
