@@ -32,6 +32,13 @@ def test_no_source_file_is_over_the_limit():
     assert not long
 
 
+def test_benchmark_results_are_not_packaged():
+    # loadtest/results/ is the repo's record of measured runs (JSON, plots, logs), not code:
+    # no folder in it is a Python package, and pyproject's package search excludes it.
+    assert not list((REPO / "loadtest" / "results").rglob("__init__.py"))
+    assert 'exclude = ["loadtest.results*"]' in (REPO / "pyproject.toml").read_text()
+
+
 def test_installed_packages_do_not_import_the_source_tree():
     # tests/ and deploy/ are not in the wheel: an import of them breaks an installed pdspec.
     offending = {
