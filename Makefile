@@ -39,12 +39,17 @@ prometheus:
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus; \
 	fi
 
+# The unit tests first, in parallel (UNIT_PROCS processes: they mostly wait), then the
+# end-to-end tests one at a time (each starts real vLLM workers on the two cores).
+UNIT_PROCS ?= 4
+
 test: $(STAMP) prometheus
 	$(VENV)/bin/pdspec models
-	$(PY) -m pytest -v --durations=15
+	$(PY) -m pytest -v -n $(UNIT_PROCS) -m "not e2e" --durations=10
+	$(PY) -m pytest -v -m e2e --durations=15
 
 test-unit: $(STAMP) prometheus
-	$(PY) -m pytest -v -m "not e2e"
+	$(PY) -m pytest -v -n $(UNIT_PROCS) -m "not e2e"
 
 # The formatter and the linter (ruff, pinned in the test extras; configured in pyproject.toml).
 # CI runs `lint` before the tests (.ci/run); `format` rewrites what `lint` would refuse.
