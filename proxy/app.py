@@ -1,6 +1,6 @@
 """The proxy's app factory: `create_app(settings)` returns a configured FastAPI app.
 
-The generation endpoints (proxy/apis.py: completions, chat, responses, messages) are plain
+The generation endpoints (proxy/apis/api.py: completions, chat, responses, messages) are plain
 ASGI (`OpenAIEndpoint`), served ahead of FastAPI's middleware and routing (`ProxyApp`):
 they are the hot path, and FastAPI's per-request machinery cost more than both worker
 legs together (profiled under loadtest/micro/proxy_bench.py). Everything else
@@ -20,31 +20,31 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.datastructures import URL
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from pdspec.settings import ProxySettings
-from proxy.admission import Admission
-from proxy.apis import APIS, Api
+from proxy.admission.kv_room import KvRoom
+from proxy.admission.queue import Admission
+from proxy.apis.api import APIS, Api
+from proxy.apis.limits import ModelLimits
+from proxy.apis.validation import check_content_type, parse_json_object
 from proxy.asgi import DisconnectWatch, Reply, header, read_body, send_reply
 from proxy.auth import ApiKeys, worker_auth_headers
-from proxy.disagg import Disaggregator
+from proxy.edge.passthrough import add_passthrough_routes
 from proxy.errors import ProxyError, error_response
-from proxy.fanout import choice_count, prompts_of
-from proxy.health import HealthChecker
-from proxy.kv_room import KvRoom
-from proxy.kv_routing import KvRouter
-from proxy.limits import ModelLimits
+from proxy.fleet.health import HealthChecker
+from proxy.fleet.membership import Membership
+from proxy.fleet.pairing import Pairing
+from proxy.fleet.pool import WorkerPool
+from proxy.flow.disagg import Disaggregator
+from proxy.flow.fanout import choice_count, prompts_of
 from proxy.loop_lag import LoopLag
-from proxy.membership import Membership
 from proxy.metrics import ProxyMetrics
-from proxy.pairing import Pairing
-from proxy.passthrough import add_passthrough_routes
-from proxy.pool import WorkerPool
+from proxy.routing.kv_router import KvRouter
 from proxy.tracing import NO_TRACE, Tracing
-from proxy.upstream import UpstreamClient
-from proxy.validation import check_content_type, parse_json_object
+from proxy.upstream.client import UpstreamClient
 
 log = logging.getLogger("pdspec.proxy")
 
@@ -58,7 +58,7 @@ SCALE_OUT_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 
 class OpenAIEndpoint:
-    """POST one of proxy/apis.py's APIs (/v1/completions, /v1/chat/completions,
+    """POST one of proxy/apis/api.py's APIs (/v1/completions, /v1/chat/completions,
     /v1/responses, /v1/messages), as plain ASGI."""
 
     def __init__(
@@ -302,7 +302,7 @@ def create_app(settings: ProxySettings) -> ProxyApp:
     async def scale_out_path(request: Request) -> Response:
         """vLLM's scale-out endpoints (render, derender, /inference/v1/generate) are the
         workers' own: the proxy reads render for cache-aware routing
-        (proxy/routing_tokens.py) and serves none of them to clients. A plain 404 as for an
+        (proxy/routing/tokens.py) and serves none of them to clients. A plain 404 as for an
         unknown path, whatever the method (`/v1/responses/render` would otherwise match
         the stored-response routes below and answer 405 to a POST)."""
         raise ProxyError(404, f"No route {request.url.path}.", code="not_found")
@@ -314,7 +314,7 @@ def create_app(settings: ProxySettings) -> ProxyApp:
     @app.api_route("/v1/responses/{response_id}/{action}", methods=["GET", "POST"])
     async def stored_response(request: Request, response_id: str, action: str | None = None) -> Response:
         """Retrieve, delete, cancel, input items: none applies, since no response is stored
-        through the proxy (proxy/responses.py says why)."""
+        through the proxy (proxy/apis/responses.py says why)."""
         api_keys.check(request.headers.get("authorization"))
         raise ProxyError(404, f"Response {response_id!r} is not stored: through this P/D proxy responses are never "
                               "stored (one would live only on the decode worker that produced it).")  # fmt: skip
@@ -399,7 +399,7 @@ async def collect_garbage(interval_s: float) -> None:
 
 def check_choices(body: dict, max_choices: int) -> None:
     """`n` as vLLM takes it (no greedy n > 1), and bounded: each choice (each prompt of a
-    list times `n`) is a prefill and a decode of its own (proxy/fanout.py)."""
+    list times `n`) is a prefill and a decode of its own (proxy/flow/fanout.py)."""
     n = body.get("n") or 1
     prompts = prompts_of(body)
     if prompts is not None and choice_count(body) > max_choices:

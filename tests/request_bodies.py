@@ -1,5 +1,5 @@
 """Generated request bodies for the differential tests of the proxy's acceptance rules
-(tests/unit/proxy/test_validation_differential.py against vLLM's request classes,
+(tests/unit/proxy/apis/test_validation_differential.py against vLLM's request classes,
 tests/e2e/test_validation_differential.py against a real worker)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from pdspec.settings import ProxySettings
-from proxy.fanout import choice_count
+from proxy.flow.fanout import choice_count
 
 MAX_CHOICES = ProxySettings().max_choices
 
