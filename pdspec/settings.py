@@ -232,11 +232,11 @@ class ProxySettings(BaseModel):
     )
     dns_refresh_s: float = Field(10.0, description="Re-resolve dns:// worker names this often.")
     prefill_policy: RoutingPolicy = Field(
-        "prefix_affinity", description="How a prefill worker is picked (proxy/fleet/pool.py); prefix_affinity: a "
+        "prefix_affinity", description="How a prefill worker is picked (proxy/routing/policies/); prefix_affinity: a "
         "rendezvous hash of the prompt's start, so repeated prefixes hit one worker's prefix cache.",
     )
     decode_policy: DecodeRoutingPolicy = Field(
-        "least_outstanding", description="How a decode worker is picked (proxy/fleet/pool.py); kv_aware: the one "
+        "least_outstanding", description="How a decode worker is picked (proxy/routing/policies/); kv_aware: the one "
         "holding most of the prompt (a conversation's earlier turns) against its load.",
     )
     disaggregation: Disaggregation = Field(
@@ -259,7 +259,7 @@ class ProxySettings(BaseModel):
         "(scaled by the worker's share times the pool's size). Storing evicts the least recently used blocks, "
         "younger on a worker that stored more lately, so misses spread over the pool instead of following a short "
         "prefix one worker holds (a system prompt); 0: off. At an even share it makes cached tokens weigh "
-        "1 + this against load (proxy/fleet/pool.py).",
+        "1 + this against load (proxy/routing/policies/kv_aware.py).",
     )
     kv_index_max_blocks: int = Field(
         200_000, ge=1, description="Most KV blocks the proxy's cache index keeps per worker (about 230 bytes "

@@ -42,6 +42,7 @@ from proxy.flow.disagg import Disaggregator
 from proxy.flow.fanout import choice_count, prompts_of
 from proxy.loop_lag import LoopLag
 from proxy.metrics import ProxyMetrics
+from proxy.routing import registry as policies
 from proxy.routing.kv_router import KvRouter
 from proxy.tracing import NO_TRACE, Tracing
 from proxy.upstream.client import UpstreamClient
@@ -201,11 +202,8 @@ class ProxyApp(FastAPI):
 
 def create_app(settings: ProxySettings) -> ProxyApp:
     metrics = ProxyMetrics.create()
-    prefill_pool = WorkerPool.from_urls("prefill", [], settings.prefill_policy)
-    decode_pool = WorkerPool.from_urls("decode", [], settings.decode_policy)
-    prefill_pool.load_tokens = decode_pool.load_tokens = settings.kv_aware_load_tokens
-    # Churn is what prefill legs compute; a decode worker's cache fills with what it pulls, chosen by its load.
-    prefill_pool.churn_weight = settings.kv_aware_churn_weight
+    prefill_pool = WorkerPool.from_urls("prefill", [], policies.for_pool(settings, "prefill"))
+    decode_pool = WorkerPool.from_urls("decode", [], policies.for_pool(settings, "decode"))
     membership = Membership(
         {prefill_pool: settings.prefill_urls, decode_pool: settings.decode_urls}, settings.dns_refresh_s
     )

@@ -1,56 +1,20 @@
-"""Worker pools and routing: which prefill and which decode worker serves a request.
+"""Worker pools: the prefill and the decode workers, each with its state as the proxy sees it
+(health, pairing, legs in flight and the load they lease).
 
-Prefill and decode workers are chosen independently. Policies:
-- `round_robin`: in turn;
-- `least_outstanding`: power of two choices on in-flight requests (cheap and close to
-  the true least-loaded worker, without herding every request onto one worker);
-- `prefix_affinity` (prefill only): rendezvous hashing of the prompt's first bytes, so
-  requests sharing a prefix land on the worker whose prefix cache holds it; falls back
-  to least outstanding when that worker is much busier than the rest;
-- `kv_aware`: the worker with the least prefill work ahead of the prompt: the prompt
-  tokens its prefix cache lacks (the proxy's index of the workers' KV events,
-  proxy/routing/kv_router.py), plus the uncached prompt tokens of the prefill legs it is
-  already running (`Worker.pending_tokens`), plus `load_tokens` for each leg in flight
-  (a leg's fixed cost). On the decode pool `pending_tokens` are the prompt tokens its
-  decode legs hold in its KV cache (a decode worker takes a new leg at once only while
-  it has room; a leg it holds the prompt of saves only part of a transfer), each leg's
-  whole prompt, though legs sharing a prefix hold its blocks once (a busy holder of a
-  shared prefix looks busier than it is). Pending tokens that build this prompt's own
-  blocks (a burst's first leg, still computing the prefix the others were routed after)
-  are not counted: the prompt would wait for them, or compute them again elsewhere. On
-  the prefill pool, the prompt's uncached tokens also cost `churn_weight` times the
-  worker's share of the pool's recent cache churn (the uncached tokens its prefill legs
-  computed, halving every CHURN_HALF_LIFE_S), times the pool's size: storing new blocks
-  evicts the least recently used ones, and those are younger, so worth more, on a worker
-  that stored more lately. A hit stores little and barely pays; a miss goes to the worker
-  whose cache it disturbs least, so new prefixes spread instead of all following a short
-  prefix (a system prompt) that one worker holds. Two side effects, measured with as
-  they are: at an even share the term is `churn_weight * uncached`, so cached tokens
-  weigh 1 + churn_weight against load; and its largest difference grows with the pool's
-  size (n times the uncached tokens). Ties go to the less loaded worker, then to the
-  prompt's rendezvous hash (its first block no worker holds; with nothing cached
-  anywhere, prefix affinity among the least loaded). The same guard as prefix_affinity
-  keeps a hot prefix from piling onto one worker.
-Only healthy workers that the pairing check admitted are chosen (see `health.py` and
-`pairing.py`); membership can change at run time.
+Which worker of a pool serves a leg is its routing policy's choice (proxy/routing/policy.py,
+one module per policy under proxy/routing/policies/), built for the pool by the registry
+(proxy/routing/registry.py) and handed in: the fleet names no policy. Only healthy workers
+that the pairing check admitted are candidates (see `health.py` and `pairing.py`);
+membership can change at run time.
 """
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import random
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
-from pdspec.contract import RoutingPolicy
-
-Policy = RoutingPolicy
-
-AFFINITY_PREFIX_CHARS = 256
-AFFINITY_PREFIX_TOKENS = 64  # about AFFINITY_PREFIX_CHARS of text
-AFFINITY_MAX_EXTRA_LOAD = 4  # leave the preferred worker when it has this many more in flight
 CHURN_HALF_LIFE_S = 30.0  # kv_aware: how fast a worker's recent cache churn is forgotten
 
 
@@ -147,17 +111,15 @@ class Lease:
 class WorkerPool:
     name: str
     workers: list[Worker]
-    policy: Policy = "round_robin"
-    load_tokens: int = 256  # kv_aware: what one leg in flight costs, in prompt tokens to prefill
-    churn_weight: float = 0.0  # kv_aware: what storing an uncached token costs, at an even share of churn
-    _counter: itertools.count = field(default_factory=itertools.count, repr=False)
-    _rng: random.Random = field(default_factory=lambda: random.Random(0), repr=False)
+    # Its routing policy (proxy/routing/policy.py's `Policy`), built by the registry; None
+    # for a pool nothing is picked from.
+    policy: Any = None
 
     def __hash__(self) -> int:  # pools are identities (dict keys), not values
         return id(self)
 
     @classmethod
-    def from_urls(cls, name: str, urls: list[str], policy: Policy = "round_robin") -> WorkerPool:
+    def from_urls(cls, name: str, urls: list[str], policy: Any = None) -> WorkerPool:
         return cls(name, [Worker(url.rstrip("/")) for url in urls], policy)
 
     def healthy(self, exclude: set[str] = frozenset()) -> list[Worker]:
@@ -179,73 +141,10 @@ class WorkerPool:
         self, affinity_key: str | None = None, exclude: set[str] = frozenset(), cached: dict[str, int] | None = None,
         building: dict[str, int] | None = None, prompt_tokens: int = 0,
     ) -> Worker:
-        """`cached`: prompt tokens each worker holds (kv_aware; absent: none), `building`: of
-        those, the ones a leg in flight there is computing, `prompt_tokens`: the prompt's
-        length. kv_aware compares `cached - max(0, pending_tokens - building) -
-        load_tokens * outstanding - churn_weight * uncached * n * churn share`: without the
-        churn term the same order as least work ahead, since the prompt's length is the
-        same on every worker."""
+        """A healthy, admitted worker not in `exclude`, by the pool's policy. `cached`:
+        prompt tokens each worker holds (kv_aware; absent: none), `building`: of those, the
+        ones a leg in flight there is computing, `prompt_tokens`: the prompt's length."""
         candidates = self.healthy(exclude)
         if not candidates:
             raise NoHealthyWorker(self.name)
-        if self.policy == "round_robin":
-            return candidates[next(self._counter) % len(candidates)]
-        if self.policy == "kv_aware":
-            return self._kv_aware(candidates, cached or {}, building or {}, affinity_key or "", prompt_tokens)
-        least = self._power_of_two(candidates)
-        if self.policy == "prefix_affinity" and affinity_key:
-            preferred = max(candidates, key=lambda w: _rendezvous(affinity_key, w.url))
-            if preferred.outstanding - least.outstanding < AFFINITY_MAX_EXTRA_LOAD:
-                return preferred
-        return least
-
-    def _kv_aware(
-        self, candidates: list[Worker], cached: dict[str, int], building: dict[str, int], key: str, prompt_tokens: int
-    ) -> Worker:
-        churn = {w.url: w.churn.value() for w in candidates}
-        total = sum(churn.values())
-
-        def score(w: Worker) -> tuple:
-            work_ahead = max(0, w.pending_tokens - building.get(w.url, 0)) + self.load_tokens * w.outstanding
-            # n * share is 1 at an even share (and while nothing has churned).
-            pressure = len(candidates) * churn[w.url] / total if total else 1.0
-            stored = max(0, prompt_tokens - cached.get(w.url, 0))
-            return (cached.get(w.url, 0) - work_ahead - self.churn_weight * stored * pressure, -w.outstanding,
-                    _rendezvous(key, w.url))  # fmt: skip
-
-        best = max(candidates, key=score)
-        least = min(candidates, key=lambda w: w.outstanding)
-        return best if best.outstanding - least.outstanding < AFFINITY_MAX_EXTRA_LOAD else least
-
-    def _power_of_two(self, candidates: list[Worker]) -> Worker:
-        if len(candidates) == 1:
-            return candidates[0]
-        a, b = self._rng.sample(candidates, 2)
-        return a if a.outstanding <= b.outstanding else b
-
-
-def _rendezvous(key: str, url: str) -> int:
-    return int.from_bytes(hashlib.blake2b(f"{url}|{key}".encode(), digest_size=8).digest(), "big")
-
-
-def affinity_key(body: dict) -> str | None:
-    """The start of the prompt (or of the rendered chat) as a routing key."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return prompt[:AFFINITY_PREFIX_CHARS]
-    if isinstance(prompt, list) and prompt:
-        return repr(prompt[0] if isinstance(prompt[0], list) else prompt)[:AFFINITY_PREFIX_CHARS]
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        return repr(messages)[:AFFINITY_PREFIX_CHARS]
-    responses_input = body.get("input")  # the Responses API: rendered after its `instructions`
-    if isinstance(responses_input, (str, list)):
-        return repr((body.get("instructions"), responses_input))[:AFFINITY_PREFIX_CHARS]
-    return None
-
-
-def token_affinity_key(ids: list[int]) -> str:
-    """The start of the prompt's token ids as a routing key (cache-aware routing, which
-    reads them): the same for two requests whose prompts render alike, whatever API they
-    came through."""
-    return repr(ids[:AFFINITY_PREFIX_TOKENS])
+        return self.policy.pick(candidates, affinity_key, cached or {}, building or {}, prompt_tokens)

@@ -1,5 +1,6 @@
-"""Which workers a leg is tried on, the pause between tries, and what a prefill leg costs
-its worker. One retry loop for both legs (proxy/flow/disagg.py).
+"""Which workers a leg is tried on, and the pause between tries. One retry loop for both
+legs (proxy/flow/disagg.py); what a leg costs its worker is kv_aware's accounting
+(proxy/routing/policies/kv_aware.py).
 
 Failure policy: none here; the caller decides what a failed try means."""
 
@@ -7,12 +8,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from proxy.fleet.pool import NoHealthyWorker, Worker, WorkerPool
-
-if TYPE_CHECKING:
-    from proxy.routing.kv_router import RoutePlan
 
 
 def attempts(
@@ -46,21 +43,3 @@ async def backoff(attempt: int, tries: int, base_s: float) -> None:
     """The pause after failed attempt `attempt` (doubling), none after the last one."""
     if attempt + 1 < tries:
         await asyncio.sleep(base_s * (2**attempt))
-
-
-def uncached_tokens(plan: RoutePlan | None, worker: Worker) -> int:
-    """The prompt tokens a prefill leg makes `worker` compute, by the route plan (0: no
-    plan, or not kv_aware), which kv_aware routing counts as that worker's load."""
-    if plan is None or plan.prefill_cached is None:
-        return 0
-    return max(0, plan.prompt_tokens - plan.prefill_cached.get(worker.url, 0))
-
-
-def decode_tokens(plan: RoutePlan | None) -> int:
-    """The prompt tokens a decode leg holds in its worker's KV cache while it runs (the
-    whole prompt, pulled or cached), by the route plan (0: no plan, or the decode pool not
-    kv_aware), which kv_aware counts as that decode worker's load: a decode worker serves
-    a new leg at once only while its cache has room for it."""
-    if plan is None or plan.decode_cached is None:
-        return 0
-    return plan.prompt_tokens

@@ -45,13 +45,15 @@ from proxy.apis.api import Api
 from proxy.asgi import Reply
 from proxy.auth import worker_auth_headers
 from proxy.errors import ProxyError
-from proxy.fleet.pool import NoHealthyWorker, Worker, WorkerPool, affinity_key
-from proxy.flow.attempts import attempts, backoff, decode_tokens, uncached_tokens
+from proxy.fleet.pool import NoHealthyWorker, Worker, WorkerPool
+from proxy.flow.attempts import attempts, backoff
 from proxy.flow.early_decode import EarlyDecode, EarlyLeg, early_params, kv_source
 from proxy.flow.fanout import choice_count, fan_out
 from proxy.flow.relay import Relay
 from proxy.metrics import ProxyMetrics
-from proxy.routing.kv_router import KvRouter, RoutePlan
+from proxy.routing.kv_router import KvRouter
+from proxy.routing.plan import RoutePlan, leg_key
+from proxy.routing.policies.kv_aware import decode_tokens, uncached_tokens
 from proxy.tracing import NO_TRACE, NoTrace
 from proxy.upstream.client import UpstreamClient, UpstreamError, UpstreamResponse
 
@@ -91,14 +93,6 @@ def release_reason(exc: BaseException) -> str:
     if isinstance(exc, PassThrough):
         return "http_4xx"
     return status_class(getattr(exc, "reason", "proxy_error"))
-
-
-def _affinity(body: dict[str, Any], plan: RoutePlan | None, policy: str) -> str | None:
-    """The rendezvous key of a leg on a pool of `policy`: from the prompt's token ids when
-    the route plan read them (a Messages `system`, which the body's key leaves out,
-    included; for kv_aware, the prompt's first block no worker holds), else from the body."""
-    key = plan.key(policy) if plan is not None else None
-    return key if key is not None else affinity_key(body)
 
 
 def server_timing(**durations_s: float) -> str:
@@ -219,8 +213,7 @@ class Disaggregator:
         retry's fresh KV, whose decode leg `_decode` sends itself)."""
         policy = self.settings.prefill_failure_policy
         tries = 1 + (self.settings.prefill_retries if policy == "retry" else 0)
-        routing = self.prefill_pool.policy
-        key = _affinity(body, plan, routing) if routing in ("prefix_affinity", "kv_aware") else None
+        key = leg_key(body, plan, self.prefill_pool.policy)
         leg = orjson.dumps(api.prefill_body(body))
         failure: LegFailed | None = None
         cached = plan.prefill_cached if plan is not None else None
@@ -413,7 +406,7 @@ class Disaggregator:
 
     def _decode_attempts(self, body: dict, plan: RoutePlan | None, tries: int, first: Worker | None = None):
         cached, planned = (plan.decode_cached, plan.decode_worker) if plan is not None else (None, None)
-        key = _affinity(body, plan, "kv_aware") if self.decode_pool.policy == "kv_aware" else None
+        key = leg_key(body, plan, self.decode_pool.policy)
         return attempts(self.decode_pool, tries, key, cached, first or planned)
 
     def _start_early(self, api: Api, body: dict, request_id: str, prefill_worker: Worker, plan: RoutePlan | None,
@@ -508,7 +501,7 @@ class Disaggregator:
         """The decode response, checked before any byte goes to the client: once a
         streaming response has started, its status can no longer change. `on_sent`: called
         once the leg went on the wire (the worker may then read its KV); `tokens`: what the
-        leg's lease holds of the worker (`attempts.decode_tokens`)."""
+        leg's lease holds of the worker (`kv_aware.decode_tokens`)."""
         lease = worker.lease(tokens, computed=False)
         try:
             resp = await self.client.request(

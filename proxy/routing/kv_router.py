@@ -12,12 +12,13 @@ the workers' caches, the subscriptions that fill it, and a request's route plan.
   prompt's rendezvous keys (its ids' start for prefix_affinity; for kv_aware's tie-break,
   its first block no worker holds, `new_part_key`). The decode worker is
   chosen first: with conditional disaggregation, a prompt whose part uncached on that
-  worker is short is prefilled there (`local_prefill`: no prefill leg, no KV transfer).
+  worker is short is prefilled there (proxy/routing/plan.py's `local_prefill`: no prefill
+  leg, no KV transfer).
 - `routed()` notes a routing decision in the index for a short while.
 
 Failure policy: nothing here fails a request. Without token ids or a known block size a
 request is routed as if nothing were cached (load and the rendezvous hash of the body's
-prompt, `pool.affinity_key`), and always disaggregated; a subscription that ends is
+prompt, `keys.affinity_key`), and always disaggregated; a subscription that ends is
 started again at the next sync.
 """
 
@@ -25,48 +26,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pdspec.settings import ProxySettings
-from proxy.apis.api import Api
-from proxy.fleet.pool import NoHealthyWorker, Worker, WorkerPool, token_affinity_key
+from proxy.fleet.pool import NoHealthyWorker, Worker, WorkerPool
 from proxy.metrics import ProxyMetrics, remove_series
+from proxy.routing.keys import new_part_key, rendezvous_key, token_affinity_key
 from proxy.routing.kv_index import KvIndex, block_keys
 from proxy.routing.kv_subscriber import EventSource, Subscriber
+from proxy.routing.plan import RoutePlan, local_prefill
 from proxy.routing.tokens import prompt_token_ids, rendered_token_ids
 from proxy.upstream.client import UpstreamClient
 
 log = logging.getLogger("pdspec.proxy.routing")
 
 
-@dataclass(frozen=True, slots=True)
-class RoutePlan:
-    keys: list[bytes]  # the prompt's full blocks, keyed as the index keys them
-    prompt_tokens: int
-    prefill_cached: dict[str, int] | None  # cached prompt tokens per prefill worker (None: not kv_aware)
-    decode_cached: dict[str, int] | None
-    decode_worker: Worker | None = None  # chosen first: the decode leg tries it first
-    # The rendezvous keys, from the ids (the same whatever API rendered them): `affinity`,
-    # their start, for prefix_affinity (a prefix stays on one worker); `new_part`, the
-    # prompt's first block no worker holds, kv_aware's tie-break (new_part_key).
-    affinity: str | None = None
-    new_part: str | None = None
-    local_prefill: str | None = None  # why the decode worker prefills itself (None: disaggregate)
-    # Of prefill_cached, the tokens a worker holds by a routing note only: a leg of an
-    # earlier request is computing them there now (or just did). kv_aware does not count
-    # that leg's pending tokens against this prompt, which would wait for them anyway.
-    prefill_building: dict[str, int] | None = None
+class Rendered(Protocol):
+    """What the route plan needs of an API (proxy/apis/api.py's `Api`): where its prompt's
+    token ids come from (proxy/routing/tokens.py)."""
 
-    def key(self, policy: str) -> str | None:
-        """The rendezvous key a pool of `policy` routes this prompt by."""
-        return rendezvous_key(policy, self.affinity, self.new_part)
-
-
-def rendezvous_key(policy: str, affinity: str | None, new_part: str | None) -> str | None:
-    """kv_aware's tie-break key (`new_part`) on a kv_aware pool, else the ids' start
-    (`affinity`: prefix_affinity keeps a prefix on one worker)."""
-    return new_part if policy == "kv_aware" and new_part is not None else affinity
+    chat: bool
+    render_path: str | None
+    render_body: Callable[[dict[str, Any]], dict[str, Any]] | None
 
 
 @dataclass
@@ -169,7 +152,7 @@ class KvRouter:
 
     # --- a request's route ---------------------------------------------------------------
 
-    async def plan(self, body: dict[str, Any], api: Api) -> RoutePlan | None:
+    async def plan(self, body: dict[str, Any], api: Rendered) -> RoutePlan | None:
         block_size = self._block_size()
         tokenizer = next(iter(self.decode_pool.healthy()), None)
         if block_size is None or tokenizer is None:
@@ -198,18 +181,16 @@ class KvRouter:
             # What the worker's events say it holds, not routing notes: a burst of one new
             # prompt is noted on the worker before its KV is there.
             held = self.cached_tokens(keys, block_size, self.decode_pool, routed=False)
-            cached = min(held.get(decode_worker.url, 0), len(ids))
-            if len(ids) - cached < self.settings.local_prefill_max_tokens:
-                local = "cached_on_decode" if cached else "short_prompt"
+            local = local_prefill(len(ids), held.get(decode_worker.url, 0), self.settings.local_prefill_max_tokens)
         building = None
-        if self.prefill_pool.policy == "kv_aware":
+        if self.prefill_pool.policy.cache_aware:
             prefill_held = self.cached_tokens(keys, block_size, self.prefill_pool, routed=False)
             building = {url: tokens - prefill_held.get(url, 0) for url, tokens in prefill_cached.items()
                         if tokens > prefill_held.get(url, 0)}  # fmt: skip
         return RoutePlan(
             keys, len(ids),
-            prefill_cached if self.prefill_pool.policy == "kv_aware" else None,
-            decode_cached if self.decode_pool.policy == "kv_aware" else None,
+            prefill_cached if self.prefill_pool.policy.cache_aware else None,
+            decode_cached if self.decode_pool.policy.cache_aware else None,
             decode_worker=decode_worker, affinity=affinity, new_part=new_part, local_prefill=local,
             prefill_building=building,
         )  # fmt: skip
@@ -237,23 +218,6 @@ class KvRouter:
                 if size:
                     return size
         return None
-
-
-def new_part_key(ids: list[int], keys: list[bytes], block_size: int, *cached: dict[str, int]) -> str:
-    """A prompt's rendezvous key (kv_aware's tie-break): its first full block that no
-    worker holds, by the `cached` tokens of each pool's workers (a chained key, so it names
-    the prompt up to there), else its last full block, else its first ids.
-
-    Why not the prompt's start: when the scores tie (every worker holds the same shared
-    part, a system prompt, and none is busier), a key on the shared part sends every new
-    prefix to the same worker, whose cache then churns while the other's stays cold. Keyed
-    on the part nobody holds, new prefixes spread over the pool; a prefix's later requests
-    follow its cache (or its routing note) by their scores, not by this key. The key comes
-    from token ids, so prompts that render alike meet whatever API they came through."""
-    if not keys:
-        return token_affinity_key(ids)
-    held = max((tokens for pool in cached for tokens in pool.values()), default=0) // block_size
-    return keys[min(held, len(keys) - 1)].hex()
 
 
 def _int(value: str | None) -> int | None:

@@ -14,7 +14,7 @@ request. Without render's ids the request goes where the hash says, the other wo
 import httpx
 import pytest
 
-from proxy.fleet.pool import _rendezvous
+from proxy.routing.keys import rendezvous
 from proxy.routing.kv_index import block_keys
 from proxy.routing.kv_router import new_part_key
 from tests import harness
@@ -126,7 +126,7 @@ def warm_where_the_hash_would_not_go(fleet, client: httpx.Client, ids: list[int]
     prefills = [fleet["p1"].url, fleet["p2"].url]
     size = block_size(prefills[0])
     key = new_part_key(ids, block_keys(ids, size), size)
-    holder = min(prefills, key=lambda url: _rendezvous(key, url))
+    holder = min(prefills, key=lambda url: rendezvous(key, url))
     other = next(url for url in prefills if url != holder)
     before = index_blocks(fleet["proxy"].url).get(holder, 0)
     warm = client.post(holder + "/v1/chat/completions", json={

@@ -16,6 +16,7 @@ from proxy.admission.kv_room import KvRoom, Room, parse_room, reply_prompt_token
 from proxy.admission.prefill_rate import PrefillRate
 from proxy.fleet.pool import WorkerPool
 from proxy.metrics import ProxyMetrics
+from proxy.routing import registry
 from tests import harness
 from tests.proxy_cluster import Fleet, queued_prefill_s, sample
 from tests.standin import StandinBehaviour
@@ -63,7 +64,7 @@ def test_a_prompt_larger_than_the_headroom_goes_alone():
 
 
 def room_keeper(chars_per_token: float = 3.0, queue_budget_s: float | None = None) -> KvRoom:
-    return KvRoom(None, WorkerPool.from_urls("prefill", ["http://p:1"], "round_robin"), 0.9, 1.0, 1.0, 1,
+    return KvRoom(None, WorkerPool.from_urls("prefill", ["http://p:1"], registry.make("round_robin")), 0.9, 1.0, 1.0, 1,
                   metrics=None, chars_per_token=chars_per_token, queue_budget_s=queue_budget_s)  # fmt: skip
 
 

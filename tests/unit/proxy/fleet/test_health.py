@@ -6,6 +6,7 @@ import asyncio
 
 from proxy.fleet.health import HealthChecker
 from proxy.fleet.pool import WorkerPool
+from proxy.routing import registry
 from proxy.upstream.client import UpstreamError
 
 
@@ -34,7 +35,7 @@ class Client:
 
 
 def checked_pool():
-    pool = WorkerPool.from_urls("prefill", ["http://10.0.0.1:8100", "http://10.0.0.2:8100"], "round_robin")
+    pool = WorkerPool.from_urls("prefill", ["http://10.0.0.1:8100", "http://10.0.0.2:8100"], registry.make("round_robin"))
     for worker in pool.workers:
         worker.healthy = worker.seen_healthy = True
         worker.info_read_at = float("inf")  # no /metrics read due: /health only

@@ -1,18 +1,17 @@
-"""The proxy's one retry loop for both legs (proxy/flow/attempts.py `attempts`, `backoff`), what a
-prefill leg costs its worker (`uncached_tokens`), and the worker lease that counts a leg
-open on a worker (proxy/fleet/pool.py)."""
+"""The proxy's one retry loop for both legs (proxy/flow/attempts.py `attempts`, `backoff`), and
+the worker lease that counts a leg open on a worker (proxy/fleet/pool.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.fleet.pool import Worker, WorkerPool
-from proxy.flow.attempts import attempts, backoff, uncached_tokens
-from proxy.routing.kv_router import RoutePlan
+from proxy.fleet.pool import WorkerPool
+from proxy.flow.attempts import attempts, backoff
+from proxy.routing import registry
 
 
 def pool(n: int, healthy: int | None = None) -> WorkerPool:
-    p = WorkerPool.from_urls("decode", [f"http://w{i}:1" for i in range(n)], "round_robin")
+    p = WorkerPool.from_urls("decode", [f"http://w{i}:1" for i in range(n)], registry.make("round_robin"))
     for w in p.workers[healthy if healthy is not None else n :]:
         w.healthy = False
     return p
@@ -54,12 +53,3 @@ def test_a_lease_counts_one_open_leg_and_releases_once():
     lease.release()
     lease.release()  # idempotent: a relay closed twice must not go negative
     assert worker.outstanding == 0
-
-
-def test_a_prefill_leg_leases_the_tokens_the_plan_says_its_worker_lacks():
-    worker = Worker("http://w1")
-    plan = RoutePlan([], 1000, {"http://w1": 768}, None)
-    assert uncached_tokens(plan, worker) == 232
-    assert uncached_tokens(plan, Worker("http://w2")) == 1000
-    assert uncached_tokens(RoutePlan([], 1000, None, None), worker) == 0  # prefill pool not kv_aware
-    assert uncached_tokens(None, worker) == 0

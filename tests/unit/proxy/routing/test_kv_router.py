@@ -10,10 +10,8 @@ import json
 import httpx
 import pytest
 
-from proxy.fleet.pool import CHURN_HALF_LIFE_S, DecayingSum, Worker, WorkerPool, token_affinity_key
+from proxy.fleet.pool import CHURN_HALF_LIFE_S, DecayingSum, Worker
 from proxy.routing.kv_events import Stored
-from proxy.routing.kv_index import block_keys
-from proxy.routing.kv_router import new_part_key, rendezvous_key
 from tests.harness import wait_for
 from tests.proxy_cluster import Fleet, sample
 from tests.standin import StandinBehaviour, decode_legs
@@ -239,56 +237,6 @@ def test_server_timing_says_where_a_request_spent_its_time_before_its_stream():
         assert timing["decode"] >= 600 > timing["prefill"] + timing["route"]
 
 
-def pool(*outstanding: int) -> WorkerPool:
-    workers = [Worker(f"http://w{i}") for i in range(len(outstanding))]
-    for worker, n in zip(workers, outstanding):
-        worker.outstanding = n
-    return WorkerPool("prefill", workers, "kv_aware", load_tokens=100)
-
-
-@pytest.mark.parametrize("outstanding, cached, expected", [
-    ((0, 0, 0), {"http://w1": 400}, {1}),  # most cached
-    ((0, 3, 0), {"http://w1": 400}, {1}),  # 400 cached beats 3 legs at 100 each
-    ((0, 5, 0), {"http://w1": 400}, {0, 2}),  # not 5 legs: an idle one, by the prompt's hash
-    ((2, 2, 0), {}, {2}),  # nothing cached: the least loaded
-    ((0, 8, 0), {"http://w1": 10_000}, {0}),  # the load guard: 4 more in flight than the least loaded
-])  # fmt: skip
-def test_kv_aware_weighs_cache_against_load(outstanding, cached, expected):
-    assert pool(*outstanding).pick(affinity_key="k", cached=cached).url in {f"http://w{i}" for i in expected}
-
-
-def test_kv_aware_counts_the_uncached_tokens_of_the_legs_a_worker_runs():
-    """Two legs each: the holder of 400 cached tokens still wins while its legs hit its
-    cache, and loses once they are long misses it must compute first."""
-    hits, misses = pool(2, 2, 2), pool(2, 2, 2)
-    hits.workers[1].pending_tokens = 2 * 50
-    misses.workers[1].pending_tokens = 2 * 800
-    assert hits.pick(affinity_key="k", cached={"http://w1": 400}).url == "http://w1"
-    assert misses.pick(affinity_key="k", cached={"http://w1": 400}).url != "http://w1"
-
-
-def churned(*recent: float, weight: float = 0.5) -> WorkerPool:
-    """A kv_aware prefill pool whose workers computed `recent` uncached tokens just now."""
-    workers = pool(*([0] * len(recent)))
-    workers.churn_weight = weight
-    for worker, tokens in zip(workers.workers, recent):
-        worker.churn = DecayingSum(CHURN_HALF_LIFE_S, clock=lambda: 0.0)
-        worker.churn.add(tokens)
-    return workers
-
-
-def test_a_miss_goes_to_the_worker_with_the_smaller_share_of_churn():
-    system = {"http://w0": 128}  # only w0 holds the system prompt
-    # Nothing churned yet: the system prompt's 128 tokens decide.
-    assert churned(0, 0).pick(affinity_key="k", cached=system, prompt_tokens=1000).url == "http://w0"
-    # w0 computed every miss lately: the next miss goes to w1.
-    assert churned(3000, 0).pick(affinity_key="k", cached=system, prompt_tokens=1000).url == "http://w1"
-    # ... but a prompt w0 holds most of still goes to w0: a hit stores little.
-    assert churned(3000, 0).pick(affinity_key="k", cached={"http://w0": 900}, prompt_tokens=1000).url == "http://w0"
-    # Weight 0: the term is off.
-    assert churned(3000, 0, weight=0).pick(affinity_key="k", cached=system, prompt_tokens=1000).url == "http://w0"
-
-
 def test_churn_halves_every_half_life_and_a_lease_adds_its_tokens():
     now = [0.0]
     churn = DecayingSum(30.0, clock=lambda: now[0])
@@ -307,18 +255,6 @@ def test_churn_halves_every_half_life_and_a_lease_adds_its_tokens():
     assert worker.churn.value() == 700
 
 
-def test_a_decode_worker_busy_with_a_prompt_loses_to_an_idle_one_holding_less():
-    """Decode load is the KV its legs hold: the worker holding 900 tokens of the prompt but
-    running one 960-token leg loses to an idle one holding the 128-token system prompt (one
-    more leg would wait for room there; the cache saves only part of a transfer)."""
-    decode = WorkerPool("decode", [Worker("http://w0"), Worker("http://w1")], "kv_aware", load_tokens=256)
-    busy = decode.workers[0]
-    cached = {"http://w0": 900, "http://w1": 128}
-    assert decode.pick(affinity_key="k", cached=cached).url == "http://w0"
-    with busy.lease(960):
-        assert decode.pick(affinity_key="k", cached=cached).url == "http://w1"
-
-
 def test_a_lease_holds_its_tokens_until_released_once():
     worker = Worker("http://w0")
     with worker.lease(700):
@@ -328,28 +264,6 @@ def test_a_lease_holds_its_tokens_until_released_once():
         lease.release()  # idempotent
         assert (worker.outstanding, worker.pending_tokens) == (1, 700)
     assert (worker.outstanding, worker.pending_tokens) == (0, 0)
-
-
-def test_kv_aware_ties_go_to_the_prompts_rendezvous_hash():
-    picks = {pool(0, 0, 0).pick(affinity_key=f"prompt {i}", cached={}).url for i in range(30)}
-    assert len(picks) == 3  # spread over the workers by prompt
-    assert {pool(0, 0, 0).pick(affinity_key="same", cached={}).url for _ in range(5)} == \
-        {pool(0, 0, 0).pick(affinity_key="same").url}  # fmt: skip
-
-
-def test_the_rendezvous_key_is_the_first_block_no_worker_holds():
-    ids = list(range(100, 120))
-    keys = block_keys(ids, 4)
-    assert new_part_key(ids, keys, 4) == keys[0].hex()  # nothing held anywhere
-    assert new_part_key(ids, keys, 4, {"p0": 8, "p1": 4}, {"d0": 0}) == keys[2].hex()  # most held: 2 blocks
-    assert new_part_key(ids, keys, 4, {}, {"d0": 12}) == keys[3].hex()  # either pool counts
-    assert new_part_key(ids, keys, 4, {"p0": 20}) == keys[-1].hex()  # all held: the last block
-    assert new_part_key(ids[:3], [], 4) == token_affinity_key(ids[:3])  # no full block: the ids
-    # Two prompts sharing 3 held blocks and then differing get different keys; held nowhere,
-    # they share the key of their common first block.
-    other = ids[:12] + [7] * 8
-    assert new_part_key(other, block_keys(other, 4), 4, {"p0": 12}) != new_part_key(ids, keys, 4, {"p0": 12})
-    assert new_part_key(other, block_keys(other, 4), 4) == new_part_key(ids, keys, 4)
 
 
 def test_every_count_the_router_exports_is_a_declared_kind():
@@ -453,9 +367,3 @@ def test_a_request_whose_render_fails_is_routed_without_cache_knowledge_and_serv
         assert len(behaviour.rendered) == 2
         assert sum(prefill_legs(b) for b in fleet.prefills) == 2  # always disaggregated without ids
         assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="any",reason="no_token_ids"}') == 2
-
-
-def test_a_kv_aware_pool_breaks_ties_on_the_new_part_and_prefix_affinity_on_the_ids_start():
-    assert rendezvous_key("kv_aware", "start", "new") == "new"
-    assert rendezvous_key("kv_aware", "start", None) == "start"
-    assert rendezvous_key("prefix_affinity", "start", "new") == "start"
