@@ -39,6 +39,7 @@ from proxy.fleet.membership import Membership
 from proxy.fleet.pairing import Pairing
 from proxy.fleet.pool import WorkerPool
 from proxy.flow.disagg import Disaggregator
+from proxy.flow.exchange import Exchange
 from proxy.flow.fanout import choice_count, prompts_of
 from proxy.loop_lag import LoopLag
 from proxy.metrics import ProxyMetrics
@@ -159,7 +160,7 @@ class OpenAIEndpoint:
         """Both legs and the reply; a client gone meanwhile cancels them (status 499)."""
         reply = None
         try:
-            reply = await self.disaggregator.serve(self.api, body, request_id, trace)
+            reply = await self.disaggregator.serve(Exchange(self.api, body, request_id, trace))
             await send_reply(watch.send, reply)
             return reply.status
         finally:

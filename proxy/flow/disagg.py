@@ -1,7 +1,9 @@
 """One disaggregated request: prefill leg, KV hand-off, decode leg, relay to the client.
 
 The same for every API the proxy serves; what differs between them (validation, legs,
-usage, stream framing) is their entry in proxy/apis/api.py.
+usage, stream framing) is their entry in proxy/apis/api.py. A request travels as an
+`Exchange` (proxy/flow/exchange.py); a leg that does not end in the reply it wanted ends in
+one of the outcomes of proxy/flow/outcomes.py.
 
 Failure handling, in order of the request's life:
 - prefill leg: a worker's 4xx goes back to the client as is (its fault, no retry);
@@ -48,51 +50,17 @@ from proxy.errors import ProxyError
 from proxy.fleet.pool import NoHealthyWorker, Worker, WorkerPool
 from proxy.flow.attempts import attempts, backoff
 from proxy.flow.early_decode import EarlyDecode, EarlyLeg, early_params, kv_source
+from proxy.flow.exchange import Exchange
 from proxy.flow.fanout import choice_count, fan_out
-from proxy.flow.relay import Relay
+from proxy.flow.outcomes import DecodeFailed, LegFailed, PassThrough, release_reason, status_class
+from proxy.flow.relay import Relay, RelayMetrics
 from proxy.metrics import ProxyMetrics
 from proxy.routing.kv_router import KvRouter
-from proxy.routing.plan import RoutePlan, leg_key
+from proxy.routing.plan import leg_key
 from proxy.routing.policies.kv_aware import decode_tokens, uncached_tokens
-from proxy.tracing import NO_TRACE, NoTrace
 from proxy.upstream.client import UpstreamClient, UpstreamError, UpstreamResponse
 
 log = logging.getLogger("pdspec.proxy")
-
-
-class PassThrough(Exception):
-    """A worker answered with a status the client should see as is (a 4xx)."""
-
-    def __init__(self, reply: Reply):
-        super().__init__(f"worker replied {reply.status}")
-        self.reply = reply
-
-
-class LegFailed(Exception):
-    """A leg failed in a way another worker might not (5xx, connection, timeout)."""
-
-    def __init__(self, status: int, message: str, reason: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.reason = reason
-
-
-class DecodeFailed(ProxyError):
-    """Every decode attempt failed; `reason` is the last one's (for the release count)."""
-
-    def __init__(self, failure: LegFailed) -> None:
-        super().__init__(failure.status, failure.message)
-        self.reason = failure.reason
-
-
-def release_reason(exc: BaseException) -> str:
-    """Why a prefill's KV is being released, as a bounded label value."""
-    if isinstance(exc, asyncio.CancelledError):
-        return "client_gone"
-    if isinstance(exc, PassThrough):
-        return "http_4xx"
-    return status_class(getattr(exc, "reason", "proxy_error"))
 
 
 def server_timing(**durations_s: float) -> str:
@@ -103,11 +71,6 @@ def server_timing(**durations_s: float) -> str:
     not: the KV pull and the first token come after them; a re-prefill after a failed KV
     read counts here)."""
     return ", ".join(f"{name};dur={seconds * 1000:.1f}" for name, seconds in durations_s.items())
-
-
-def status_class(reason: str) -> str:
-    """`http_503` -> `http_5xx`: one label value per class, not per status."""
-    return reason[:6] + "xx" if reason.startswith("http_") and len(reason) == 8 else reason
 
 
 @dataclass(slots=True)
@@ -146,45 +109,40 @@ class Disaggregator:
         self.worker_headers = worker_auth_headers(settings.worker_api_key)
         # Children of the metrics every request touches, bound once (labels() costs a lock).
         self.prefill_seconds = metrics.leg_seconds.labels("prefill")
-        self.decode_seconds = metrics.leg_seconds.labels("decode")
-        self.handoff_seconds = metrics.leg_seconds.labels("handoff")
+        self.relay_metrics = RelayMetrics.of(metrics)  # what the decode replies' relays count
         self.prefill_ok = metrics.prefill_outcomes.labels("ok")
         self._releases: set[asyncio.Task] = set()
         self.kv_source_ports = [port_range(spec) for spec in settings.kv_source_ports]
         self.early = (EarlyDecode(client, metrics, self.worker_headers)
                       if settings.early_decode else None)  # fmt: skip
 
-    async def serve(self, api: Api, body: dict[str, Any], request_id: str, trace: NoTrace = NO_TRACE) -> Reply:
-        reason = api.decode_only_reason(body)
+    async def serve(self, ex: Exchange) -> Reply:
+        reason = ex.api.decode_only_reason(ex.body)
         if reason == "structured_output" and self.settings.structured_outputs == "disaggregated":
             reason = None
         if reason is not None:
             self.metrics.decode_only.labels(reason).inc()
-            return await self._serve_one(api, body, request_id, trace, decode_only=True)
-        if api.fans_out and choice_count(body) > 1:  # one prefill + decode per choice: see proxy/flow/fanout.py
-            return await fan_out(lambda sub, rid: self._serve_one(api, sub, rid, trace), body, request_id)
-        return await self._serve_one(api, body, request_id, trace)
+            return await self._serve_one(ex, decode_only=True)
+        if ex.api.fans_out and choice_count(ex.body) > 1:  # one prefill + decode per choice: see proxy/flow/fanout.py
+            return await fan_out(lambda sub, rid: self._serve_one(ex.choice(sub, rid)), ex.body, ex.request_id)
+        return await self._serve_one(ex)
 
-    async def _serve_one(
-        self, api: Api, body: dict[str, Any], request_id: str, trace: NoTrace, decode_only: bool = False
-    ) -> Reply:
+    async def _serve_one(self, ex: Exchange, decode_only: bool = False) -> Reply:
         """One prefill and decode, or with `decode_only` the decode leg alone (no KV params:
         the decode worker prefills, and there is no prefill KV to release). With cache-aware
         routing the route is planned first: the decode worker, and whether it prefills
         the prompt itself (conditional disaggregation)."""
         started = time.perf_counter()
-        plan = await self.kv_router.plan(body, api) if self.kv_router is not None else None
+        ex.plan = plan = await self.kv_router.plan(ex.body, ex.api) if self.kv_router is not None else None
         if plan is not None and plan.local_prefill is not None and not decode_only:
             self.metrics.local_prefills.labels(plan.local_prefill).inc()
             decode_only = True
         try:
             routed_at = time.perf_counter()
-            prefilled = (
-                Prefilled(None, None) if decode_only else await self._prefill(api, body, request_id, trace, plan)
-            )
+            prefilled = Prefilled(None, None) if decode_only else await self._prefill(ex)
             try:
                 prefilled_at = time.perf_counter()
-                reply = await self._decode(api, body, prefilled, request_id, trace, plan)
+                reply = await self._decode(ex, prefilled)
                 if self.settings.served_by_headers:
                     reply.headers["X-Pdspec-Prefill-Worker"] = prefilled.worker_url or "local"
                     reply.headers["Server-Timing"] = server_timing(
@@ -196,30 +154,28 @@ class Disaggregator:
                 # the request (vLLM's `_with_kv_transfer_rejection_cleanup`), or the lease
                 # does; before that, nothing would free it until the lease ends.
                 if prefilled.kv_transfer_params is not None and not prefilled.handed_over:
-                    self._release_kv(api, body, prefilled, request_id, release_reason(exc))
+                    self._release_kv(ex, prefilled, release_reason(exc))
                 raise
         except PassThrough as passthrough:
-            passthrough.reply.headers["X-Request-Id"] = request_id
+            passthrough.reply.headers["X-Request-Id"] = ex.request_id
             return passthrough.reply
 
     # --- prefill ---------------------------------------------------------------------
 
-    async def _prefill(
-        self, api: Api, body: dict, request_id: str, trace: NoTrace, plan: RoutePlan | None = None,
-        early_ok: bool = True,
-    ) -> Prefilled:
+    async def _prefill(self, ex: Exchange, early_ok: bool = True) -> Prefilled:
         """The prefill leg, tried as `prefill_failure_policy` says; its first attempt sends
         the decode leg along where early decode applies (`early_ok`: not for a decode
         retry's fresh KV, whose decode leg `_decode` sends itself)."""
         policy = self.settings.prefill_failure_policy
         tries = 1 + (self.settings.prefill_retries if policy == "retry" else 0)
-        key = leg_key(body, plan, self.prefill_pool.policy)
-        leg = orjson.dumps(api.prefill_body(body))
+        api, plan, trace = ex.api, ex.plan, ex.trace
+        key = leg_key(ex.body, plan, self.prefill_pool.policy)
+        leg = orjson.dumps(api.prefill_body(ex.body))
         failure: LegFailed | None = None
         cached = plan.prefill_cached if plan is not None else None
         (tokens, chars), full = (0, 0), set()
         if self.kv_room is not None:
-            (tokens, chars) = self.kv_room.tokens_of(body, plan.prompt_tokens if plan is not None else None)
+            (tokens, chars) = self.kv_room.tokens_of(ex.body, plan.prompt_tokens if plan is not None else None)
             full |= await self.kv_room.wait_for_room(tokens)
         building = plan.prefill_building if plan is not None else None
         prompt_tokens = plan.prompt_tokens if plan is not None else 0
@@ -229,15 +185,15 @@ class Disaggregator:
                 self.kv_router.routed(self.prefill_pool, worker, plan)
             span = trace.start("prefill", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
             prefilled = None
-            early = self._start_early(api, body, request_id, worker, plan, trace) if attempt == 0 and early_ok else None
+            early = self._start_early(ex, worker) if attempt == 0 and early_ok else None
             try:
-                run = self._prefill_once(worker, api, leg, request_id, trace.headers(span), uncached_tokens(plan, worker))
+                run = self._prefill_once(worker, api, leg, ex.request_id, trace.headers(span), uncached_tokens(plan, worker))
                 if self.kv_room is not None:  # counted as long as it runs there, its client gone or not;
                     # begun here, ended by the coroutine: nothing may run between this and `await run`
                     run = self._counted(run, self.kv_room.begin(worker.url, tokens, chars))
                 if early is not None:  # the prefill must end (see proxy/flow/early_decode.py)
-                    release = functools.partial(self._release_kv, api, body, request_id=request_id, reason="client_gone")
-                    run = self.early.prefill(early, api.path, leg, request_id, run, release)
+                    release = functools.partial(self._release_kv, ex, reason="client_gone")
+                    run = self.early.prefill(early, api.path, leg, ex.request_id, run, release)
                 prefilled = await run
                 if early is not None and self.early.adopt(early, prefilled.kv_transfer_params):
                     prefilled.early = early
@@ -261,7 +217,7 @@ class Disaggregator:
         if policy == "fallback":
             # The decode worker prefills the prompt itself: slower, but the request lives.
             self.metrics.prefill_outcomes.labels("fallback").inc()
-            log.warning("prefill failed (%s); decode-only fallback", failure.message, extra={"request_id": request_id})
+            log.warning("prefill failed (%s); decode-only fallback", failure.message, extra={"request_id": ex.request_id})
             return Prefilled(None, None)
         self.metrics.prefill_outcomes.labels("error").inc()
         raise ProxyError(failure.status, failure.message)
@@ -340,18 +296,17 @@ class Disaggregator:
         text = data[:200].decode("utf-8", "replace")
         return LegFailed(502, f"{leg} worker {worker.url} answered HTTP {resp.status}: {text}", f"http_{resp.status}")
 
-    async def _prefill_again(self, api: Api, body: dict, prefilled: Prefilled, request_id: str, trace: NoTrace,
-                             plan: RoutePlan | None, failure: LegFailed | None) -> None:  # fmt: skip
+    async def _prefill_again(self, ex: Exchange, prefilled: Prefilled, failure: LegFailed | None) -> None:
         """Fresh KV for a decode retry whose previous attempt was handed the old KV
         (`prefilled` updated in place); a failure here ends the request as any prefill's."""
         self.metrics.kv_reprefills.labels(status_class(failure.reason) if failure is not None else "unknown").inc()
-        fresh = await self._prefill(api, body, request_id, trace, plan, early_ok=False)
+        fresh = await self._prefill(ex, early_ok=False)
         for name in Prefilled.__slots__:  # its KV, hits and worker; not handed over
             setattr(prefilled, name, getattr(fresh, name))
 
     # --- a prefill whose decode will never come ---------------------------------------
 
-    def _release_kv(self, api: Api, body: dict, prefilled: Prefilled, request_id: str, reason: str) -> None:
+    def _release_kv(self, ex: Exchange, prefilled: Prefilled, reason: str) -> None:
         """The prefill worker holds the prompt's KV for a decode that will never come, and
         would keep it until its KV lease ends (`worker.kv_lease_s`, 120 s by default),
         blocks other requests could use. vLLM has no call to drop it; what frees it is a
@@ -359,8 +314,8 @@ class Disaggregator:
         answer thrown away (counted in pdspec_proxy_kv_releases_total by reason and
         outcome). Sent once per prefill: `kv_transfer_params` is cleared."""
         params, prefilled.kv_transfer_params = prefilled.kv_transfer_params, None
-        leg = orjson.dumps(api.release_body(body, params))
-        task = asyncio.ensure_future(self._release_once(api.path, leg, request_id, reason))
+        leg = orjson.dumps(ex.api.release_body(ex.body, params))
+        task = asyncio.ensure_future(self._release_once(ex.api.path, leg, ex.request_id, reason))
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
 
@@ -404,32 +359,30 @@ class Disaggregator:
 
     # --- decode ----------------------------------------------------------------------
 
-    def _decode_attempts(self, body: dict, plan: RoutePlan | None, tries: int, first: Worker | None = None):
+    def _decode_attempts(self, ex: Exchange, tries: int, first: Worker | None = None):
+        plan = ex.plan
         cached, planned = (plan.decode_cached, plan.decode_worker) if plan is not None else (None, None)
-        key = leg_key(body, plan, self.decode_pool.policy)
+        key = leg_key(ex.body, plan, self.decode_pool.policy)
         return attempts(self.decode_pool, tries, key, cached, first or planned)
 
-    def _start_early(self, api: Api, body: dict, request_id: str, prefill_worker: Worker, plan: RoutePlan | None,
-                     trace: NoTrace) -> EarlyLeg | None:  # fmt: skip
+    def _start_early(self, ex: Exchange, prefill_worker: Worker) -> EarlyLeg | None:
         """The decode leg, sent now with the prefill leg to `prefill_worker` where that
         works (proxy/flow/early_decode.py); None: it goes the usual way, after the prefill."""
         if self.early is None or prefill_worker.kv_source is None:
             return None
-        picked = next(self._decode_attempts(body, plan, 1), None)
+        picked = next(self._decode_attempts(ex, 1), None)
         if picked is None:
             return None  # no healthy decode worker: the usual way says so
         early = EarlyLeg(picked[1], prefill_worker, prefill_worker.kv_source)
-        leg = orjson.dumps(api.decode_body(body, early_params(early.source, request_id)))
+        leg = orjson.dumps(ex.api.decode_body(ex.body, early_params(early.source, ex.request_id)))
         early.task = asyncio.ensure_future(
-            self._open_decode(early.decode_worker, api.path, leg, request_id, trace.headers(None), early.mark_sent,
-                              decode_tokens(plan))
+            self._open_decode(early.decode_worker, ex.api.path, leg, ex.request_id, ex.trace.headers(None),
+                              early.mark_sent, decode_tokens(ex.plan))
         )  # fmt: skip
         return early
 
-    async def _decode(
-        self, api: Api, body: dict, prefilled: Prefilled, request_id: str, trace: NoTrace,
-        plan: RoutePlan | None = None,
-    ) -> Reply:
+    async def _decode(self, ex: Exchange, prefilled: Prefilled) -> Reply:
+        api, body, request_id, trace, plan = ex.api, ex.body, ex.request_id, ex.trace, ex.plan
         headers = {"X-Request-Id": request_id}
         leg = orjson.dumps(api.decode_body(body, prefilled.kv_transfer_params))
         disaggregated = prefilled.kv_transfer_params is not None
@@ -444,12 +397,12 @@ class Disaggregator:
             prefilled.handed_over = prefilled.kv_transfer_params is not None
 
         try:
-            for attempt, worker in self._decode_attempts(body, plan, tries, early and early.decode_worker):
+            for attempt, worker in self._decode_attempts(ex, tries, early and early.decode_worker):
                 if early is not None and worker is not early.decode_worker:  # ejected meanwhile
                     early = self._drop_early(early, prefilled)
                 if disaggregated and prefilled.handed_over and early is None:
                     # The failed attempt may still read this KV: this one gets KV of its own.
-                    await self._prefill_again(api, body, prefilled, request_id, trace, plan, failure)
+                    await self._prefill_again(ex, prefilled, failure)
                     leg = orjson.dumps(api.decode_body(body, prefilled.kv_transfer_params))
                 if self.kv_router is not None:
                     self.kv_router.routed(self.decode_pool, worker, plan)
@@ -475,7 +428,7 @@ class Disaggregator:
                     trace.end(span, "worker 4xx")
                     trace.end(handoff, "decode refused")
                     raise
-                relay = Relay(self, resp, worker, lease, trace, span, handoff, handoff_started)
+                relay = Relay(self.relay_metrics, resp, worker, lease, trace, span, handoff, handoff_started)
                 if body.get("stream"):
                     relay.preamble_events = api.preamble_events
                     stream, relay.error_event = api.stream(relay.chunks(), prefilled.usage)

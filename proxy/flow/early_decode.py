@@ -45,6 +45,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from proxy.fleet.pool import Lease, Worker
+from proxy.flow.outcomes import LegFailed, PassThrough
 from proxy.upstream.client import UpstreamClient, UpstreamError, UpstreamResponse
 
 log = logging.getLogger("pdspec.proxy")
@@ -55,7 +56,7 @@ SOURCE_FIELDS = ("remote_engine_id", "remote_host", "remote_port", "tp_size", "d
 # What must match for an early leg's registration to reach the engine that prefilled.
 IDENTITY_FIELDS = ("remote_engine_id", "remote_host", "remote_port")
 # Prefill-leg failures that come after the worker answered 200: its prefill ended, so it
-# WRITEs the KV to the early leg's blocks (proxy/flow/disagg.py's LegFailed reasons).
+# WRITEs the KV to the early leg's blocks (LegFailed reasons, proxy/flow/outcomes.py).
 ANSWERED = frozenset({"bad_reply", "no_kv_params", "foreign_remote_host", "foreign_remote_port"})
 OUTCOMES = ("used", "stale_source", "prefill_failed", "client_gone", "completed", "not_completed")
 
@@ -172,7 +173,7 @@ class EarlyDecode:
             early.close()
             if not receives:
                 release(prefill.result())
-        elif _is_4xx(failure) or getattr(failure, "reason", None) in ANSWERED:
+        elif isinstance(failure, PassThrough) or (isinstance(failure, LegFailed) and failure.reason in ANSWERED):
             early.close()
         else:  # cancelled, or failed before its worker answered
             self._keep(asyncio.ensure_future(self._complete(early, path, leg, request_id)))
@@ -207,15 +208,9 @@ class EarlyDecode:
         return task
 
 
-def _is_4xx(exc: BaseException | None) -> bool:
-    """Whether `exc` is a worker's 4xx answer (disagg.PassThrough carries the reply)."""
-    reply = getattr(exc, "reply", None)
-    return reply is not None and 400 <= reply.status < 500
-
-
 def _worker_4xx(task: asyncio.Future | None) -> bool:
     """Whether the decode worker answered the leg with a 4xx: vLLM refuses a request before
     it allocates blocks, so none were registered. A leg still open counts as accepted."""
     if task is None or not task.done() or task.cancelled():
         return False
-    return _is_4xx(task.exception())
+    return isinstance(task.exception(), PassThrough)

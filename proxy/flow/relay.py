@@ -13,17 +13,32 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Any
 
 from proxy.errors import ProxyError, sse_error_event
 from proxy.fleet.pool import Lease, Worker
+from proxy.metrics import ProxyMetrics
 from proxy.tracing import NoTrace
 from proxy.upstream.client import UpstreamError, UpstreamResponse
 
-if TYPE_CHECKING:
-    from proxy.flow.disagg import Disaggregator
-
 log = logging.getLogger("pdspec.proxy")
+
+
+@dataclass(frozen=True, slots=True)
+class RelayMetrics:
+    """What a relay counts, handed in by its maker; the children every request touches are
+    bound once (labels() costs a lock)."""
+
+    handoff_seconds: Any  # pdspec_proxy_leg_seconds{leg="handoff"}
+    decode_seconds: Any  # pdspec_proxy_leg_seconds{leg="decode"}
+    stream_errors: Any  # pdspec_proxy_stream_errors_total
+    leg_failures: Any  # pdspec_proxy_leg_failures_total, labelled by leg and reason
+
+    @classmethod
+    def of(cls, metrics: ProxyMetrics) -> RelayMetrics:
+        return cls(metrics.leg_seconds.labels("handoff"), metrics.leg_seconds.labels("decode"), metrics.stream_errors,
+                   metrics.leg_failures)  # fmt: skip
 
 
 class Relay:
@@ -31,12 +46,12 @@ class Relay:
     in-flight count) and the connection: `close()` is safe at any point, also before the first
     chunk, and a stream that did not finish drops its connection so vLLM aborts."""
 
-    __slots__ = ("owner", "resp", "worker", "lease", "trace", "span", "handoff", "handoff_started", "started",
+    __slots__ = ("metrics", "resp", "worker", "lease", "trace", "span", "handoff", "handoff_started", "started",
                  "closed", "preamble_events", "preamble", "error_event")  # fmt: skip
 
-    def __init__(self, owner: Disaggregator, resp: UpstreamResponse, worker: Worker, lease: Lease, trace: NoTrace,
+    def __init__(self, metrics: RelayMetrics, resp: UpstreamResponse, worker: Worker, lease: Lease, trace: NoTrace,
                  span, handoff, handoff_started: float | None = None):  # fmt: skip
-        self.owner = owner
+        self.metrics = metrics
         self.resp = resp
         self.worker = worker
         self.lease = lease
@@ -56,7 +71,7 @@ class Relay:
     def _first_byte(self) -> None:
         if self.handoff_started is not None:
             # Prefill reply to the decode worker's first byte: the NIXL pull and first step.
-            self.owner.handoff_seconds.observe(time.perf_counter() - self.handoff_started)
+            self.metrics.handoff_seconds.observe(time.perf_counter() - self.handoff_started)
             self.handoff_started = None
         if self.handoff is not None:
             self.trace.end(self.handoff)
@@ -66,7 +81,7 @@ class Relay:
         try:
             data = await self.resp.read()
         except UpstreamError as exc:
-            self.owner.metrics.leg_failures.labels("decode", exc.reason).inc()
+            self.metrics.leg_failures.labels("decode", exc.reason).inc()
             self.close(error=exc.reason)
             raise ProxyError(502, f"decode worker {self.worker.url} failed mid-response: {exc.reason}") from None
         except BaseException:  # cancelled: the client went away
@@ -99,8 +114,8 @@ class Relay:
             if self.closed:  # the proxy dropped the stream itself: its client is gone
                 return
             # Headers are gone already: end the stream with an error event, not a hang.
-            self.owner.metrics.stream_errors.inc()
-            self.owner.metrics.leg_failures.labels("decode", exc.reason).inc()
+            self.metrics.stream_errors.inc()
+            self.metrics.leg_failures.labels("decode", exc.reason).inc()
             log.warning("decode stream from %s broke: %s", self.worker.url, exc.reason)
             self.close(error=exc.reason)
             yield self.error_event(502, f"decode worker failed mid-stream: {exc.reason}")
@@ -113,7 +128,7 @@ class Relay:
         self.closed = True
         if self.resp.complete and error is None:
             self.resp.release()  # keep the connection for the next request
-            self.owner.decode_seconds.observe(time.perf_counter() - self.started)
+            self.metrics.decode_seconds.observe(time.perf_counter() - self.started)
         else:
             self.resp.close()  # dropping the connection makes vLLM abort the request
             error = error or "client gone"

@@ -72,7 +72,7 @@ async def test_a_request_cancelled_by_the_proxys_own_shutdown_counts_503_not_500
     serving = asyncio.Event()
 
     class Hanging:  # the legs of a request the shutdown catches mid-way
-        async def serve(self, api, body, request_id, trace):
+        async def serve(self, exchange):
             serving.set()
             await asyncio.Event().wait()
 
