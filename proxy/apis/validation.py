@@ -1,4 +1,7 @@
-"""Validation of client request bodies, before any worker sees them.
+"""Validation of client request bodies, before any worker sees them: what every API shares
+(the body read as JSON, the first pydantic error as a 400) and the rules completions and
+chat share; each API's own rules are in its module (proxy/apis/completions.py,
+proxy/apis/chat.py, proxy/apis/responses.py, proxy/apis/messages.py).
 
 The rule: the proxy accepts what vLLM accepts and refuses what it refuses, with the same
 status class and OpenAI's error shape (tests/unit/proxy/apis/test_validation_differential.py checks
@@ -24,7 +27,7 @@ client's (it names where a decode worker pulls KV from).
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -44,7 +47,10 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool | None = False
 
 
-class _Common(BaseModel):
+class OpenAIRequest(BaseModel):
+    """The fields completions and chat share, as vLLM 0.32 types them. Each API's subclass
+    adds its own fields and rules (proxy/apis/completions.py, proxy/apis/chat.py)."""
+
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
@@ -60,28 +66,18 @@ class _Common(BaseModel):
     prompt_logprobs: int | None = None
     use_beam_search: bool = False
 
+    # The fields vLLM's "before" validators refuse unless a number (a string is refused
+    # before pydantic could coerce it).
+    NUMBER_FIELDS: ClassVar[tuple[str, ...]] = ()
 
-class CompletionRequest(_Common):
-    prompt: TokenIds | list[TokenIds] | str | list[str] | None = None
-    n: int = 1  # vLLM's completions take no null here (chat does)
-    logprobs: int | None = None
-    echo: bool | None = False
+    @classmethod
+    def raw_rules(cls, body: dict[str, Any]) -> None:
+        """The API's own "before" validators on the raw body, ahead of the shared ones."""
 
-
-class ChatMessage(BaseModel):
-    """vLLM takes any role (its custom message type), and content of any shape its chat
-    template renders; the role must be a string."""
-
-    model_config = ConfigDict(extra="allow")
-    role: str
-
-
-class ChatCompletionRequest(_Common):
-    messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
-    logprobs: bool | None = False
-    top_logprobs: int | None = 0
-    echo: bool = False
+    def decode_only_rules(self, body: dict[str, Any]) -> int | None:
+        """The API's own decode-only rules (see `_decode_only_rules`); returns the
+        `max_tokens` vLLM's SamplingParams gets, for the shared rules after them."""
+        return self.max_tokens
 
 
 # Fields whose coerced value replaces the client's (what vLLM would read).
@@ -147,7 +143,7 @@ def _deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
-def _first_error(exc: ValidationError) -> ProxyError:
+def first_error(exc: ValidationError) -> ProxyError:
     error = exc.errors(include_url=False)[0]
     param = ".".join(str(part) for part in error["loc"]) or None
     message = error["msg"]
@@ -160,14 +156,16 @@ def _first_error(exc: ValidationError) -> ProxyError:
     return ProxyError(400, message, param=param)
 
 
-def validate(body: dict[str, Any], schema: type[_Common]) -> _Common:
+def validate(body: dict[str, Any], schema: type[OpenAIRequest]) -> OpenAIRequest:
     """Checks `body` as vLLM would (ProxyError 400 if it would refuse it) and writes the
-    coerced values of the fields the proxy reads back into it."""
-    _raw_rules(body, schema is ChatCompletionRequest)
+    coerced values of the fields the proxy reads back into it. `schema`: the API's request
+    model (proxy/apis/completions.py, proxy/apis/chat.py), whose own rules run in their
+    place among the shared ones."""
+    _raw_rules(body, schema)
     try:
         request = schema.model_validate(body)
     except ValidationError as exc:
-        raise _first_error(exc) from None
+        raise first_error(exc) from None
     if not request.use_beam_search:  # served decode-only (proxy/apis/legs.py): its worker checks it all
         _decode_only_rules(body, request)
     for name in _COERCED:
@@ -178,25 +176,11 @@ def validate(body: dict[str, Any], schema: type[_Common]) -> _Common:
     return request
 
 
-def _raw_rules(body: dict[str, Any], chat: bool) -> None:
+def _raw_rules(body: dict[str, Any], schema: type[OpenAIRequest]) -> None:
     """vLLM's "before" validators that look at raw values (a string where a number
-    belongs is refused before pydantic could coerce it)."""
-    if chat:
-        messages = body.get("messages")
-        if isinstance(messages, list) and any(not isinstance(m, dict) for m in messages):
-            raise ProxyError(400, "Invalid value for 'messages': each message must be an object.", param="messages")
-        number_fields = ("prompt_logprobs", "top_logprobs")
-    else:
-        prompt = body.get("prompt")
-        if prompt is None or prompt == "":
-            if body.get("prompt_embeds") is None:
-                raise ProxyError(400, "Either prompt or prompt_embeds must be provided and non-empty.",
-                                 param="prompt")  # fmt: skip
-        number_fields = ("prompt_logprobs", "logprobs")
-        if body.get("use_beam_search") and body.get("echo") and body.get("logprobs") is not None:
-            raise ProxyError(400, "`echo` with `logprobs` is not supported with beam search because beam search "
-                                  "does not compute prompt logprobs.", param="echo")  # fmt: skip
-    for name in number_fields:
+    belongs is refused before pydantic could coerce it): the API's own, then these."""
+    schema.raw_rules(body)
+    for name in schema.NUMBER_FIELDS:
         value = body.get(name)
         if value is not None and not isinstance(value, (int, float)):
             raise ProxyError(400, f"`{name}` must be an integer.", param=name)
@@ -204,37 +188,17 @@ def _raw_rules(body: dict[str, Any], chat: bool) -> None:
         raise ProxyError(400, "Stream options can only be defined when `stream=True`.", param="stream_options")
 
 
-def _decode_only_rules(body: dict[str, Any], request: _Common) -> None:
+def _decode_only_rules(body: dict[str, Any], request: OpenAIRequest) -> None:
     """vLLM 0.32's request-model rules (`check_logprobs`) and its SamplingParams rules on
     `n`, `min_tokens` and `logprobs`, for the fields only the decode leg carries; messages
-    as vLLM words them."""
+    as vLLM words them. The API's own (`decode_only_rules`) run between the shared ones."""
     prompt_logprobs = request.prompt_logprobs
     if prompt_logprobs is not None:
         if body.get("stream") and (prompt_logprobs > 0 or prompt_logprobs == -1):
             raise ProxyError(400, "`prompt_logprobs` are not available when `stream=True`.", param="prompt_logprobs")
         if prompt_logprobs < 0 and prompt_logprobs != -1:
             raise ProxyError(400, "`prompt_logprobs` must be a positive value or -1.", param="prompt_logprobs")
-    if isinstance(request, ChatCompletionRequest):
-        top_logprobs = request.top_logprobs
-        if top_logprobs is not None:
-            if top_logprobs < 0 and top_logprobs != -1:
-                raise ProxyError(400, "`top_logprobs` must be a positive value or -1.", param="top_logprobs")
-            if (top_logprobs == -1 or top_logprobs > 0) and not body.get("logprobs"):
-                raise ProxyError(400, "when using `top_logprobs`, `logprobs` must be set to true.",
-                                 param="top_logprobs")  # fmt: skip
-        max_field = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
-        max_tokens = getattr(request, max_field)  # as vLLM's chat serving picks it
-        if max_tokens is not None and max_tokens < 1:
-            raise ProxyError(400, f"max_tokens must be at least 1, got {max_tokens}.", param=max_field)
-    else:
-        logprobs = request.logprobs
-        if logprobs is not None and logprobs < 0 and logprobs != -1:
-            raise ProxyError(400, "`logprobs` must be a positive value or -1.", param="logprobs")
-        max_tokens = 16 if request.max_tokens is None else request.max_tokens  # vLLM's default for completions
-        if max_tokens < 0 or (max_tokens == 0 and not request.echo):
-            raise ProxyError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
-        if max_tokens == 0:  # with `echo`: the prompt only, which vLLM runs as one token
-            max_tokens = 1
+    max_tokens = request.decode_only_rules(body)
     n = 1 if request.n is None else request.n
     if n < 1:
         raise ProxyError(400, f"n must be at least 1, got {n}.", param="n")

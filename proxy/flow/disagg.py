@@ -1,9 +1,9 @@
 """One disaggregated request: prefill leg, KV hand-off, decode leg, relay to the client.
 
 The same for every API the proxy serves; what differs between them (validation, legs,
-usage, stream framing) is their entry in proxy/apis/api.py. A request travels as an
-`Exchange` (proxy/flow/exchange.py); a leg that does not end in the reply it wanted ends in
-one of the outcomes of proxy/flow/outcomes.py.
+usage, stream framing) is their `Api` (proxy/apis/api.py), built in each API's module under
+proxy/apis/. A request travels as an `Exchange` (proxy/flow/exchange.py); a leg that does
+not end in the reply it wanted ends in one of the outcomes of proxy/flow/outcomes.py.
 
 Failure handling, in order of the request's life:
 - prefill leg: a worker's 4xx goes back to the client as is (its fault, no retry);

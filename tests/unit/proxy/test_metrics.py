@@ -62,10 +62,10 @@ async def test_a_request_cancelled_by_the_proxys_own_shutdown_counts_503_not_500
 
     from pdspec.settings import ProxySettings
     from proxy.admission.queue import Admission
-    from proxy.apis.api import COMPLETIONS
+    from proxy.apis.completions import COMPLETIONS
     from proxy.apis.limits import ModelLimits
-    from proxy.app import OpenAIEndpoint
     from proxy.auth import ApiKeys
+    from proxy.edge.endpoint import OpenAIEndpoint
     from proxy.metrics import ProxyMetrics
     from proxy.tracing import Tracing
 

@@ -18,11 +18,6 @@ def test_prefill_leg_asks_for_one_token_and_a_remote_decode():
     assert body["max_tokens"] == 50 and body["stream"] is True
 
 
-def test_chat_prefill_leg_caps_max_completion_tokens_too():
-    leg = prefill_body({"model": "m", "messages": [], "max_completion_tokens": 9}, chat=True)
-    assert leg["max_tokens"] == 1 and leg["max_completion_tokens"] == 1
-
-
 def test_decode_leg_is_the_original_request_plus_kv_params():
     body = {"model": "m", "prompt": "x", "max_tokens": 50, "stream": True}
     params = {"remote_engine_id": "e", "remote_block_ids": [[1]]}

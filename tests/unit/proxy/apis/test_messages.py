@@ -8,11 +8,16 @@ import httpx
 import pytest
 
 from proxy.apis.legs import PREFILL_KV_REQUEST
-from proxy.apis.messages import prefill_body, release_body
-from proxy.apis.messages_stream import MessagesStream
-from proxy.apis.usage import MessagesCache, messages_cache_of, patch_messages_body
+from proxy.apis.messages import (
+    MessagesCache,
+    MessagesStream,
+    messages_cache_of,
+    patch_messages_body,
+    prefill_body,
+    release_body,
+)  # fmt: skip
 from tests.proxy_cluster import Cluster
-from tests.unit.proxy.apis.test_responses import parse_events, prefill_legs
+from tests.standin import parse_events, prefill_legs
 
 BODY = {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "Say hello."}], "system": "Be terse."}
 

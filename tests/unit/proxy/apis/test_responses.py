@@ -9,28 +9,18 @@ import httpx
 import pytest
 
 from proxy.apis.legs import PREFILL_KV_REQUEST
-from proxy.apis.responses import prefill_body, release_body, responses_decode_body
-from proxy.apis.responses_stream import ResponsesStream
-from proxy.apis.usage import patch_responses_body, patch_responses_usage
+from proxy.apis.responses import (
+    ResponsesStream,
+    patch_responses_body,
+    patch_responses_usage,
+    prefill_body,
+    release_body,
+    responses_decode_body,
+)  # fmt: skip
 from tests.proxy_cluster import Cluster, sample
+from tests.standin import parse_events, prefill_legs
 
 BODY = {"model": "m", "input": "Say hello.", "max_output_tokens": 7, "temperature": 0}
-
-
-def prefill_legs(b):
-    return [body for body in b.received if (body.get("kv_transfer_params") or {}).get("do_remote_decode")]
-
-
-def parse_events(raw: str) -> list[tuple[str, dict]]:
-    """(event line's type, data) of each event; asserts every event has both lines."""
-    events = []
-    for block in raw.split("\n\n"):
-        if not block:
-            continue
-        lines = block.split("\n")
-        assert len(lines) == 2 and lines[0].startswith("event: ") and lines[1].startswith("data: "), block
-        events.append((lines[0][len("event: ") :], json.loads(lines[1][len("data: ") :])))
-    return events
 
 
 def wait_for(condition, timeout_s: float = 6.0) -> None:

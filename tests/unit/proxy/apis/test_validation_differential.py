@@ -10,36 +10,23 @@ A refusal is always a 400 with a named parameter (OpenAI's error shape is built 
 proxy/asgi.py). The same property runs through the real stack in
 tests/e2e/test_validation_differential.py, where "vLLM" is a real worker.
 
-`/v1/responses` and `/v1/messages` are checked the same way against vLLM's
-`ResponsesRequest` and `AnthropicMessagesRequest` (with their serving layers' checks); the
-Responses API's stateful options are the one deliberate difference there.
+Here completions and chat; `/v1/responses` and `/v1/messages` are checked the same way in
+test_responses_differential.py and test_messages_differential.py.
 """
 
 from __future__ import annotations
 
 import copy
-import os
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
+from proxy.apis.chat import ChatCompletionRequest
+from proxy.apis.completions import CompletionRequest
 from proxy.apis.legs import decode_only_reason, prefill_body
-from proxy.apis.messages import prefill_body as messages_prefill_body
-from proxy.apis.responses import decode_only_reason as responses_decode_only_reason
-from proxy.apis.responses import prefill_body as responses_prefill_body
-from proxy.apis.validation import ChatCompletionRequest, CompletionRequest, validate
-from proxy.apis.validation_messages import validate_messages
-from proxy.apis.validation_responses import validate_responses
-from proxy.app import check_choices
+from proxy.apis.validation import validate
+from proxy.edge.endpoint import check_choices
 from proxy.errors import ProxyError
-from tests.request_bodies import (
-    CHAT_FIELDS,
-    COMPLETION_FIELDS,
-    MAX_CHOICES,
-    MESSAGES_FIELDS,
-    RESPONSES_FIELDS,
-    beyond_max_choices,
-    bodies,
-)  # fmt: skip
+from tests.request_bodies import CHAT_FIELDS, COMPLETION_FIELDS, MAX_CHOICES, UNIT_SETTINGS, beyond_max_choices, bodies
 
 
 def vllm_refuses(body: dict, chat: bool) -> bool:
@@ -68,7 +55,7 @@ def vllm_refuses(body: dict, chat: bool) -> bool:
 
 
 def proxy_refusal(body: dict, chat: bool) -> ProxyError | None:
-    """What proxy/app.py checks before any leg: validation, then the bound on choices."""
+    """What proxy/edge/endpoint.py checks before any leg: validation, then the bound on choices."""
     try:
         body = copy.deepcopy(body)
         validate(body, ChatCompletionRequest if chat else CompletionRequest)
@@ -98,23 +85,13 @@ def check(body: dict, chat: bool) -> None:
         assert vllm_refuses(leg, chat), "vLLM refuses the decode leg only: the prefill would pin KV for nothing"
 
 
-# Derandomized, so CI runs the same bodies every time; PDSPEC_DIFF_RANDOM=1 (and more
-# PDSPEC_DIFF_EXAMPLES) explores new ones.
-SETTINGS = settings(
-    max_examples=int(os.environ.get("PDSPEC_DIFF_EXAMPLES", "1500")),
-    derandomize=not os.environ.get("PDSPEC_DIFF_RANDOM"),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-
-
-@SETTINGS
+@UNIT_SETTINGS
 @given(bodies(COMPLETION_FIELDS, "prompt"))
 def test_completions_agree_with_vllm(body):
     check(body, chat=False)
 
 
-@SETTINGS
+@UNIT_SETTINGS
 @given(bodies(CHAT_FIELDS, "messages"))
 def test_chat_agrees_with_vllm(body):
     check(body, chat=True)
@@ -130,105 +107,3 @@ def test_the_property_can_fail():
     leg.pop("kv_transfer_params")
     assert not vllm_refuses(leg, chat=False)
     assert proxy_refusal(decode_only_refusal, chat=False) is not None
-
-
-# --- the Responses API ----------------------------------------------------------------------
-
-
-def vllm_refuses_responses(body: dict) -> bool:
-    """vLLM 0.32's verdict on a /v1/responses body: its request model, its serving checks
-    with the response store off (vLLM's default: a `previous_response_id` is not found, and
-    background mode is refused), then SamplingParams with `max_output_tokens` capped at
-    what a large context leaves, as its serving layer caps it."""
-    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest as VllmResponses
-
-    try:
-        request = VllmResponses.model_validate(copy.deepcopy(body))
-        if request.previous_response_id is not None or (request.store and request.background):
-            return True
-        context = 2**20
-        max_tokens = context if request.max_output_tokens is None else min(context, request.max_output_tokens)
-        request.to_sampling_params(max_tokens, {})
-    except Exception:
-        return True
-    return False
-
-
-def check_responses(body: dict) -> None:
-    try:
-        validated = copy.deepcopy(body)
-        validate_responses(validated)
-        refusal = None
-    except ProxyError as exc:
-        refusal = exc
-    vllm_refuses_body = vllm_refuses_responses(body)
-    if refusal is not None:
-        assert refusal.status == 400 and refusal.message and refusal.param, refusal
-        # The deliberate limit: state across two workers (vLLM itself runs background mode
-        # when `store` is a string it reads as false, and its response lives on one worker).
-        stateful = "through this P/D proxy" in refusal.message
-        assert vllm_refuses_body or stateful, f"the proxy refuses what vLLM accepts: {refusal.message}"
-        return
-    if vllm_refuses_body and responses_decode_only_reason(validated) is None:
-        leg = responses_prefill_body(body)
-        leg.pop("kv_transfer_params")
-        assert vllm_refuses_responses(leg), "vLLM refuses the decode leg only: the prefill would pin KV for nothing"
-
-
-@SETTINGS
-@given(bodies(RESPONSES_FIELDS, "input"))
-def test_responses_agree_with_vllm(body):
-    check_responses(body)
-
-
-def test_the_responses_property_can_fail():
-    decode_only_refusal = {"model": "m", "input": "x", "max_output_tokens": 0}
-    assert vllm_refuses_responses(decode_only_refusal)
-    leg = responses_prefill_body(decode_only_refusal)
-    leg.pop("kv_transfer_params")
-    assert not vllm_refuses_responses(leg)
-    assert not vllm_refuses_responses({"model": "m", "input": "x", "max_output_tokens": "4", "n": 0})
-
-
-# --- Anthropic's Messages ---------------------------------------------------------------------
-
-
-def vllm_refuses_messages(body: dict) -> bool:
-    """vLLM 0.32's verdict on a /v1/messages body: its request model (whose thinking-budget
-    check skips a prefill leg), its conversion to a chat request, then SamplingParams with
-    that request's max_tokens."""
-    from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
-    from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
-
-    try:
-        request = AnthropicMessagesRequest.model_validate(copy.deepcopy(body))
-        chat = AnthropicServingMessages.to_chat_completion_request(request)
-        chat.to_sampling_params(chat.max_completion_tokens, {})
-    except Exception:
-        return True
-    return False
-
-
-@SETTINGS
-@given(bodies(MESSAGES_FIELDS, "messages"))
-def test_messages_agree_with_vllm(body):
-    try:
-        validate_messages(copy.deepcopy(body))
-        refusal = None
-    except ProxyError as exc:
-        refusal = exc
-    refused_by_vllm = vllm_refuses_messages(body)
-    if refusal is not None:
-        assert refusal.status == 400 and refusal.message and refusal.param, refusal
-        assert refused_by_vllm, f"the proxy refuses what vLLM accepts: {refusal.message}"
-        return
-    if refused_by_vllm:  # the prefill leg as sent: vLLM's model reads its kv_transfer_params
-        assert vllm_refuses_messages(messages_prefill_body(body)), "vLLM refuses the decode leg only"
-
-
-def test_the_messages_property_can_fail():
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": "16"}
-    assert not vllm_refuses_messages(body)
-    decode_only_refusal = {**body, "max_tokens": 2048, "thinking": {"type": "enabled", "budget_tokens": 4096}}
-    assert vllm_refuses_messages(decode_only_refusal)
-    assert not vllm_refuses_messages(messages_prefill_body(decode_only_refusal))
