@@ -1,8 +1,8 @@
 """The layout the design card and the restructure promise, kept true: small modules, the
 installed packages never reach into the source tree, the loadtest entries stay thin; on the
 worker side, role code in its role package importing the shared engine code and never the
-reverse; the proxy in wings layered with no arrow back up; no import cycle anywhere; and
-unit tests that mirror the source."""
+reverse; the proxy in wings layered with no arrow back up, one module per API; no import
+cycle anywhere; and unit tests that mirror the source."""
 
 import ast
 import functools
@@ -280,6 +280,62 @@ def test_the_layering_lets_each_wing_import_itself_and_the_layers_below():
 def test_a_planted_cycle_is_found():
     assert cycles({"proxy.flow.disagg": {"proxy.flow.relay"}, "proxy.flow.relay": {"proxy.flow.disagg"},
                    "proxy.errors": set()}) == {("proxy.flow.disagg", "proxy.flow.relay")}  # fmt: skip
+
+
+# Inside apis/: one module (or subpackage) per API, holding what differs (its validation,
+# legs, usage, stream and `Api` entry), beside the modules the APIs share (the Api type,
+# generic legs, validation and usage, named events, limits). An API's module imports the
+# shared ones, never another API's; the only module that imports an API's is the registry
+# that lists them (the rest of the proxy reaches an API through its `Api`).
+API_REGISTRY = "proxy.apis.registry"
+
+
+def api_modules() -> set[str]:
+    """The proxy.apis modules that build an `Api` entry (a subpackage counts as one module)."""
+    found = set()
+    for path in python_files("proxy/apis"):
+        tree = ast.parse(path.read_text())
+        if any(isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and getattr(n.value.func, "id", None) == "Api"
+               for n in tree.body):  # fmt: skip
+            found.add(".".join(module_name(path).split(".")[:3]))
+    return found
+
+
+def api_violations(graph: dict[str, set[str]], apis: set[str]) -> list[str]:
+    """Every arrow of `graph` that reaches an API's module from outside it, but the registry's."""
+
+    def api_of(module: str) -> str | None:
+        return next((a for a in apis if in_package(module, a)), None)
+
+    wrong = []
+    for module, targets in graph.items():
+        if not in_package(module, "proxy") or module == API_REGISTRY:
+            continue
+        importer = ("another API" if api_of(module) else "a shared module") if in_package(module, "proxy.apis") \
+            else "the proxy outside apis"  # fmt: skip
+        wrong += [f"{module} -> {t} (an API's module, imported by {importer})"
+                  for t in sorted(targets) if api_of(t) and api_of(t) != api_of(module)]  # fmt: skip
+    return wrong
+
+
+def test_each_api_is_one_module_that_only_the_registry_imports():
+    apis = api_modules()
+    assert apis == {f"proxy.apis.{name}" for name in ("completions", "chat", "responses", "messages")}
+    assert api_violations(import_graph(), apis) == []
+    assert apis <= import_graph()[API_REGISTRY]
+
+
+API_PLANTED = {
+    "another API's module": ({"proxy.apis.messages": {"proxy.apis.chat"}}, "imported by another API"),
+    "a shared module": ({"proxy.apis.usage": {"proxy.apis.responses"}}, "imported by a shared module"),
+    "the flow": ({"proxy.flow.relay": {"proxy.apis.responses"}}, "the proxy outside apis"),
+}
+
+
+@pytest.mark.parametrize("graph, why", API_PLANTED.values(), ids=API_PLANTED.keys())
+def test_the_api_rule_refuses_a_planted_violation(graph, why):
+    (violation,) = api_violations(graph, {"proxy.apis.chat", "proxy.apis.responses", "proxy.apis.messages"})
+    assert why in violation
 
 
 # Worker-side and proxy unit tests mirror the source: tests/unit/<folder>/test_<module>[_<aspect>].py
