@@ -1,6 +1,6 @@
 """One client request on its way through P/D, as every step of the flow sees it: its API,
 its body, its request id, its trace and, once it is routed, its route plan. Built by the
-endpoint (proxy/app.py) and handed from step to step instead of the five values; a
+endpoint (proxy/edge/endpoint.py) and handed from step to step instead of the five values; a
 fanned-out request (proxy/flow/fanout.py) makes one per choice (`choice`).
 """
 

@@ -1,6 +1,6 @@
 """proxy/admission/queue.py: at most `max_inflight` requests run and at most `max_queue` wait;
 the rest get 429 with Retry-After at once, and a waiter that times out gets 503. Then
-its use in proxy/app.py: the reply a refused client sees, and the slot given back when a
+its use in proxy/edge/endpoint.py: the reply a refused client sees, and the slot given back when a
 request ends, served or failed.
 
 The module tests drive the queue step by step; the app tests run the proxy in the
