@@ -4,7 +4,7 @@ import it and stay light.
 
 - drafts policy: `auto` proposes with K=0 when no scheduled request can use the drafts;
   `always` drafts every step (for A/B runs);
-- routing policies of the proxy's pools (proxy/pool.py);
+- routing policies of the proxy's pools (proxy/fleet/pool.py);
 - the Prometheus series a worker exports for the proxy to read: `pdspec_worker_info` (its
   config, for the pairing check) and `pdspec_engine_feature` (each engine feature's state).
 """

@@ -12,10 +12,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field
-
-from decode_worker import role as decode_role
-from pdspec.contract import DecodeRoutingPolicy, Disaggregation, DraftsPolicy, RoutingPolicy
-from prefill_worker import role as prefill_role
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -23,12 +19,16 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from decode_worker import role as decode_role
+from pdspec.contract import DecodeRoutingPolicy, Disaggregation, DraftsPolicy, RoutingPolicy
+from prefill_worker import role as prefill_role
+
 ENV_PREFIX = "PDSPEC_"
 CONFIG_ENV = "PDSPEC_CONFIG"
 
 
 # What a prefill and a decode worker must agree on for the decode worker to read the
-# prefill worker's KV (labels of pdspec_worker_info; see proxy/pairing.py).
+# prefill worker's KV (labels of pdspec_worker_info; see proxy/fleet/pairing.py).
 PairingField = Literal["model", "drafter", "method", "block_size", "kv_connector"]
 
 
@@ -232,11 +232,11 @@ class ProxySettings(BaseModel):
     )
     dns_refresh_s: float = Field(10.0, description="Re-resolve dns:// worker names this often.")
     prefill_policy: RoutingPolicy = Field(
-        "prefix_affinity", description="How a prefill worker is picked (proxy/pool.py); prefix_affinity: a "
+        "prefix_affinity", description="How a prefill worker is picked (proxy/routing/policies/); prefix_affinity: a "
         "rendezvous hash of the prompt's start, so repeated prefixes hit one worker's prefix cache.",
     )
     decode_policy: DecodeRoutingPolicy = Field(
-        "least_outstanding", description="How a decode worker is picked (proxy/pool.py); kv_aware: the one "
+        "least_outstanding", description="How a decode worker is picked (proxy/routing/policies/); kv_aware: the one "
         "holding most of the prompt (a conversation's earlier turns) against its load.",
     )
     disaggregation: Disaggregation = Field(
@@ -259,7 +259,7 @@ class ProxySettings(BaseModel):
         "(scaled by the worker's share times the pool's size). Storing evicts the least recently used blocks, "
         "younger on a worker that stored more lately, so misses spread over the pool instead of following a short "
         "prefix one worker holds (a system prompt); 0: off. At an even share it makes cached tokens weigh "
-        "1 + this against load (proxy/pool.py).",
+        "1 + this against load (proxy/routing/policies/kv_aware.py).",
     )
     kv_index_max_blocks: int = Field(
         200_000, ge=1, description="Most KV blocks the proxy's cache index keeps per worker (about 230 bytes "
@@ -277,12 +277,12 @@ class ProxySettings(BaseModel):
     served_by_headers: bool = Field(
         False, description="Replies carry X-Pdspec-Prefill-Worker and X-Pdspec-Decode-Worker (`local`: the "
         "decode worker prefilled) and a Server-Timing header of the request's phases (route, prefill, decode: "
-        "proxy/disagg.py, server_timing). Off by default: worker addresses and timings are internal.",
+        "proxy/flow/disagg.py, server_timing). Off by default: worker addresses and timings are internal.",
     )
     early_decode: bool = Field(
         False, description="Where the KV is pushed (kv_transfer = push): send the decode leg together with the "
         "prefill leg, so the decode worker's blocks are registered with the prefill worker before its prefill "
-        "ends and the WRITE starts at once (proxy/early_decode.py). The decode worker holds the prompt's blocks "
+        "ends and the WRITE starts at once (proxy/flow/early_decode.py). The decode worker holds the prompt's blocks "
         "while the prefill runs, and a prefill worker that dies mid-prefill leaves them held until the decode "
         "worker restarts (vLLM's push connector has no receive deadline): opt-in.",
     )
@@ -323,7 +323,7 @@ class ProxySettings(BaseModel):
     eject_after_failures: int = Field(2, description="Consecutive failed checks that eject a worker.")
     readmit_after_successes: int = Field(2, description="Consecutive good checks that re-admit an ejected worker.")
     # Pairing safety: workers' pdspec_worker_info must agree on model, drafter, method,
-    # block size and KV connector direction (proxy/pairing.py).
+    # block size and KV connector direction (proxy/fleet/pairing.py).
     expected_worker_config: dict[PairingField, str | int] = Field(
         default_factory=dict,
         description="What every worker must report, e.g. {\"block_size\": 128}; fields left out (or all, "
@@ -341,7 +341,7 @@ class ProxySettings(BaseModel):
     max_queue: int = Field(1024, ge=0, description="Requests waiting for a slot; beyond it, 429 with Retry-After.")
     queue_timeout_s: float = Field(10.0, description="Longest wait in the queue; then 503.")
     retry_after_s: int = Field(1, description="Retry-After of a 429 or 503.")
-    # Admission by KV room on the prefill workers (proxy/kv_room.py).
+    # Admission by KV room on the prefill workers (proxy/admission/kv_room.py).
     prefill_kv_admission: bool = Field(
         False, description="Send a prefill leg only to a prefill worker whose KV (read from its /metrics) has "
         "room for the prompt; otherwise wait, up to queue_timeout_s, then 503 with Retry-After. A KV bottleneck "
@@ -366,7 +366,7 @@ class ProxySettings(BaseModel):
         "taken as smaller can overfill a prefill worker before the ratio has learned.",
     )
     max_body_bytes: int = Field(4 * 1024 * 1024, description="Largest request body; beyond it, 413.")
-    # Client connections (proxy/connections.py): a head or a connection that would hold
+    # Client connections (proxy/edge/connections.py): a head or a connection that would hold
     # the event loop or memory is refused before any of it reaches the app.
     client_max_header_bytes: int = Field(
         64 * 1024, ge=1024, description="Largest request head (request line and headers); beyond it, 431."

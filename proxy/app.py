@@ -1,52 +1,45 @@
 """The proxy's app factory: `create_app(settings)` returns a configured FastAPI app.
 
-The generation endpoints (proxy/apis.py: completions, chat, responses, messages) are plain
-ASGI (`OpenAIEndpoint`), served ahead of FastAPI's middleware and routing (`ProxyApp`):
-they are the hot path, and FastAPI's per-request machinery cost more than both worker
-legs together (profiled under loadtest/micro/proxy_bench.py). Everything else
-(/v1/models, /health, /ready, /metrics, the stored-response routes that answer 404) is
-ordinary FastAPI.
+The generation endpoints (proxy/apis/registry.py: completions, chat, responses, messages) are
+plain ASGI (`OpenAIEndpoint`, proxy/edge/endpoint.py), served ahead of FastAPI's middleware
+and routing (`ProxyApp`): they are the hot path, and FastAPI's per-request machinery cost
+more than both worker legs together (profiled under loadtest/micro/proxy_bench.py).
+Everything else (/v1/models, /health, /ready, /metrics, the stored-response routes that
+answer 404) is ordinary FastAPI.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
-import logging
-import secrets
-import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.datastructures import URL
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from pdspec.settings import ProxySettings
-from proxy.admission import Admission
-from proxy.apis import APIS, Api
-from proxy.asgi import DisconnectWatch, Reply, header, read_body, send_reply
+from proxy.admission.kv_room import KvRoom
+from proxy.admission.queue import Admission
+from proxy.apis.limits import ModelLimits
+from proxy.apis.registry import APIS
 from proxy.auth import ApiKeys, worker_auth_headers
-from proxy.disagg import Disaggregator
+from proxy.edge.endpoint import OpenAIEndpoint
+from proxy.edge.passthrough import add_passthrough_routes
 from proxy.errors import ProxyError, error_response
-from proxy.fanout import choice_count, prompts_of
-from proxy.health import HealthChecker
-from proxy.kv_room import KvRoom
-from proxy.kv_routing import KvRouter
-from proxy.limits import ModelLimits
+from proxy.fleet.health import HealthChecker
+from proxy.fleet.membership import Membership
+from proxy.fleet.pairing import Pairing
+from proxy.fleet.pool import WorkerPool
+from proxy.flow.disagg import Disaggregator
 from proxy.loop_lag import LoopLag
-from proxy.membership import Membership
 from proxy.metrics import ProxyMetrics
-from proxy.pairing import Pairing
-from proxy.passthrough import add_passthrough_routes
-from proxy.pool import WorkerPool
-from proxy.tracing import NO_TRACE, Tracing
-from proxy.upstream import UpstreamClient
-from proxy.validation import check_content_type, parse_json_object
-
-log = logging.getLogger("pdspec.proxy")
+from proxy.routing import registry as policies
+from proxy.routing.kv_router import KvRouter
+from proxy.tracing import Tracing
+from proxy.upstream.client import UpstreamClient
 
 # vLLM's scale-out endpoints (vllm/entrypoints/scale_out/, `--enable-scale-out`), on the
 # workers: never served to clients, whatever the method.
@@ -55,116 +48,6 @@ SCALE_OUT_PATHS = (
     "/v1/chat/completions/derender", "/v1/completions/derender", "/inference/v1/generate",
 )  # fmt: skip
 SCALE_OUT_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
-
-
-class OpenAIEndpoint:
-    """POST one of proxy/apis.py's APIs (/v1/completions, /v1/chat/completions,
-    /v1/responses, /v1/messages), as plain ASGI."""
-
-    def __init__(
-        self,
-        api: Api,
-        settings: ProxySettings,
-        api_keys: ApiKeys,
-        admission: Admission,
-        limits: ModelLimits,
-        disaggregator: Disaggregator,
-        metrics: ProxyMetrics,
-        tracing: Tracing,
-    ) -> None:
-        self.api = api
-        self.path = api.path
-        self.endpoint = api.name
-        self.settings = settings
-        self.api_keys = api_keys
-        self.admission = admission
-        self.limits = limits
-        self.disaggregator = disaggregator
-        self.metrics = metrics
-        self.tracing = tracing
-        # The 500 series (the proxy's own "Internal proxy error", alert PdspecProxyInternalError)
-        # exported at 0 from the start: born at 1, `increase` would never see its first one.
-        self._requests_by_status: dict[int, object] = {500: metrics.requests.labels(self.endpoint, "500")}
-
-    async def __call__(self, scope, receive, send) -> None:
-        started = time.perf_counter()
-        request_id = request_id_of(scope)
-        status = 500
-        trace = NO_TRACE
-        try:
-            if scope["method"] != "POST":
-                raise ProxyError(405, f"Method {scope['method']} is not allowed; use POST.")
-            self.api_keys.check(header(scope, b"authorization"))
-            check_content_type(header(scope, b"content-type"))
-            body = parse_json_object(await read_body(scope, receive, self.settings.max_body_bytes))
-            self.api.validate(body)
-            if self.api.fans_out:
-                check_choices(body, self.settings.max_choices)
-            if self.api.limit_fields:
-                await self.limits.check(body, self.api.limit_fields)
-            if self.api.prepare is not None:
-                self.api.prepare(body, request_id)
-            # Watched from here on: a client that leaves while queued gives up its place
-            # (no prefill is sent), and one that leaves later cancels its legs.
-            watch = DisconnectWatch(receive, send)
-            try:
-                await self.admission.acquire()
-                try:
-                    if watch.disconnected:  # left just as a slot came free
-                        raise asyncio.CancelledError
-                    self.metrics.inflight.set(self.admission.inflight)
-                    trace = self.tracing.begin(request_id, self.endpoint, header(scope, b"traceparent"))
-                    status = await self._serve(body, request_id, watch, trace)
-                finally:
-                    self.admission.release()
-            except asyncio.CancelledError:
-                if not watch.disconnected:
-                    status = 503  # the proxy shutting down cancelled it: not a bug (500)
-                    raise
-                uncancel = getattr(asyncio.current_task(), "uncancel", None)
-                if uncancel is not None:
-                    uncancel()
-                raise ProxyError(499, "Client closed the request.", code="client_closed_request") from None
-            finally:
-                watch.stop()
-        except ProxyError as exc:
-            status = exc.status
-            if status != 499:  # nobody is left to tell
-                await send_reply(send, Reply.error(exc, request_id, self.api.error_body))
-        except Exception:  # a bug: still an OpenAI error (unless the reply began), and the proxy lives on
-            log.exception("unexpected error", extra={"request_id": request_id})
-            status = 500
-            with contextlib.suppress(Exception):
-                await send_reply(send, Reply.error(ProxyError(500, "Internal proxy error."), request_id,
-                                                   self.api.error_body))  # fmt: skip
-        finally:
-            self.metrics.inflight.set(self.admission.inflight)
-            self._count(status)
-            trace.finish(status)
-            if status >= 400 or self.settings.access_log:
-                log.log(
-                    logging.WARNING if status >= 500 else logging.INFO,
-                    "%s %s -> %d in %.1f ms", scope["method"], self.path, status, 1000 * (time.perf_counter() - started),
-                    extra={"request_id": request_id},
-                )  # fmt: skip
-
-    def _count(self, status: int) -> None:
-        counter = self._requests_by_status.get(status)
-        if counter is None:
-            counter = self._requests_by_status[status] = self.metrics.requests.labels(self.endpoint, str(status))
-        counter.inc()
-
-    async def _serve(self, body: dict, request_id: str, watch: DisconnectWatch, trace) -> int:
-        """Both legs and the reply; a client gone meanwhile cancels them (status 499)."""
-        reply = None
-        try:
-            reply = await self.disaggregator.serve(self.api, body, request_id, trace)
-            await send_reply(watch.send, reply)
-            return reply.status
-        finally:
-            watch.stop()
-            if reply is not None and reply.closer is not None:
-                reply.closer.close()
 
 
 class HotPaths:
@@ -201,11 +84,8 @@ class ProxyApp(FastAPI):
 
 def create_app(settings: ProxySettings) -> ProxyApp:
     metrics = ProxyMetrics.create()
-    prefill_pool = WorkerPool.from_urls("prefill", [], settings.prefill_policy)
-    decode_pool = WorkerPool.from_urls("decode", [], settings.decode_policy)
-    prefill_pool.load_tokens = decode_pool.load_tokens = settings.kv_aware_load_tokens
-    # Churn is what prefill legs compute; a decode worker's cache fills with what it pulls, chosen by its load.
-    prefill_pool.churn_weight = settings.kv_aware_churn_weight
+    prefill_pool = WorkerPool.from_urls("prefill", [], policies.for_pool(settings, "prefill"))
+    decode_pool = WorkerPool.from_urls("decode", [], policies.for_pool(settings, "decode"))
     membership = Membership(
         {prefill_pool: settings.prefill_urls, decode_pool: settings.decode_urls}, settings.dns_refresh_s
     )
@@ -302,7 +182,7 @@ def create_app(settings: ProxySettings) -> ProxyApp:
     async def scale_out_path(request: Request) -> Response:
         """vLLM's scale-out endpoints (render, derender, /inference/v1/generate) are the
         workers' own: the proxy reads render for cache-aware routing
-        (proxy/routing_tokens.py) and serves none of them to clients. A plain 404 as for an
+        (proxy/routing/tokens.py) and serves none of them to clients. A plain 404 as for an
         unknown path, whatever the method (`/v1/responses/render` would otherwise match
         the stored-response routes below and answer 405 to a POST)."""
         raise ProxyError(404, f"No route {request.url.path}.", code="not_found")
@@ -314,7 +194,7 @@ def create_app(settings: ProxySettings) -> ProxyApp:
     @app.api_route("/v1/responses/{response_id}/{action}", methods=["GET", "POST"])
     async def stored_response(request: Request, response_id: str, action: str | None = None) -> Response:
         """Retrieve, delete, cancel, input items: none applies, since no response is stored
-        through the proxy (proxy/responses.py says why)."""
+        through the proxy (proxy/apis/responses.py says why)."""
         api_keys.check(request.headers.get("authorization"))
         raise ProxyError(404, f"Response {response_id!r} is not stored: through this P/D proxy responses are never "
                               "stored (one would live only on the decode worker that produced it).")  # fmt: skip
@@ -395,23 +275,3 @@ async def collect_garbage(interval_s: float) -> None:
             gc.collect()
     finally:
         gc.enable()
-
-
-def check_choices(body: dict, max_choices: int) -> None:
-    """`n` as vLLM takes it (no greedy n > 1), and bounded: each choice (each prompt of a
-    list times `n`) is a prefill and a decode of its own (proxy/fanout.py)."""
-    n = body.get("n") or 1
-    prompts = prompts_of(body)
-    if prompts is not None and choice_count(body) > max_choices:
-        raise ProxyError(400, f"{len(prompts)} prompts with 'n' {n} are {choice_count(body)} choices; this proxy "
-                              f"serves at most {max_choices} in one request.", param="prompt")  # fmt: skip
-    if n > max_choices:
-        raise ProxyError(400, f"'n' is {n}; this proxy serves at most {max_choices} choices.", param="n")
-
-
-def request_id_of(scope) -> str:
-    """The client's X-Request-Id if it is sane, else a new one."""
-    incoming = header(scope, b"x-request-id")
-    if incoming and len(incoming) <= 128 and incoming.isascii() and incoming.isprintable():
-        return incoming
-    return secrets.token_hex(16)

@@ -6,15 +6,14 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-
 PREFILL_OUTCOMES = ("ok", "retried_ok", "fallback", "error")
-# Why a request was served decode-only (proxy/legs.py, decode_only_reason).
+# Why a request was served decode-only (proxy/apis/legs.py, decode_only_reason).
 DECODE_ONLY_REASONS = ("beam_search", "structured_output")
-# Why a client connection was refused (proxy/connections.py).
+# Why a client connection was refused (proxy/edge/connections.py).
 REFUSAL_REASONS = ("header_too_large", "head_timeout", "body_timeout", "too_many_connections")
-# Why the decode worker prefilled a prompt itself (conditional disaggregation, proxy/kv_routing.py).
+# Why the decode worker prefilled a prompt itself (conditional disaggregation, proxy/routing/kv_router.py).
 LOCAL_PREFILL_REASONS = ("cached_on_decode", "short_prompt")
-# What the cache index did with the workers' KV events (proxy/kv_index.py, kv_subscriber.py).
+# What the cache index did with the workers' KV events (proxy/routing/kv_index.py, kv_subscriber.py).
 KV_EVENT_KINDS = ("stored", "removed", "cleared", "orphans", "skipped", "evicted", "malformed_events", "bad_messages",
                   "lost_batches", "replays", "restarts")  # fmt: skip
 
@@ -148,13 +147,13 @@ class ProxyMetrics:
             queued=Gauge("pdspec_proxy_queued_requests", "Client requests waiting for an in-flight slot.",
                          registry=registry),
             client_refusals=Counter(
-                "pdspec_proxy_client_refusals", "Client connections refused by a limit of proxy/connections.py, by "
+                "pdspec_proxy_client_refusals", "Client connections refused by a limit of proxy/edge/connections.py, by "
                 "reason (header_too_large, head_timeout, body_timeout, too_many_connections).",
                 ["reason"], registry=registry,
             ),
             decode_only=Counter(
                 "pdspec_proxy_decode_only", "Requests sent whole to a decode worker because vLLM cannot serve them "
-                "through P/D, by reason (beam_search; structured_output under structured_outputs=decode_only: see proxy/legs.py).", ["reason"], registry=registry,
+                "through P/D, by reason (beam_search; structured_output under structured_outputs=decode_only: see proxy/apis/legs.py).", ["reason"], registry=registry,
             ),
             loop_lag=Histogram(
                 "pdspec_proxy_event_loop_lag_seconds", "How late the proxy's event loop ran a timer (sampled every "

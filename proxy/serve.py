@@ -1,5 +1,5 @@
 """Run the proxy under uvicorn (uvloop and httptools, which uvicorn[standard] brings), with the
-client connection limits of proxy/connections.py."""
+client connection limits of proxy/edge/connections.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import uvicorn
 
 from pdspec.settings import ProxySettings
 from proxy.app import create_app
-from proxy.connections import ClientLimits, limited_protocol
+from proxy.edge.connections import ClientLimits, limited_protocol
 from proxy.logs import configure_logging
 
 

@@ -1,15 +1,28 @@
 """Generated request bodies for the differential tests of the proxy's acceptance rules
-(tests/unit/proxy/test_validation_differential.py against vLLM's request classes,
+(tests/unit/proxy/apis/test_validation_differential.py, test_responses_differential.py and
+test_messages_differential.py against vLLM's request classes,
 tests/e2e/test_validation_differential.py against a real worker)."""
 
 from __future__ import annotations
 
+import os
+
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from pdspec.settings import ProxySettings
-from proxy.fanout import choice_count
+from proxy.flow.fanout import choice_count
 
 MAX_CHOICES = ProxySettings().max_choices
+
+# The unit tests' runs, derandomized so CI runs the same bodies every time;
+# PDSPEC_DIFF_RANDOM=1 (and more PDSPEC_DIFF_EXAMPLES) explores new ones.
+UNIT_SETTINGS = settings(
+    max_examples=int(os.environ.get("PDSPEC_DIFF_EXAMPLES", "1500")),
+    derandomize=not os.environ.get("PDSPEC_DIFF_RANDOM"),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 # Values that probe pydantic's lax mode (numbers as strings, floats with and without a
 # fraction, bools as numbers and words), ranges, nulls and wrong types.

@@ -70,6 +70,24 @@ class StandinBehaviour:
     rendered: list[tuple[str, dict]] = field(default_factory=list)  # (path, body) of render requests
 
 
+def prefill_legs(behaviour: StandinBehaviour) -> list[dict]:
+    """The bodies of the prefill legs a stand-in got (those asking for a remote decode), in order."""
+    return [b for b in behaviour.received if (b.get("kv_transfer_params") or {}).get("do_remote_decode")]
+
+
+def parse_events(raw: str) -> list[tuple[str, dict]]:
+    """(event line's type, data) of each event of a named-event stream (the Responses and
+    Messages APIs); asserts every event has both lines."""
+    events = []
+    for block in raw.split("\n\n"):
+        if not block:
+            continue
+        lines = block.split("\n")
+        assert len(lines) == 2 and lines[0].startswith("event: ") and lines[1].startswith("data: "), block
+        events.append((lines[0][len("event: ") :], json.loads(lines[1][len("data: ") :])))
+    return events
+
+
 def decode_legs(behaviour: StandinBehaviour) -> list[dict]:
     """The bodies of the decode legs a stand-in got (all but prefill legs), in order."""
     return [b for b in behaviour.received if not (b.get("kv_transfer_params") or {}).get("do_remote_decode")]

@@ -207,7 +207,7 @@ def prefill_worker_engine(
     at once (`BENCH_KV_LEASE_S`). `method="none"`: the same worker with no drafter."""
     from pdspec.settings import ModelSettings, PrefillWorkerSettings
     from pdspec.worker.launch import SERVER_OPTIONS, engine_options, is_cpu_build, worker_env
-    from proxy.legs import PREFILL_KV_REQUEST
+    from proxy.apis.legs import PREFILL_KV_REQUEST
 
     cpu = is_cpu_build()
     model = ModelSettings(

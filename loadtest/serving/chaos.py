@@ -152,7 +152,7 @@ def streamed_text(events: list[str], chat: bool) -> str:
 
 def error_outcome(status: int, content: bytes) -> str:
     """`bug` for the proxy's answer to an exception it did not expect (500 with code
-    `internal_server_error`, proxy/app.py): lost whatever the fleet's state, since no
+    `internal_server_error`, proxy/edge/endpoint.py): lost whatever the fleet's state, since no
     worker fault excuses it; any other error status is `error` (`classify` decides)."""
     if status == 500:
         try:

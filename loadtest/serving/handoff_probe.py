@@ -38,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.serving import worker_metrics
 from loadtest.serving.serve_client import completion_body, random_prompts
-from proxy.legs import PREFILL_KV_REQUEST  # what the proxy sends the prefill worker
+from proxy.apis.legs import PREFILL_KV_REQUEST  # what the proxy sends the prefill worker
 
 # vLLM's own histograms, each read as its mean over the pulled legs.
 DECODE_HISTOGRAMS = {

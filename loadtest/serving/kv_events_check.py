@@ -30,10 +30,10 @@ from pathlib import Path
 
 import httpx
 
-from proxy.kv_events import END_OF_REPLAY, BadMessage, Batch, decode_message
-from proxy.kv_index import KvIndex, block_keys
-from proxy.kv_subscriber import EventSource
-from proxy.worker_info import parse_worker_info
+from proxy.fleet.worker_info import parse_worker_info
+from proxy.routing.kv_events import END_OF_REPLAY, BadMessage, Batch, decode_message
+from proxy.routing.kv_index import KvIndex, block_keys
+from proxy.routing.kv_subscriber import EventSource
 
 FIRST_ID = 10
 

@@ -25,7 +25,7 @@ import psutil
 
 from loadtest.serving import worker_metrics
 from loadtest.serving.hostile_clients import proxy_process
-from proxy.legs import PREFILL_KV_REQUEST
+from proxy.apis.legs import PREFILL_KV_REQUEST
 
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 

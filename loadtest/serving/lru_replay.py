@@ -3,7 +3,7 @@ fleet's real sizes, under routers that know every cache exactly.
 
 Model of one worker's prefix cache (vLLM's, simplified): `capacity` blocks of
 `block_size` tokens; a prompt hits on its leading full blocks that the cache holds (a
-chained key per block, `proxy.kv_index.block_keys`, so a block hits only after the same
+chained key per block, `proxy.routing.kv_index.block_keys`, so a block hits only after the same
 prefix); after the request, all its full blocks are in the cache as the most recently
 used, its head more recent than its tail (vLLM frees a request's blocks tail first, so its
 tail is evicted first); the least recently used go when the cache is over capacity.
@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from proxy.kv_index import block_keys
+from proxy.routing.kv_index import block_keys
 
 ROUTERS = ("oracle", "pinned", "round_robin")
 

@@ -48,7 +48,7 @@ import httpx
 from loadtest.serving import kv_events_check, worker_metrics
 from loadtest.serving.routing_report import markdown, plot, pool_run, pooled_summary, summarize
 from loadtest.serving.serve_client import completion_body, stream_completion
-from proxy.kv_index import block_keys
+from proxy.routing.kv_index import block_keys
 
 POLICIES = {
     "round_robin": {"prefill_policy": "round_robin", "decode_policy": "round_robin"},

@@ -196,7 +196,7 @@ def engine_options(role: Role, model: ModelSettings, worker: WorkerSettings, cpu
         "port": worker.port,
         "max_model_len": model.max_model_len,
         # usage.prompt_tokens_details.cached_tokens: the proxy reports the prefill
-        # worker's prefix-cache hits to clients (see proxy/usage.py).
+        # worker's prefix-cache hits to clients (see proxy/apis/usage.py).
         "enable_prompt_tokens_details": True,
     }
     # Output parsers: the same on both workers, so a request either worker would refuse
@@ -220,7 +220,7 @@ def engine_options(role: Role, model: ModelSettings, worker: WorkerSettings, cpu
             options["kv_events_config"] = kv_events_config(worker)
         if worker.scale_out_api:
             # Render endpoints: the token ids of Responses and Messages prompts for the
-            # proxy's cache-aware routing (proxy/routing_tokens.py). Not on a colocated
+            # proxy's cache-aware routing (proxy/routing/tokens.py). Not on a colocated
             # server: clients reach it directly, and these endpoints are internal.
             options["enable_scale_out"] = True
     spec = speculative_config(model, drafter)

@@ -3,7 +3,7 @@
 A gauge of 1 whose labels are the worker's role and the engine's resolved config (target
 model, drafter, method, K, KV block size, vLLM version) and its live drafts policy. The
 proxy reads it to refuse pairing a prefill and a decode worker whose KV would not fit
-(proxy/pairing.py); dashboards use it to split panels by role.
+(proxy/fleet/pairing.py); dashboards use it to split panels by role.
 
 Written by pdspec's scheduler in vLLM's engine-core process, from the config the engine
 built (the block size after the platform resolved it, not pdspec's settings), and

@@ -8,8 +8,7 @@ import time
 import httpx
 
 from loadtest.serving.kv_hold_cpu import tree_cpu_seconds
-from proxy.legs import PREFILL_KV_REQUEST
-
+from proxy.apis.legs import PREFILL_KV_REQUEST
 from tests import harness
 from tests.prompts import completion_body, unique_prompt
 

@@ -3,7 +3,7 @@ whose KV holds about three prompts and whose KV lease is 6 s, and a decode worke
 takes one request at a time (`--max-num-seqs 1`). One pair for both halves (starting a
 pair costs about a minute).
 
-Admission by KV room (proxy/kv_room.py): the decode worker cannot take KV as fast as the
+Admission by KV room (proxy/admission/kv_room.py): the decode worker cannot take KV as fast as the
 prefill worker makes it, so the prefill worker's KV fills with prompts held for transfers:
 the KV bottleneck of 1P1D on one GPU, where prefill legs timed out (504) while the prefill
 worker waited for blocks. The same burst goes through two proxies in front of the same
@@ -33,7 +33,7 @@ import httpx
 import psutil
 import pytest
 
-from proxy.legs import PREFILL_KV_REQUEST
+from proxy.apis.legs import PREFILL_KV_REQUEST
 from tests import harness
 from tests.prompts import completion_body, unique_prompt
 

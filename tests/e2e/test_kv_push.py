@@ -63,7 +63,7 @@ def test_the_kv_only_drafter_pass_stays_on_with_push(push_stack):
     assert state == "on"
 
 
-# --- early decode: the decode leg sent with the prefill leg (proxy/early_decode.py) ----------
+# --- early decode: the decode leg sent with the prefill leg (proxy/flow/early_decode.py) ----------
 
 
 def early_proxy(stack, port: int, **settings) -> harness.Server:

@@ -1,7 +1,7 @@
 """Cache-aware routing of Responses and Messages requests with real workers (2 prefill,
 1 decode, vLLM's KV events, KV over NIXL, the scale-out API on by default): the proxy
 reads their token ids from the decode worker's `/v1/responses/render` and
-`/v1/messages/render` (proxy/routing_tokens.py), so a request whose long `instructions`
+`/v1/messages/render` (proxy/routing/tokens.py), so a request whose long `instructions`
 (or `system`) a prefill worker holds lands on it, as that worker's own prefix-cache
 counter shows.
 
@@ -14,9 +14,9 @@ request. Without render's ids the request goes where the hash says, the other wo
 import httpx
 import pytest
 
-from proxy.kv_index import block_keys
-from proxy.kv_routing import new_part_key
-from proxy.pool import _rendezvous
+from proxy.routing.keys import rendezvous
+from proxy.routing.kv_index import block_keys
+from proxy.routing.kv_router import new_part_key
 from tests import harness
 from tests.e2e.test_kv_routing import index_blocks, prefix_hits, wait_for
 
@@ -117,7 +117,7 @@ def warm_where_the_hash_would_not_go(fleet, client: httpx.Client, ids: list[int]
     prefills = [fleet["p1"].url, fleet["p2"].url]
     size = block_size(prefills[0])
     key = new_part_key(ids, block_keys(ids, size), size)
-    holder = min(prefills, key=lambda url: _rendezvous(key, url))
+    holder = min(prefills, key=lambda url: rendezvous(key, url))
     other = next(url for url in prefills if url != holder)
     before = index_blocks(fleet["proxy"].url).get(holder, 0)
     warm = client.post(holder + "/v1/chat/completions", json={

@@ -1,4 +1,4 @@
-"""The token ids cache-aware routing keys a prompt by (proxy/routing_tokens.py: the
+"""The token ids cache-aware routing keys a prompt by (proxy/routing/tokens.py: the
 decode worker's /tokenize) equal the ids the engine really serves, over generated text
 prompts and chats (with the chat options that change the rendered prompt): the decode
 leg's own `prompt_token_ids` (`return_token_ids`) on the shared stack."""
@@ -7,7 +7,7 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.routing_tokens import tokenize_body
+from proxy.routing.tokens import tokenize_body
 
 text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=120)
 messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system"]),

@@ -6,7 +6,7 @@ OpenAI's error shape; afterwards no KV is left on the prefill worker. The delibe
 differences are left out of the bodies: `kv_transfer_params` (the proxy's to set; sent to
 a decode worker by a client it can kill vLLM's engine: an assertion in NixlConnector's
 `update_state_after_alloc`) and `n` beyond `max_choices`. The same rules are checked over
-many more bodies against vLLM's request classes in tests/unit/proxy/test_validation_differential.py.
+many more bodies against vLLM's request classes in tests/unit/proxy/apis/test_validation_differential.py.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def test_a_wrong_output_is_lost_whatever_the_health():
 
 
 def test_the_proxys_internal_error_is_a_bug_lost_whatever_the_health():
-    """proxy/app.py answers an exception it did not expect with a 500 of this body."""
+    """proxy/edge/endpoint.py answers an exception it did not expect with a 500 of this body."""
     internal = json.dumps(error_body(500, "Internal proxy error.")).encode()
     assert error_outcome(500, internal) == "bug"
     bug = Record(10.0, 11.0, "completions", "bug", "HTTP 500")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from loadtest.serving.lru_replay import LruBlockCache, reference, replay, unbounded_hit_rate
-from proxy.kv_index import block_keys
+from proxy.routing.kv_index import block_keys
 
 BS = 4
 

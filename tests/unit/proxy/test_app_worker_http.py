@@ -110,7 +110,7 @@ def test_a_large_non_streamed_decode_reply_comes_back_and_the_worker_stays_usabl
     """Over 256 KiB the client paused reading and never resumed: no answer until the
     decode timeout, then a paused connection in the pool timed out the next legs."""
     with RawWorker(decode_bytes=900_000) as worker, proxy_for(worker, decode_timeout_s=20) as proxy:
-        for i in range(3):
+        for _ in range(3):
             response = httpx.post(proxy.url + "/v1/completions", json=BODY, timeout=30)
             assert response.status_code == 200, response.text[:200]
             assert len(response.json()["choices"][0]["logprobs"]) == 900_000

@@ -1,4 +1,4 @@
-"""proxy/loop_lag.py and its use in proxy/health.py: a check that timed out because the
+"""proxy/loop_lag.py and its use in proxy/fleet/health.py: a check that timed out because the
 proxy's own loop was blocked is not counted against the worker; one that timed out on a
 free loop is."""
 
@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from proxy.health import HealthChecker
+from proxy.fleet.health import HealthChecker
+from proxy.fleet.pool import Worker, WorkerPool
 from proxy.loop_lag import LoopLag
-from proxy.pool import Worker, WorkerPool
-from proxy.upstream import UpstreamClient
+from proxy.upstream.client import UpstreamClient
 
 TIMEOUT_S = 0.4
 

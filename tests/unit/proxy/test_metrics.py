@@ -61,18 +61,18 @@ async def test_a_request_cancelled_by_the_proxys_own_shutdown_counts_503_not_500
     import json
 
     from pdspec.settings import ProxySettings
-    from proxy.admission import Admission
-    from proxy.apis import COMPLETIONS
-    from proxy.app import OpenAIEndpoint
+    from proxy.admission.queue import Admission
+    from proxy.apis.completions import COMPLETIONS
+    from proxy.apis.limits import ModelLimits
     from proxy.auth import ApiKeys
-    from proxy.limits import ModelLimits
+    from proxy.edge.endpoint import OpenAIEndpoint
     from proxy.metrics import ProxyMetrics
     from proxy.tracing import Tracing
 
     serving = asyncio.Event()
 
     class Hanging:  # the legs of a request the shutdown catches mid-way
-        async def serve(self, api, body, request_id, trace):
+        async def serve(self, exchange):
             serving.set()
             await asyncio.Event().wait()
 

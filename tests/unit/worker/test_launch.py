@@ -161,7 +161,7 @@ def test_auto_tool_choice_is_a_plain_cli_flag():
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_workers_serve_the_scale_out_api_by_default(role):
     """The proxy's cache-aware routing reads Responses and Messages token ids from the
-    workers' render endpoints (proxy/routing_tokens.py)."""
+    workers' render endpoints (proxy/routing/tokens.py)."""
     assert "--enable-scale-out" in launch.vllm_argv(role, ModelSettings(), WorkerSettings(), cpu=True)
     off = launch.vllm_argv(role, ModelSettings(), WorkerSettings(scale_out_api=False), cpu=True)
     assert "--enable-scale-out" not in off

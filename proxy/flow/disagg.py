@@ -1,0 +1,478 @@
+"""One disaggregated request: prefill leg, KV hand-off, decode leg, relay to the client.
+
+The same for every API the proxy serves; what differs between them (validation, legs,
+usage, stream framing) is their `Api` (proxy/apis/api.py), built in each API's module under
+proxy/apis/. A request travels as an `Exchange` (proxy/flow/exchange.py); a leg that does
+not end in the reply it wanted ends in one of the outcomes of proxy/flow/outcomes.py.
+
+Failure handling, in order of the request's life:
+- prefill leg: a worker's 4xx goes back to the client as is (its fault, no retry);
+  a 5xx, connection error or timeout follows `prefill_failure_policy`: `error` returns
+  it, `retry` tries other prefill workers (bounded, with backoff), `fallback` sends the
+  request to a decode worker without KV params, which then prefills it itself;
+- hand-off: the prefill worker's `kv_transfer_params` must name that worker's own host
+  (or one of `kv_source_hosts`) and a port of `kv_source_ports`, so no reply can steer a
+  decode worker to pull KV from anywhere else;
+- decode leg: retried on another decode worker only before its first byte reached the
+  client; afterwards a broken stream ends with an SSE error event, never a hang. A
+  prefill's KV goes to one decode request only: a worker that got the leg may read the KV
+  later (a hung one, when it resumes) or have it freed (vLLM does on an abort or a
+  refusal), and a second read after that free caches another request's KV under this
+  prompt on the decode worker. So a retry after a sent leg prefills again
+  (pdspec_proxy_kv_reprefills_total) rather than resend the KV;
+- decode-only: a request vLLM cannot serve through P/D (`legs.decode_only_reason`:
+  beam search; grammar-constrained ones too under `structured_outputs = "decode_only"`)
+  goes whole to a decode worker, which prefills it itself;
+- release: when no decode leg with a good prefill's KV went on the wire (decode worker
+  unreachable or none healthy, client gone between the legs), a one-token leg frees the
+  KV (`_release_kv`); once one went, that worker frees it (vLLM does on an abort or a
+  refusal) or, had it died, the KV lease does: a release would be the second read above.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from pdspec.settings import ProxySettings, port_range
+from proxy.admission.kv_room import KvRoom, Leg, reply_prompt_tokens
+from proxy.apis.api import Api
+from proxy.asgi import Reply
+from proxy.auth import worker_auth_headers
+from proxy.errors import ProxyError
+from proxy.fleet.pool import NoHealthyWorker, Worker, WorkerPool
+from proxy.flow.attempts import attempts, backoff
+from proxy.flow.early_decode import EarlyDecode, EarlyLeg, early_params, kv_source
+from proxy.flow.exchange import Exchange
+from proxy.flow.fanout import choice_count, fan_out
+from proxy.flow.outcomes import DecodeFailed, LegFailed, PassThrough, release_reason, status_class
+from proxy.flow.relay import Relay, RelayMetrics
+from proxy.metrics import ProxyMetrics
+from proxy.routing.kv_router import KvRouter
+from proxy.routing.plan import leg_key
+from proxy.routing.policies.kv_aware import decode_tokens, uncached_tokens
+from proxy.upstream.client import UpstreamClient, UpstreamError, UpstreamResponse
+
+log = logging.getLogger("pdspec.proxy")
+
+
+def server_timing(**durations_s: float) -> str:
+    """A Server-Timing header (W3C) of the request's phases, in milliseconds: `route` (the
+    route plan: token ids, cache lookup), `prefill` (the prefill leg, retries and the wait
+    for KV room under `prefill_kv_admission` included; 0 when the decode worker
+    prefilled), `decode` (to the decode reply's headers when it streams, to its end when
+    not: the KV pull and the first token come after them; a re-prefill after a failed KV
+    read counts here)."""
+    return ", ".join(f"{name};dur={seconds * 1000:.1f}" for name, seconds in durations_s.items())
+
+
+@dataclass(slots=True)
+class Prefilled:
+    """What the prefill leg hands to the decode leg."""
+
+    kv_transfer_params: dict[str, Any] | None  # None: decode-only fallback
+    cached_tokens: int | None  # the prefill worker's prefix-cache hits
+    # A decode leg carrying these kv_transfer_params went on the wire: that worker may read
+    # the KV or have it freed, so no other leg may carry them (see the module docstring).
+    handed_over: bool = False
+    worker_url: str | None = None  # the prefill worker (None: the decode worker prefills)
+    prompt_tokens: int | None = None  # as the prefill reply counted them
+    early: EarlyLeg | None = None  # the decode leg sent with the prefill leg (proxy/flow/early_decode.py)
+    usage: Any = None  # what the API's patchers take from the prefill reply (Api.prefill_usage_of)
+
+
+class Disaggregator:
+    def __init__(
+        self,
+        client: UpstreamClient,
+        prefill_pool: WorkerPool,
+        decode_pool: WorkerPool,
+        metrics: ProxyMetrics,
+        settings: ProxySettings,
+        kv_router: KvRouter | None = None,
+        kv_room: KvRoom | None = None,
+    ) -> None:
+        self.client = client
+        self.kv_router = kv_router  # cache-aware routing (proxy/routing/kv_router.py), when a setting asks for it
+        self.kv_room = kv_room  # admission by the prefill workers' KV room (proxy/admission/kv_room.py), when asked for
+        self.prefill_pool = prefill_pool
+        self.decode_pool = decode_pool
+        self.metrics = metrics
+        self.settings = settings
+        self.worker_headers = worker_auth_headers(settings.worker_api_key)
+        # Children of the metrics every request touches, bound once (labels() costs a lock).
+        self.prefill_seconds = metrics.leg_seconds.labels("prefill")
+        self.relay_metrics = RelayMetrics.of(metrics)  # what the decode replies' relays count
+        self.prefill_ok = metrics.prefill_outcomes.labels("ok")
+        self._releases: set[asyncio.Task] = set()
+        self.kv_source_ports = [port_range(spec) for spec in settings.kv_source_ports]
+        self.early = (EarlyDecode(client, metrics, self.worker_headers)
+                      if settings.early_decode else None)  # fmt: skip
+
+    async def serve(self, ex: Exchange) -> Reply:
+        reason = ex.api.decode_only_reason(ex.body)
+        if reason == "structured_output" and self.settings.structured_outputs == "disaggregated":
+            reason = None
+        if reason is not None:
+            self.metrics.decode_only.labels(reason).inc()
+            return await self._serve_one(ex, decode_only=True)
+        if ex.api.fans_out and choice_count(ex.body) > 1:  # one prefill + decode per choice: see proxy/flow/fanout.py
+            return await fan_out(lambda sub, rid: self._serve_one(ex.choice(sub, rid)), ex.body, ex.request_id)
+        return await self._serve_one(ex)
+
+    async def _serve_one(self, ex: Exchange, decode_only: bool = False) -> Reply:
+        """One prefill and decode, or with `decode_only` the decode leg alone (no KV params:
+        the decode worker prefills, and there is no prefill KV to release). With cache-aware
+        routing the route is planned first: the decode worker, and whether it prefills
+        the prompt itself (conditional disaggregation)."""
+        started = time.perf_counter()
+        ex.plan = plan = await self.kv_router.plan(ex.body, ex.api) if self.kv_router is not None else None
+        if plan is not None and plan.local_prefill is not None and not decode_only:
+            self.metrics.local_prefills.labels(plan.local_prefill).inc()
+            decode_only = True
+        try:
+            routed_at = time.perf_counter()
+            prefilled = Prefilled(None, None) if decode_only else await self._prefill(ex)
+            try:
+                prefilled_at = time.perf_counter()
+                reply = await self._decode(ex, prefilled)
+                if self.settings.served_by_headers:
+                    reply.headers["X-Pdspec-Prefill-Worker"] = prefilled.worker_url or "local"
+                    reply.headers["Server-Timing"] = server_timing(
+                        route=routed_at - started, prefill=prefilled_at - routed_at,
+                        decode=time.perf_counter() - prefilled_at)  # fmt: skip
+                return reply
+            except BaseException as exc:
+                # Once handed over, the decode worker frees the KV when it aborts or refuses
+                # the request (vLLM's `_with_kv_transfer_rejection_cleanup`), or the lease
+                # does; before that, nothing would free it until the lease ends.
+                if prefilled.kv_transfer_params is not None and not prefilled.handed_over:
+                    self._release_kv(ex, prefilled, release_reason(exc))
+                raise
+        except PassThrough as passthrough:
+            passthrough.reply.headers["X-Request-Id"] = ex.request_id
+            return passthrough.reply
+
+    # --- prefill ---------------------------------------------------------------------
+
+    async def _prefill(self, ex: Exchange, early_ok: bool = True) -> Prefilled:
+        """The prefill leg, tried as `prefill_failure_policy` says; its first attempt sends
+        the decode leg along where early decode applies (`early_ok`: not for a decode
+        retry's fresh KV, whose decode leg `_decode` sends itself)."""
+        policy = self.settings.prefill_failure_policy
+        tries = 1 + (self.settings.prefill_retries if policy == "retry" else 0)
+        api, plan, trace = ex.api, ex.plan, ex.trace
+        key = leg_key(ex.body, plan, self.prefill_pool.policy)
+        leg = orjson.dumps(api.prefill_body(ex.body))
+        failure: LegFailed | None = None
+        cached = plan.prefill_cached if plan is not None else None
+        (tokens, chars), full = (0, 0), set()
+        if self.kv_room is not None:
+            (tokens, chars) = self.kv_room.tokens_of(ex.body, plan.prompt_tokens if plan is not None else None)
+            full |= await self.kv_room.wait_for_room(tokens)
+        building = plan.prefill_building if plan is not None else None
+        prompt_tokens = plan.prompt_tokens if plan is not None else 0
+        for attempt, worker in attempts(self.prefill_pool, tries, key, cached, exclude=full, building=building,
+                                        prompt_tokens=prompt_tokens):  # fmt: skip
+            if self.kv_router is not None:
+                self.kv_router.routed(self.prefill_pool, worker, plan)
+            span = trace.start("prefill", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
+            prefilled = None
+            early = self._start_early(ex, worker) if attempt == 0 and early_ok else None
+            try:
+                run = self._prefill_once(worker, api, leg, ex.request_id, trace.headers(span), uncached_tokens(plan, worker))
+                if self.kv_room is not None:  # counted as long as it runs there, its client gone or not;
+                    # begun here, ended by the coroutine: nothing may run between this and `await run`
+                    run = self._counted(run, self.kv_room.begin(worker.url, tokens, chars))
+                if early is not None:  # the prefill must end (see proxy/flow/early_decode.py)
+                    release = functools.partial(self._release_kv, ex, reason="client_gone")
+                    run = self.early.prefill(early, api.path, leg, ex.request_id, run, release)
+                prefilled = await run
+                if early is not None and self.early.adopt(early, prefilled.kv_transfer_params):
+                    prefilled.early = early
+            except LegFailed as exc:
+                trace.end(span, exc.message)
+                failure = exc
+                self.metrics.leg_failures.labels("prefill", exc.reason).inc()
+            except PassThrough:
+                trace.end(span, "worker 4xx")
+                raise
+            if prefilled is None:  # failed: pause, then the next worker, if it has room by then
+                await backoff(attempt, tries, self.settings.retry_backoff_s)
+                if self.kv_room is not None and attempt + 1 < tries:
+                    full.clear()  # `attempts` reads it at each pick
+                    full |= await self.kv_room.wait_for_room(tokens)
+                continue
+            trace.end(span)
+            (self.prefill_ok if attempt == 0 else self.metrics.prefill_outcomes.labels("retried_ok")).inc()
+            return prefilled
+        failure = failure or LegFailed(503, "no healthy prefill worker", "no_healthy_worker")
+        if policy == "fallback":
+            # The decode worker prefills the prompt itself: slower, but the request lives.
+            self.metrics.prefill_outcomes.labels("fallback").inc()
+            log.warning("prefill failed (%s); decode-only fallback", failure.message, extra={"request_id": ex.request_id})
+            return Prefilled(None, None)
+        self.metrics.prefill_outcomes.labels("error").inc()
+        raise ProxyError(failure.status, failure.message)
+
+    async def _counted(self, run: Awaitable[Prefilled], room_leg: Leg) -> Prefilled:
+        """`run`, with admission's count of its leg ended when the leg ends: by its reply's
+        count of the KV it holds there (none if it failed); its time charged to the worker's
+        rate when it answered or timed out (not when its client left)."""
+        prefilled, charged = None, False
+        try:
+            prefilled = await run
+            charged = True
+            return prefilled
+        except LegFailed as exc:
+            charged = exc.reason == "timeout"
+            raise
+        finally:
+            self.kv_room.end(room_leg, prefilled and (prefilled.prompt_tokens or room_leg.tokens),
+                             prefilled and prefilled.cached_tokens, charged)  # fmt: skip
+
+    async def _prefill_once(
+        self, worker: Worker, api: Api, leg: bytes, request_id: str, trace_headers, uncached_tokens: int = 0
+    ) -> Prefilled:
+        started = time.perf_counter()
+        with worker.lease(uncached_tokens):
+            try:
+                resp = await self.client.request(
+                    worker.url, "POST", api.path, leg,
+                    {"X-Request-Id": request_id, **self.worker_headers, **trace_headers},
+                    self.settings.prefill_timeout_s,
+                )  # fmt: skip
+                data = await resp.read()
+            except UpstreamError as exc:
+                raise self._leg_failed("prefill", worker, exc) from None
+        if resp.status != 200:
+            raise self._worker_error("prefill", worker, resp, data)
+        self.prefill_seconds.observe(time.perf_counter() - started)
+        try:
+            reply = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise LegFailed(502, f"prefill worker {worker.url} sent a body that is not JSON", "bad_reply") from None
+        params = reply.get("kv_transfer_params") if isinstance(reply, dict) else None
+        if not isinstance(params, dict):
+            # Without it the decode worker would silently recompute the prompt.
+            raise LegFailed(502, "Prefill worker returned no kv_transfer_params; is it a kv_producer?", "no_kv_params")
+        self._check_remote(params, worker)
+        worker.kv_source = kv_source(params)
+        cached = api.cached_tokens_of(reply)
+        usage = cached if api.prefill_usage_of is None else api.prefill_usage_of(reply)
+        return Prefilled(params, cached, worker_url=worker.url, prompt_tokens=reply_prompt_tokens(reply), usage=usage)
+
+    def _check_remote(self, params: dict, worker: Worker) -> None:
+        """The decode worker will connect to (remote_host, remote_port) and pull KV from
+        it: it must be the NIXL side channel of the prefill worker that answered. The
+        host must be that worker's own (or listed in `kv_source_hosts`); a missing one
+        is refused too (vLLM's would then be whatever the decode side defaults to); the
+        port must be an integer in `kv_source_ports`."""
+        host = params.get("remote_host")
+        if not isinstance(host, str) or not (host == worker.host or host in self.settings.kv_source_hosts):
+            raise LegFailed(502, f"prefill worker {worker.url} named a KV source that is not its own: "
+                                 f"remote_host={host!r}", "foreign_remote_host")  # fmt: skip
+        port = params.get("remote_port")
+        if type(port) is not int or not any(low <= port <= high for low, high in self.kv_source_ports):
+            raise LegFailed(502, f"prefill worker {worker.url} named a KV source port outside kv_source_ports: "
+                                 f"remote_port={port!r}", "foreign_remote_port")  # fmt: skip
+
+    def _leg_failed(self, leg: str, worker: Worker, exc: UpstreamError) -> LegFailed:
+        status = 504 if exc.reason == "timeout" else 502
+        return LegFailed(status, f"{leg} worker {worker.url} failed: {exc.reason}", exc.reason)
+
+    def _worker_error(self, leg: str, worker: Worker, resp: UpstreamResponse, data: bytes):
+        if 400 <= resp.status < 500:
+            self.metrics.leg_failures.labels(leg, f"http_{resp.status}").inc()
+            content_type = resp.headers.get("content-type", "application/json")
+            return PassThrough(Reply(resp.status, data, content_type=content_type))
+        text = data[:200].decode("utf-8", "replace")
+        return LegFailed(502, f"{leg} worker {worker.url} answered HTTP {resp.status}: {text}", f"http_{resp.status}")
+
+    async def _prefill_again(self, ex: Exchange, prefilled: Prefilled, failure: LegFailed | None) -> None:
+        """Fresh KV for a decode retry whose previous attempt was handed the old KV
+        (`prefilled` updated in place); a failure here ends the request as any prefill's."""
+        self.metrics.kv_reprefills.labels(status_class(failure.reason) if failure is not None else "unknown").inc()
+        fresh = await self._prefill(ex, early_ok=False)
+        for name in Prefilled.__slots__:  # its KV, hits and worker; not handed over
+            setattr(prefilled, name, getattr(fresh, name))
+
+    # --- a prefill whose decode will never come ---------------------------------------
+
+    def _release_kv(self, ex: Exchange, prefilled: Prefilled, reason: str) -> None:
+        """The prefill worker holds the prompt's KV for a decode that will never come, and
+        would keep it until its KV lease ends (`worker.kv_lease_s`, 120 s by default),
+        blocks other requests could use. vLLM has no call to drop it; what frees it is a
+        decode worker reading it. So a one-token decode is sent in the background and its
+        answer thrown away (counted in pdspec_proxy_kv_releases_total by reason and
+        outcome). Sent once per prefill: `kv_transfer_params` is cleared."""
+        params, prefilled.kv_transfer_params = prefilled.kv_transfer_params, None
+        leg = orjson.dumps(ex.api.release_body(ex.body, params))
+        task = asyncio.ensure_future(self._release_once(ex.api.path, leg, ex.request_id, reason))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    def _release_targets(self) -> list[Worker]:
+        """Healthy decode workers first (in the pool's routing order); when none is
+        healthy, ejected ones that were healthy once: such a worker may still read the
+        KV, and nothing else can free it. A worker never admitted, or refused by the
+        pairing check (its drafter or block size differs), is never tried."""
+        targets: list[Worker] = []
+        for _ in range(1 + self.settings.decode_retries):
+            try:
+                targets.append(self.decode_pool.pick(exclude={w.url for w in targets}))
+            except NoHealthyWorker:
+                break
+        if not targets:
+            ejected = [w for w in self.decode_pool.workers if w.seen_healthy and w.refusal is None]
+            targets = ejected[: 1 + self.settings.decode_retries]
+        return targets
+
+    async def _release_once(self, path: str, leg: bytes, request_id: str, reason: str) -> None:
+        outcome = "no_decode_worker"
+        for worker in self._release_targets():
+            with worker.lease():
+                try:
+                    resp = await self.client.request(
+                        # The prefill's own request id: a push prefill worker (NixlPushConnector)
+                        # finds the blocks to WRITE by the decode request's id, not by
+                        # kv_transfer_params, so another id would leave them held.
+                        worker.url, "POST", path, leg, {"X-Request-Id": request_id, **self.worker_headers},
+                        self.settings.decode_timeout_s,
+                    )  # fmt: skip
+                    await resp.read()
+                    outcome = "ok" if resp.status == 200 else status_class(f"http_{resp.status}")
+                except UpstreamError as exc:
+                    outcome = exc.reason
+            if outcome == "ok":
+                break
+        self.metrics.kv_releases.labels(reason, outcome).inc()
+        log.info("released the prefill KV of a request whose decode will not come (%s): %s", reason, outcome,
+                 extra={"request_id": request_id})  # fmt: skip
+
+    # --- decode ----------------------------------------------------------------------
+
+    def _decode_attempts(self, ex: Exchange, tries: int, first: Worker | None = None):
+        plan = ex.plan
+        cached, planned = (plan.decode_cached, plan.decode_worker) if plan is not None else (None, None)
+        key = leg_key(ex.body, plan, self.decode_pool.policy)
+        return attempts(self.decode_pool, tries, key, cached, first or planned)
+
+    def _start_early(self, ex: Exchange, prefill_worker: Worker) -> EarlyLeg | None:
+        """The decode leg, sent now with the prefill leg to `prefill_worker` where that
+        works (proxy/flow/early_decode.py); None: it goes the usual way, after the prefill."""
+        if self.early is None or prefill_worker.kv_source is None:
+            return None
+        picked = next(self._decode_attempts(ex, 1), None)
+        if picked is None:
+            return None  # no healthy decode worker: the usual way says so
+        early = EarlyLeg(picked[1], prefill_worker, prefill_worker.kv_source)
+        leg = orjson.dumps(ex.api.decode_body(ex.body, early_params(early.source, ex.request_id)))
+        early.task = asyncio.ensure_future(
+            self._open_decode(early.decode_worker, ex.api.path, leg, ex.request_id, ex.trace.headers(None),
+                              early.mark_sent, decode_tokens(ex.plan))
+        )  # fmt: skip
+        return early
+
+    async def _decode(self, ex: Exchange, prefilled: Prefilled) -> Reply:
+        api, body, request_id, trace, plan = ex.api, ex.body, ex.request_id, ex.trace, ex.plan
+        headers = {"X-Request-Id": request_id}
+        leg = orjson.dumps(api.decode_body(body, prefilled.kv_transfer_params))
+        disaggregated = prefilled.kv_transfer_params is not None
+        handoff = trace.start("handoff") if prefilled.kv_transfer_params else None
+        # Timed apart from the span, which is None when tracing is off.
+        handoff_started = time.perf_counter() if prefilled.kv_transfer_params else None
+        failure: LegFailed | None = None
+        tries = 1 + self.settings.decode_retries
+        early, prefilled.early = prefilled.early, None  # the first attempt, already on its way
+
+        def sent() -> None:
+            prefilled.handed_over = prefilled.kv_transfer_params is not None
+
+        try:
+            for attempt, worker in self._decode_attempts(ex, tries, early and early.decode_worker):
+                if early is not None and worker is not early.decode_worker:  # ejected meanwhile
+                    early = self._drop_early(early, prefilled)
+                if disaggregated and prefilled.handed_over and early is None:
+                    # The failed attempt may still read this KV: this one gets KV of its own.
+                    await self._prefill_again(ex, prefilled, failure)
+                    leg = orjson.dumps(api.decode_body(body, prefilled.kv_transfer_params))
+                if self.kv_router is not None:
+                    self.kv_router.routed(self.decode_pool, worker, plan)
+                if self.settings.served_by_headers:
+                    headers["X-Pdspec-Decode-Worker"] = worker.url
+                span = trace.start("decode", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
+                try:
+                    if early is not None:
+                        resp, lease = await early.task
+                        early.task = None  # the relay owns the response now
+                        sent()
+                    else:
+                        resp, lease = await self._open_decode(worker, api.path, leg, request_id, trace.headers(span),
+                                                              sent, decode_tokens(plan))  # fmt: skip
+                except LegFailed as exc:
+                    early = self._drop_early(early, prefilled)
+                    trace.end(span, exc.message)
+                    failure = exc
+                    self.metrics.leg_failures.labels("decode", exc.reason).inc()
+                    await backoff(attempt, tries, self.settings.retry_backoff_s)
+                    continue
+                except PassThrough:
+                    trace.end(span, "worker 4xx")
+                    trace.end(handoff, "decode refused")
+                    raise
+                relay = Relay(self.relay_metrics, resp, worker, lease, trace, span, handoff, handoff_started)
+                if body.get("stream"):
+                    relay.preamble_events = api.preamble_events
+                    stream, relay.error_event = api.stream(relay.chunks(), prefilled.usage)
+                    return Reply(200, content_type="text/event-stream", stream=stream, headers=headers, closer=relay)
+                data = await relay.read()
+                return Reply(200, api.patch_body(data, prefilled.usage), headers=headers)
+        finally:
+            self._drop_early(early, prefilled)  # the client went away while it opened
+        trace.end(handoff, "no decode")
+        raise DecodeFailed(failure or LegFailed(503, "no healthy decode worker", "no_healthy_worker"))
+
+    @staticmethod
+    def _drop_early(early: EarlyLeg | None, prefilled: Prefilled) -> None:
+        """An early leg no attempt will use: closed; if it went on the wire, that worker was
+        handed the KV (the prefill worker WRITEs it there), as for any decode attempt."""
+        if early is not None and early.task is not None:
+            early.close()
+            prefilled.handed_over = prefilled.handed_over or early.sent
+        return None
+
+    async def _open_decode(self, worker: Worker, path: str, leg: bytes, request_id: str, trace_headers,
+                           on_sent: Callable[[], None], tokens: int = 0):  # fmt: skip
+        """The decode response, checked before any byte goes to the client: once a
+        streaming response has started, its status can no longer change. `on_sent`: called
+        once the leg went on the wire (the worker may then read its KV); `tokens`: what the
+        leg's lease holds of the worker (`kv_aware.decode_tokens`)."""
+        lease = worker.lease(tokens, computed=False)
+        try:
+            resp = await self.client.request(
+                worker.url, "POST", path, leg,
+                {"X-Request-Id": request_id, **self.worker_headers, **trace_headers},
+                self.settings.decode_timeout_s, on_sent=on_sent,
+            )  # fmt: skip
+        except UpstreamError as exc:
+            lease.release()
+            raise self._leg_failed("decode", worker, exc) from None
+        except BaseException:
+            lease.release()
+            raise
+        if resp.status != 200:
+            lease.release()
+            try:
+                data = await resp.read()
+            except UpstreamError:
+                data = b""
+            raise self._worker_error("decode", worker, resp, data)
+        return resp, lease

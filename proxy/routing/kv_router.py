@@ -1,0 +1,233 @@
+"""Cache-aware routing (`kv_aware` policies, conditional disaggregation): the index of
+the workers' caches, the subscriptions that fill it, and a request's route plan.
+
+- `sync()` runs after every health round: it subscribes to the KV events of each healthy,
+  admitted worker that publishes them (its pdspec_worker_info says where), and drops the
+  subscription and forgets the worker's blocks when the worker is ejected, refused or
+  leaves, or publishes elsewhere (another process). A restart in place is caught by the
+  subscription itself (the event sequence starts again).
+- `plan()` reads the prompt's token ids (proxy/routing/tokens.py: `/tokenize` for
+  completions and chat, the API's render endpoint for Responses and Messages), keys its
+  full blocks as the index does, and gives each pool's cached tokens per worker and the
+  prompt's rendezvous keys (its ids' start for prefix_affinity; for kv_aware's tie-break,
+  its first block no worker holds, `new_part_key`). The decode worker is
+  chosen first: with conditional disaggregation, a prompt whose part uncached on that
+  worker is short is prefilled there (proxy/routing/plan.py's `local_prefill`: no prefill
+  leg, no KV transfer).
+- `routed()` notes a routing decision in the index for a short while.
+
+Failure policy: nothing here fails a request. Without token ids or a known block size a
+request is routed as if nothing were cached (load and the rendezvous hash of the body's
+prompt, `keys.affinity_key`), and always disaggregated; a subscription that ends is
+started again at the next sync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pdspec.settings import ProxySettings
+from proxy.fleet.pool import NoHealthyWorker, Worker, WorkerPool
+from proxy.metrics import ProxyMetrics, remove_series
+from proxy.routing.keys import new_part_key, rendezvous_key, token_affinity_key
+from proxy.routing.kv_index import KvIndex, block_keys
+from proxy.routing.kv_subscriber import EventSource, Subscriber
+from proxy.routing.plan import RoutePlan, local_prefill
+from proxy.routing.tokens import prompt_token_ids, rendered_token_ids
+from proxy.upstream.client import UpstreamClient
+
+log = logging.getLogger("pdspec.proxy.routing")
+
+
+class Rendered(Protocol):
+    """What the route plan needs of an API (proxy/apis/api.py's `Api`): where its prompt's
+    token ids come from (proxy/routing/tokens.py)."""
+
+    chat: bool
+    render_path: str | None
+    render_body: Callable[[dict[str, Any]], dict[str, Any]] | None
+
+
+@dataclass
+class _Subscription:
+    source: EventSource
+    subscriber: Subscriber
+    task: asyncio.Task
+
+
+class KvRouter:
+    def __init__(
+        self,
+        settings: ProxySettings,
+        client: UpstreamClient,
+        prefill_pool: WorkerPool,
+        decode_pool: WorkerPool,
+        metrics: ProxyMetrics,
+        worker_headers: dict[str, str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.client = client
+        self.prefill_pool, self.decode_pool = prefill_pool, decode_pool
+        self.metrics = metrics
+        self.worker_headers = worker_headers or {}
+        self.index = KvIndex(settings.kv_index_max_blocks, settings.kv_routed_ttl_s)
+        self.subscriptions: dict[str, _Subscription] = {}
+        self._counted: dict[str, int] = {}  # what the metrics have of the index's counts
+        self._retired: dict[str, int] = {}  # counts of subscriptions that ended
+
+    @staticmethod
+    def wanted(settings: ProxySettings) -> bool:
+        return "kv_aware" in (settings.prefill_policy, settings.decode_policy) or \
+            settings.disaggregation == "conditional"  # fmt: skip
+
+    # --- subscriptions -----------------------------------------------------------------
+
+    def sync(self) -> None:
+        sources: dict[str, tuple[Worker, EventSource]] = {}
+        for pool in (self.prefill_pool, self.decode_pool):
+            for worker in pool.workers:
+                source = EventSource.from_info(worker.info, worker.host) if worker.healthy and worker.admitted else None
+                if source is not None:
+                    sources[worker.url] = (worker, source)
+        for url, subscription in list(self.subscriptions.items()):
+            if url not in sources or sources[url][1] != subscription.source or subscription.task.done():
+                self._unsubscribe(url)
+        for url, (worker, source) in sources.items():
+            if url not in self.subscriptions:
+                block_size = _int((worker.info or {}).get("block_size"))
+                if block_size:
+                    self.index.set_block_size(url, block_size)
+                self._subscribe(url, source)
+        self._export()
+
+    def _subscribe(self, url: str, source: EventSource) -> None:
+        # A cancelled subscriber may still be finishing a step: only the current one of
+        # a worker writes to the index.
+        def apply(worker: str, batch) -> None:
+            if self.subscriptions.get(worker) is not None and self.subscriptions[worker].subscriber is subscriber:
+                self.index.apply(worker, batch.events)
+
+        def reset(worker: str) -> None:
+            if self.subscriptions.get(worker) is not None and self.subscriptions[worker].subscriber is subscriber:
+                self.index.forget(worker)
+
+        subscriber = Subscriber(url, source, apply, reset)
+        task = asyncio.ensure_future(subscriber.run())
+        task.add_done_callback(lambda t, url=url: _log_end(url, t))
+        self.subscriptions[url] = _Subscription(source, subscriber, task)
+        log.info("reading the KV events of %s from %s", url, source.endpoint)
+
+    def _unsubscribe(self, url: str) -> None:
+        subscription = self.subscriptions.pop(url)
+        subscription.task.cancel()
+        for name, value in vars(subscription.subscriber.counts).items():  # its counts stay in the totals
+            self._retired[name] = self._retired.get(name, 0) + value
+        self.index.forget(url)
+        remove_series(self.metrics.kv_index_blocks, url)
+        remove_series(self.metrics.kv_event_lag, url)
+
+    async def close(self) -> None:
+        for url in list(self.subscriptions):
+            self._unsubscribe(url)
+
+    def _export(self) -> None:
+        counts = dict(vars(self.index.counts))
+        subscribers = [dict(self._retired)] + [vars(s.subscriber.counts) for s in self.subscriptions.values()]
+        for sub in subscribers:
+            for name in ("malformed_events", "bad_messages", "lost_batches", "replays", "restarts"):
+                counts[name] = counts.get(name, 0) + sub.get(name, 0)
+        for kind, total in counts.items():
+            delta = total - self._counted.get(kind, 0)
+            if delta > 0:
+                self.metrics.kv_events.labels(kind).inc(delta)
+            self._counted[kind] = max(total, self._counted.get(kind, 0))
+        for url, blocks in self.index.size().items():
+            self.metrics.kv_index_blocks.labels(url).set(blocks)
+        for url, subscription in self.subscriptions.items():
+            self.metrics.kv_event_lag.labels(url).set(subscription.subscriber.lag_s)
+
+    # --- a request's route ---------------------------------------------------------------
+
+    async def plan(self, body: dict[str, Any], api: Rendered) -> RoutePlan | None:
+        block_size = self._block_size()
+        tokenizer = next(iter(self.decode_pool.healthy()), None)
+        if block_size is None or tokenizer is None:
+            return None
+        timeout_s = self.settings.routing_tokenize_timeout_s
+        if api.render_path is not None and api.render_body is not None:
+            ids = await rendered_token_ids(self.client, tokenizer.url, api.render_path, api.render_body(body),
+                                           timeout_s, self.worker_headers)  # fmt: skip
+        else:
+            ids = await prompt_token_ids(self.client, tokenizer.url, body, api.chat, timeout_s, self.worker_headers)
+        if ids is None:
+            self.metrics.routing_decisions.labels("any", "no_token_ids").inc()
+            return None
+        keys = block_keys(ids, block_size)
+        prefill_cached = self.cached_tokens(keys, block_size, self.prefill_pool)
+        decode_cached = self.cached_tokens(keys, block_size, self.decode_pool)
+        affinity = token_affinity_key(ids)
+        new_part = new_part_key(ids, keys, block_size, prefill_cached, decode_cached)
+        try:
+            decode_worker = self.decode_pool.pick(affinity_key=rendezvous_key(self.decode_pool.policy, affinity,
+                                                                              new_part), cached=decode_cached)  # fmt: skip
+        except NoHealthyWorker:  # the decode leg will say so
+            return None
+        local = None
+        if self.settings.disaggregation == "conditional":
+            # What the worker's events say it holds, not routing notes: a burst of one new
+            # prompt is noted on the worker before its KV is there.
+            held = self.cached_tokens(keys, block_size, self.decode_pool, routed=False)
+            local = local_prefill(len(ids), held.get(decode_worker.url, 0), self.settings.local_prefill_max_tokens)
+        building = None
+        if self.prefill_pool.policy.cache_aware:
+            prefill_held = self.cached_tokens(keys, block_size, self.prefill_pool, routed=False)
+            building = {url: tokens - prefill_held.get(url, 0) for url, tokens in prefill_cached.items()
+                        if tokens > prefill_held.get(url, 0)}  # fmt: skip
+        return RoutePlan(
+            keys, len(ids),
+            prefill_cached if self.prefill_pool.policy.cache_aware else None,
+            decode_cached if self.decode_pool.policy.cache_aware else None,
+            decode_worker=decode_worker, affinity=affinity, new_part=new_part, local_prefill=local,
+            prefill_building=building,
+        )  # fmt: skip
+
+    def cached_tokens(
+        self, keys: list[bytes], block_size: int, pool: WorkerPool, routed: bool = True
+    ) -> dict[str, int]:
+        matched = self.index.matched_blocks(keys, [w.url for w in pool.healthy()], routed=routed)
+        return {url: blocks * block_size for url, blocks in matched.items()}
+
+    def routed(self, pool: WorkerPool, worker: Worker, plan: RoutePlan | None) -> None:
+        if plan is None:
+            return
+        cached = (plan.prefill_cached if pool is self.prefill_pool else plan.decode_cached) or {}
+        hit = cached.get(worker.url, 0)
+        self.metrics.routing_decisions.labels(pool.name, "cache_hit" if hit else "no_cache_hit").inc()
+        if hit:
+            self.metrics.predicted_hit_tokens.labels(pool.name, worker.url).inc(hit)
+        self.index.note_routed(worker.url, plan.keys)
+
+    def _block_size(self) -> int | None:
+        for pool in (self.decode_pool, self.prefill_pool):
+            for worker in pool.healthy():
+                size = _int((worker.info or {}).get("block_size"))
+                if size:
+                    return size
+        return None
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value else None
+    except ValueError:
+        return None
+
+
+def _log_end(url: str, task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("KV events of %s: subscription ended (%s); started again at the next health round", url,
+                    task.exception())  # fmt: skip

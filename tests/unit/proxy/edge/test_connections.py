@@ -1,0 +1,195 @@
+"""proxy/edge/connections.py: client connection limits, on the real proxy app under uvicorn
+(stand-in workers behind it), with raw sockets playing the clients."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import pytest
+
+from pdspec.settings import ProxySettings
+from proxy.app import create_app
+from proxy.edge.connections import ClientLimits, limited_protocol
+from tests.standin import StandinBehaviour, ThreadServer, create_standin
+
+LIMITS = ClientLimits(max_header_bytes=16 * 1024, head_timeout_s=1.0, body_timeout_s=1.0, idle_timeout_s=1.0,
+                      max_connections=8)  # fmt: skip
+BODY = {"model": "m", "prompt": "hello", "max_tokens": 5}
+
+
+@pytest.fixture
+def proxy():
+    with ThreadServer(create_standin(StandinBehaviour())) as worker:
+        settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url], health_interval_s=0.2)
+        app = create_app(settings)
+        refusals = app.state.metrics.client_refusals
+        protocol = limited_protocol(LIMITS, lambda reason: refusals.labels(reason).inc())
+        with ThreadServer(app, http=protocol, timeout_keep_alive=LIMITS.idle_timeout_s) as server:
+            yield server
+
+
+def connect(server) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    return sock
+
+
+def read_reply(sock: socket.socket) -> tuple[int, dict]:
+    """Status and JSON body of the one reply the proxy sends before closing."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), json.loads(body)
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+
+
+def refusals(server) -> dict[str, float]:
+    text = httpx.get(server.url + "/metrics").text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("pdspec_proxy_client_refusals_total{"):
+            out[line.split('"')[1]] = float(line.split()[-1])
+    return out
+
+
+def assert_served(server) -> None:
+    response = httpx.post(server.url + "/v1/completions", json=BODY, timeout=10)
+    assert response.status_code == 200
+
+
+def test_a_head_beyond_the_limit_is_431_without_reading_it_all(proxy):
+    sock = connect(proxy)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Big: ")
+    sent = 0
+    try:
+        while sent < 8 * 1024 * 1024:  # 8 MiB offered; the proxy stops reading long before
+            sock.sendall(b"a" * 65536)
+            sent += 65536
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    status, body = read_reply(sock) if sent < 8 * 1024 * 1024 else (None, None)
+    assert status == 431 and body["error"]["type"]
+    assert refusals(proxy)["header_too_large"] == 1
+    assert_served(proxy)
+
+
+def test_a_head_sent_a_byte_at_a_time_times_out_with_408(proxy):
+    sock = connect(proxy)
+    started = time.monotonic()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\n")
+    try:
+        for _ in range(100):
+            sock.sendall(b"X")
+            time.sleep(0.1)  # the slow client itself, not a wait for readiness
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    status, body = read_reply(sock)
+    assert status == 408 and "head" in body["error"]["message"]
+    assert time.monotonic() - started < 5
+    assert refusals(proxy)["head_timeout"] == 1
+
+
+def test_a_body_never_finished_times_out_with_408(proxy):
+    sock = connect(proxy)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+                 b"content-length: 1000\r\n\r\n{\"model\": ")  # fmt: skip
+    status, body = read_reply(sock)
+    assert status == 408 and "body" in body["error"]["message"]
+    assert refusals(proxy)["body_timeout"] == 1
+    assert_served(proxy)
+
+
+def test_an_idle_connection_is_closed(proxy):
+    silent = connect(proxy)
+    assert closed_within(silent, 5)
+    kept_alive = connect(proxy)
+    payload = json.dumps(BODY).encode()
+    kept_alive.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+                       b"content-length: %d\r\n\r\n%s" % (len(payload), payload))  # fmt: skip
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        reply += kept_alive.recv(65536)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += kept_alive.recv(65536)
+    assert head.startswith(b"HTTP/1.1 200")
+    assert closed_within(kept_alive, 5)
+
+
+def test_connections_beyond_the_cap_are_503_and_the_others_still_served(proxy):
+    held = [connect(proxy) for _ in range(LIMITS.max_connections)]
+    extra = connect(proxy)
+    status, body = read_reply(extra)
+    assert status == 503 and "connections" in body["error"]["message"]
+    for sock in held:
+        sock.close()
+    deadline = time.monotonic() + 5
+    while True:  # the proxy notices the closed sockets on its own loop
+        try:
+            assert_served(proxy)
+            break
+        except (AssertionError, httpx.TransportError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)  # poll interval
+
+
+def test_a_healthy_request_within_the_limits_is_untouched(proxy):
+    headers = {"X-Fine": "a" * 8 * 1024}
+    response = httpx.post(proxy.url + "/v1/completions", json=BODY, headers=headers, timeout=10)
+    assert response.status_code == 200
+    assert sum(refusals(proxy).values()) == 0
+
+
+@pytest.mark.parametrize("kilobytes", [17, 70])
+def test_a_head_over_the_limit_that_arrives_whole_is_431(proxy, kilobytes):
+    """One write of the whole head: the proxy once counted a head per chunk after parsing
+    it, so a head that came in one chunk was never refused (70 KB against 64 KiB: 200)."""
+    payload = json.dumps(BODY).encode()
+    sock = connect(proxy)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\nX-Big: "
+                 + b"a" * (kilobytes * 1024) + b"\r\ncontent-length: %d\r\n\r\n%s" % (len(payload), payload))
+    status, body = read_reply(sock)
+    assert status == 431 and body["error"]["type"]
+    assert refusals(proxy)["header_too_large"] == 1
+    assert_served(proxy)
+
+
+def test_a_big_body_after_a_head_within_the_limit_is_not_counted_as_head(proxy):
+    """The body's bytes in the head's last chunk, and a head whose blank line straddles two
+    chunks, are not the head's."""
+    prompt = "hello " * 8000  # 48 KB of body, more than the 16 KiB head limit
+    payload = json.dumps({**BODY, "prompt": prompt}).encode()
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n" \
+           b"content-length: %d\r\n\r\n" % len(payload)  # fmt: skip
+    sock = connect(proxy)
+    sock.sendall(head[:-2])
+    time.sleep(0.2)  # a chunk boundary inside the blank line (the client's own pace)
+    sock.sendall(head[-2:] + payload)
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        reply += sock.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+    assert sum(refusals(proxy).values()) == 0
+
+
+@pytest.mark.parametrize(
+    "tail, data, expected",
+    [(b"", b"GET / HTTP/1.1\r\n\r\nbody", 18), (b"", b"partial", 7), (b"\r\n\r", b"\nbody", 1), (b"x\r\n", b"\r\nbody", 2),
+     (b"", b"\r\n\r\n", 4)],
+)  # fmt: skip
+def test_head_part_counts_up_to_the_blank_line(tail, data, expected):
+    from proxy.edge.connections import head_part
+
+    assert head_part(tail, data) == expected

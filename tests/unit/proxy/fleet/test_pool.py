@@ -1,0 +1,46 @@
+"""Pools, health ejection and re-admission (pure logic); the policies are tested in
+tests/unit/proxy/routing/policies/."""
+
+import pytest
+
+from proxy.fleet.health import HealthChecker
+from proxy.fleet.pool import NoHealthyWorker, WorkerPool
+from proxy.routing import registry
+
+
+def pool(policy, n=4):
+    return WorkerPool.from_urls("prefill", [f"http://10.0.0.{i}:8100" for i in range(n)], registry.make(policy))
+
+
+def test_unhealthy_and_excluded_workers_are_skipped():
+    p = pool("round_robin", 2)
+    p.workers[0].healthy = False
+    assert {p.pick().url for _ in range(4)} == {p.workers[1].url}
+    with pytest.raises(NoHealthyWorker):
+        p.pick(exclude={p.workers[1].url})
+
+
+def test_membership_change_keeps_known_workers_state():
+    p = pool("round_robin", 2)
+    p.workers[0].outstanding = 3
+    p.set_urls([p.workers[0].url, "http://10.0.0.9:8100"])
+    assert p.workers[0].outstanding == 3 and p.workers[1].url.endswith("9:8100")
+    # A new member takes no traffic before its first good health check, then at once.
+    assert not p.workers[1].healthy
+    checker = HealthChecker(None, [p], interval_s=1, timeout_s=1, eject_after=2, readmit_after=3)
+    checker.record(p, p.workers[1], ok=True)
+    assert p.workers[1].healthy
+
+
+def test_ejection_after_failures_and_readmission_after_successes():
+    p = pool("round_robin", 1)
+    checker = HealthChecker(None, [p], interval_s=1, timeout_s=1, eject_after=2, readmit_after=2)
+    worker = p.workers[0]
+    checker.record(p, worker, ok=False)
+    assert worker.healthy  # one failed check is not enough
+    checker.record(p, worker, ok=False)
+    assert not worker.healthy
+    checker.record(p, worker, ok=True)
+    assert not worker.healthy
+    checker.record(p, worker, ok=True)
+    assert worker.healthy

@@ -1,0 +1,369 @@
+"""Cache-aware routing against stand-in workers: the kv_aware policies keep a prompt's
+prefix on the workers that hold it, conditional disaggregation lets the decode worker
+prefill what it (nearly) holds, and a prompt whose token ids cannot be read is routed
+by load. The stand-ins publish no KV events, so the index knows only the proxy's own
+routing notes (kv_routed_ttl_s); the events themselves are tested in test_kv_subscriber.py
+and with real workers in tests/e2e/test_kv_routing.py."""
+
+import json
+
+import httpx
+import pytest
+
+from proxy.fleet.pool import CHURN_HALF_LIFE_S, DecayingSum, Worker
+from proxy.routing.kv_events import Stored
+from tests.harness import wait_for
+from tests.proxy_cluster import Fleet, sample
+from tests.standin import StandinBehaviour, decode_legs
+
+INFO = {"role": "x", "model": "/m/t", "drafter": "/m/eagle3", "method": "eagle3", "num_speculative_tokens": "3",
+        "block_size": "4", "vllm_version": "0.32.0", "drafts_policy": "auto"}  # fmt: skip
+KV_AWARE = {"prefill_policy": "kv_aware", "decode_policy": "kv_aware", "kv_routed_ttl_s": 600,
+            "health_interval_s": 0.05}  # fmt: skip
+LONG = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n" * 3
+
+
+def prefill_legs(b: StandinBehaviour) -> int:
+    return sum(1 for body in b.received if (body.get("kv_transfer_params") or {}).get("do_remote_decode"))
+
+
+def complete(fleet: Fleet, prompt: str) -> httpx.Response:
+    response = httpx.post(fleet.url + "/v1/completions", json={"model": "m", "prompt": prompt, "max_tokens": 3})
+    assert response.status_code == 200, response.text
+    return response
+
+
+def metric(fleet: Fleet, name: str) -> float | None:
+    return sample(httpx.get(fleet.url + "/metrics").text, name)
+
+
+def test_a_shared_prefix_stays_on_the_workers_that_hold_it():
+    with Fleet(2, 2, INFO, **KV_AWARE) as fleet:
+        complete(fleet, LONG)
+        first_p = [prefill_legs(b) for b in fleet.prefills]
+        first_d = [len(decode_legs(b)) for b in fleet.decodes]
+        for question in ("# what does it print?", "# is it fast?", "# rewrite it"):
+            complete(fleet, LONG + question)
+        # Every later request went where the first one did.
+        assert [prefill_legs(b) for b in fleet.prefills] == [4 * n for n in first_p]
+        assert [len(decode_legs(b)) for b in fleet.decodes] == [4 * n for n in first_d]
+        assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="prefill",reason="cache_hit"}') == 3
+
+
+def test_new_contexts_after_a_shared_system_prompt_spread_over_the_workers():
+    """Both prefill workers hold one system prompt and are idle, so for a prompt with a new
+    context after it the scores tie. The tie-break keys on the part no worker holds (the
+    context), not on the prompt's shared start: new contexts spread over both workers
+    instead of all churning one worker's cache while the other's stays cold."""
+    with Fleet(2, 1, INFO, **KV_AWARE, kv_aware_churn_weight=0) as fleet:  # the tie-break alone
+        for server in fleet.servers[:2]:
+            publish_held(fleet, server.url, LONG)
+        for i in range(16):  # all on one worker by chance: 2 in 2**16
+            complete(fleet, LONG + chr(ord("A") + i) * 4 + f" context {i}: " + "x" * 40)  # new from its 1st char
+        assert all(prefill_legs(b) > 0 for b in fleet.prefills), [prefill_legs(b) for b in fleet.prefills]
+        # Every one was a tie with something cached (the system prompt) on both.
+        assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="prefill",reason="cache_hit"}') == 16
+
+
+def test_new_contexts_spread_although_one_worker_alone_holds_the_system_prompt():
+    """Only one prefill worker holds the shared system prompt, so it scores higher for every
+    new context while idle. Its share of the cache churn (the misses it computed) soon
+    outweighs that, the contexts being longer than the system prompt: new contexts then go
+    to the other worker too."""
+    with Fleet(2, 1, INFO, **KV_AWARE) as fleet:
+        publish_held(fleet, fleet.servers[0].url, LONG)
+        for i in range(8):
+            complete(fleet, LONG + chr(ord("A") + i) * 4 + f" context {i}: " + "x" * 600)
+        assert [prefill_legs(b) > 0 for b in fleet.prefills] == [True, True]
+
+
+def test_prefix_affinity_keeps_a_conversation_on_one_prefill_worker_beside_a_kv_aware_decode_pool():
+    """A route plan exists (the decode pool is kv_aware), so prefix_affinity's key comes
+    from the plan's ids: their start, which every turn of a conversation shares, not
+    kv_aware's key (the first block no worker holds), which moves on with every turn."""
+    with Fleet(2, 1, INFO, **{**KV_AWARE, "prefill_policy": "prefix_affinity"}) as fleet:
+        history = LONG
+        for turn in range(12):  # all on one worker by chance, with a moving key: 2 in 2**12
+            history += f"# turn {turn}: " + chr(ord("A") + turn) * 40 + "\n"
+            complete(fleet, history)
+        assert sorted(prefill_legs(b) for b in fleet.prefills) == [0, 12]
+
+
+def send_burst(fleet: Fleet, prompts: list[str], while_first_runs=None) -> None:
+    """The first prompt, then the rest while its prefill leg is still running (stand-ins
+    with `delay_s`); `while_first_runs(fleet)` is called once the first leg is on a worker."""
+    import threading
+
+    threads = [threading.Thread(target=complete, args=(fleet, prompt)) for prompt in prompts]
+    threads[0].start()
+    assert wait_for(lambda: sum(w.pending_tokens for w in fleet.app.state.pools[0].workers) > 0, 5)
+    if while_first_runs is not None:
+        while_first_runs(fleet)
+    for thread in threads[1:]:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+
+def test_a_burst_sharing_a_new_prefix_stays_on_the_worker_computing_it():
+    """The first request's prefill leg is still computing the prefix when the others are
+    routed: they follow it there (its routing note), not to the idle worker, although its
+    pending tokens make the holder look busy (they are this prefix's own)."""
+    with Fleet(2, 1, INFO, **KV_AWARE) as fleet:
+        for b in fleet.prefills:
+            b.delay_s = 0.5
+        # A prefix worth more than the 3 more legs in flight at kv_aware_load_tokens each.
+        send_burst(fleet, [LONG * 4 + q for q in ("# a", "# b", "# c", "# d")])
+        assert sorted(prefill_legs(b) for b in fleet.prefills) == [0, 4]
+
+
+def test_a_prefill_leg_leases_its_uncached_tokens_until_it_ends():
+    """kv_aware's load: while the first prefill leg runs, its worker has the prompt's tokens
+    pending (nothing of it cached anywhere); every leg's tokens are given back at its end,
+    failed ones included."""
+    seen = {}
+
+    def pending(fleet):
+        seen.update({w.url: w.pending_tokens for w in fleet.app.state.pools[0].workers})
+
+    with Fleet(2, 1, INFO, **KV_AWARE) as fleet:
+        fleet.prefills[0].delay_s = fleet.prefills[1].delay_s = 0.3
+        send_burst(fleet, [LONG], while_first_runs=pending)
+        holder = max(seen, key=seen.get)
+        assert seen[holder] == len(LONG.encode())  # the stand-ins' token ids are the prompt's bytes
+        assert sorted(seen.values())[0] == 0  # the other worker: nothing
+        fleet.prefills[0].prefill_status = fleet.prefills[1].prefill_status = 503  # failed legs, retried
+        with pytest.raises(AssertionError):
+            complete(fleet, "another prompt " * 20)
+        assert [w.pending_tokens for w in fleet.app.state.pools[0].workers] == [0, 0]
+        assert [w.outstanding for w in fleet.app.state.pools[0].workers] == [0, 0]
+
+
+def test_a_decode_leg_leases_its_prompt_tokens_while_it_streams():
+    """kv_aware's decode load: a decode leg holds its whole prompt's KV on its worker
+    until its stream ends."""
+    seen = []
+    with Fleet(1, 1, INFO, **KV_AWARE) as fleet:
+        fleet.decodes[0].stream_event_delay_s = 0.2
+        decode = fleet.app.state.pools[1].workers[0]
+        with httpx.stream("POST", fleet.url + "/v1/completions",
+                          json={"model": "m", "prompt": LONG, "max_tokens": 3, "stream": True}) as response:
+            for _ in response.iter_lines():
+                seen.append(decode.pending_tokens)
+        assert seen[0] == len(LONG.encode())  # the stand-ins' token ids are the prompt's bytes
+        assert wait_for(lambda: decode.pending_tokens == 0 and decode.outstanding == 0, 5)
+
+
+def test_conditional_disaggregation_prefills_on_the_decode_worker_that_holds_the_prompt():
+    settings = {**KV_AWARE, "disaggregation": "conditional", "local_prefill_max_tokens": 64,
+                "served_by_headers": True}  # fmt: skip
+    with Fleet(1, 1, INFO, **settings) as fleet:
+        first = complete(fleet, LONG)
+        assert prefill_legs(fleet.prefills[0]) == 1
+        assert first.headers["x-pdspec-prefill-worker"] == fleet.servers[0].url
+        # A routing note alone is no reason to prefill locally: the KV may not be there yet.
+        complete(fleet, LONG + "# again")
+        assert prefill_legs(fleet.prefills[0]) == 2
+        # The decode worker's events say it holds the prompt's blocks (it pulled them).
+        publish_held(fleet, fleet.servers[1].url, LONG)
+        follow_up = complete(fleet, LONG + "# next turn")  # 11 new tokens: under 64
+        assert prefill_legs(fleet.prefills[0]) == 2  # no prefill leg this time
+        assert decode_legs(fleet.decodes[0])[-1].get("kv_transfer_params") is None  # the decode worker prefills
+        assert follow_up.headers["x-pdspec-prefill-worker"] == "local"
+        assert follow_up.headers["x-pdspec-decode-worker"] == fleet.servers[1].url
+        assert metric(fleet, 'pdspec_proxy_local_prefills_total{reason="cached_on_decode"}') == 1
+        complete(fleet, "x = 1")  # short and never seen
+        assert prefill_legs(fleet.prefills[0]) == 2
+        assert metric(fleet, 'pdspec_proxy_local_prefills_total{reason="short_prompt"}') == 1
+        complete(fleet, "y = 2\n" * 30)  # long and never seen: disaggregated
+        assert prefill_legs(fleet.prefills[0]) == 3
+
+
+def publish_held(fleet: Fleet, worker_url: str, text: str) -> None:
+    """As the worker's KV events would: the full blocks of `text` (the stand-ins' token
+    ids are its bytes, 4 to a block) stored, in one BlockStored."""
+    tokens = list(text.encode())
+    blocks = len(tokens) // 4
+    fleet.app.state.kv_router.index.apply(worker_url, [Stored(tuple(range(1, blocks + 1)), None,
+                                                                tuple(tokens[: blocks * 4]), 4)])  # fmt: skip
+
+
+def test_a_prompt_without_token_ids_is_routed_by_load_and_served():
+    with Fleet(2, 1, INFO, **{**KV_AWARE, "disaggregation": "conditional"}) as fleet:
+        fleet.decodes[0].tokenize_status = 500
+        complete(fleet, LONG)
+        assert sum(prefill_legs(b) for b in fleet.prefills) == 1  # always disaggregated without ids
+        assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="any",reason="no_token_ids"}') == 1
+
+
+def test_token_id_prompts_need_no_tokenize_call():
+    with Fleet(1, 1, INFO, **KV_AWARE) as fleet:
+        response = httpx.post(fleet.url + "/v1/completions", json={"model": "m", "prompt": list(range(40)),
+                                                                   "max_tokens": 2})  # fmt: skip
+        assert response.status_code == 200
+        assert fleet.decodes[0].tokenized == []
+
+
+def test_served_by_headers_are_off_by_default():
+    with Fleet(1, 1, INFO, **KV_AWARE) as fleet:
+        response = complete(fleet, LONG)
+        assert "x-pdspec-prefill-worker" not in response.headers
+        assert "x-pdspec-decode-worker" not in response.headers
+        assert "server-timing" not in response.headers
+
+
+def server_timing(response: httpx.Response) -> dict[str, float]:
+    parts = [part.strip().split(";dur=") for part in response.headers["server-timing"].split(",")]
+    return {name: float(ms) for name, ms in parts}
+
+
+def test_server_timing_says_where_a_request_spent_its_time_before_its_stream():
+    """With served_by_headers, a reply's Server-Timing has its phases in milliseconds:
+    the route plan (the /tokenize call here), the prefill leg, the decode leg to its
+    reply's headers. Each stand-in's delay shows up in its own phase."""
+    with Fleet(1, 1, INFO, **KV_AWARE, served_by_headers=True) as fleet:
+        fleet.decodes[0].tokenize_delay_s = 0.2
+        fleet.prefills[0].delay_s = 0.6
+        with httpx.stream("POST", fleet.url + "/v1/completions",
+                          json={"model": "m", "prompt": LONG, "max_tokens": 3, "stream": True}) as response:
+            timing = server_timing(response)
+            list(response.iter_lines())
+        assert list(timing) == ["route", "prefill", "decode"]
+        assert timing["route"] >= 200 and timing["prefill"] >= 600
+        assert timing["route"] < timing["prefill"]  # each delay counted once, in its own phase
+        fleet.decodes[0].tokenize_delay_s = fleet.prefills[0].delay_s = 0.0
+        fleet.decodes[0].delay_s = 0.6
+        timing = server_timing(complete(fleet, LONG + "# again"))  # not streamed: decode is the whole leg
+        assert timing["decode"] >= 600 > timing["prefill"] + timing["route"]
+
+
+def test_churn_halves_every_half_life_and_a_lease_adds_its_tokens():
+    now = [0.0]
+    churn = DecayingSum(30.0, clock=lambda: now[0])
+    churn.add(800)
+    now[0] = 30.0
+    assert churn.value() == pytest.approx(400)
+    churn.add(100)
+    now[0] = 60.0
+    assert churn.value() == pytest.approx(250)
+    worker = Worker("http://w0")
+    worker.churn = DecayingSum(CHURN_HALF_LIFE_S, clock=lambda: 0.0)
+    with worker.lease(700):
+        pass
+    with worker.lease():  # a leg that says no tokens stores none
+        pass
+    assert worker.churn.value() == 700
+
+
+def test_a_lease_holds_its_tokens_until_released_once():
+    worker = Worker("http://w0")
+    with worker.lease(700):
+        lease = worker.lease(300)
+        assert (worker.outstanding, worker.pending_tokens) == (2, 1000)
+        lease.release()
+        lease.release()  # idempotent
+        assert (worker.outstanding, worker.pending_tokens) == (1, 700)
+    assert (worker.outstanding, worker.pending_tokens) == (0, 0)
+
+
+def test_every_count_the_router_exports_is_a_declared_kind():
+    from proxy.metrics import KV_EVENT_KINDS
+    from proxy.routing.kv_index import IndexCounts
+    from proxy.routing.kv_subscriber import SubscriberCounts
+
+    exported = set(vars(IndexCounts())) | (set(vars(SubscriberCounts())) - {"batches"})
+    assert exported == set(KV_EVENT_KINDS)
+
+
+# --- Responses and Messages: token ids from the decode worker's render endpoint ----------
+
+INSTRUCTIONS = "You review Python code. Context:\n" + LONG
+
+
+def held_render_prefix(fleet: Fleet, worker_url: str, context: str) -> None:
+    """As the worker's KV events would after serving a request whose rendered prompt
+    starts with `context`: the stand-ins render `[context, rest]` as its JSON's bytes, so
+    `["<context>",` is the part every such prompt shares."""
+    publish_held(fleet, worker_url, json.dumps([context])[:-1] + ",")
+
+
+def respond(fleet: Fleet, body: dict) -> httpx.Response:
+    response = httpx.post(fleet.url + "/v1/responses", json={"model": "m", "max_output_tokens": 3, **body})
+    assert response.status_code == 200, response.text
+    return response
+
+
+def message(fleet: Fleet, body: dict) -> httpx.Response:
+    response = httpx.post(fleet.url + "/v1/messages", json={"model": "m", "max_tokens": 3, **body})
+    assert response.status_code == 200, response.text
+    return response
+
+
+@pytest.mark.parametrize("holder", [0, 1])
+def test_a_responses_request_goes_to_the_workers_holding_its_rendered_prefix(holder):
+    """Planned from `/v1/responses/render`'s ids: the prefill and decode workers whose
+    events hold the shared `instructions` get it, whichever they are (both parametrized
+    holders must win, so the prompt's hash alone cannot pass the test)."""
+    with Fleet(2, 2, INFO, **KV_AWARE, served_by_headers=True) as fleet:
+        prefill, decode = fleet.servers[holder].url, fleet.servers[2 + holder].url
+        held_render_prefix(fleet, prefill, INSTRUCTIONS)
+        held_render_prefix(fleet, decode, INSTRUCTIONS)
+        response = respond(fleet, {"instructions": INSTRUCTIONS, "input": "Is it fast?", "stream": True,
+                                   "store": True})  # fmt: skip
+        assert response.headers["x-pdspec-prefill-worker"] == prefill
+        assert response.headers["x-pdspec-decode-worker"] == decode
+        assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="prefill",reason="cache_hit"}') == 1
+        assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="decode",reason="cache_hit"}') == 1
+        # One render, on a decode worker, of the decode leg's body without its KV params, not streamed.
+        rendered = [r for b in fleet.decodes + fleet.prefills for r in b.rendered]
+        assert [path for path, _ in rendered] == ["/v1/responses/render"]
+        leg = decode_legs(fleet.decodes[holder])[-1]
+        assert rendered[0][1] == {**{k: v for k, v in leg.items() if k != "kv_transfer_params"}, "stream": False}
+        assert leg["stream"] is True and leg["store"] is False and leg["kv_transfer_params"] is not None
+        assert fleet.decodes[0].tokenized == fleet.decodes[1].tokenized == []  # no /tokenize for Responses
+
+
+@pytest.mark.parametrize("holder", [0, 1])
+def test_a_messages_request_goes_to_the_workers_holding_its_rendered_system(holder):
+    with Fleet(2, 2, INFO, **KV_AWARE, served_by_headers=True) as fleet:
+        prefill, decode = fleet.servers[holder].url, fleet.servers[2 + holder].url
+        held_render_prefix(fleet, prefill, INSTRUCTIONS)
+        held_render_prefix(fleet, decode, INSTRUCTIONS)
+        response = message(fleet, {"system": INSTRUCTIONS, "messages": [{"role": "user", "content": "Is it fast?"}]})
+        assert response.headers["x-pdspec-prefill-worker"] == prefill
+        assert response.headers["x-pdspec-decode-worker"] == decode
+        rendered = [r for b in fleet.decodes + fleet.prefills for r in b.rendered]
+        assert [path for path, _ in rendered] == ["/v1/messages/render"]
+        leg = decode_legs(fleet.decodes[holder])[-1]
+        assert rendered[0][1] == {**{k: v for k, v in leg.items() if k != "kv_transfer_params"}, "stream": False}
+
+
+def test_requests_sharing_a_messages_system_follow_one_another():
+    """The body's affinity key leaves a Messages `system` out; the rendered ids' start
+    (the plan's rendezvous key) and the routing notes keep a burst sharing one together."""
+    with Fleet(2, 2, INFO, **KV_AWARE, served_by_headers=True) as fleet:
+        served = {(r.headers["x-pdspec-prefill-worker"], r.headers["x-pdspec-decode-worker"])
+                  for r in (message(fleet, {"system": INSTRUCTIONS, "messages": [{"role": "user", "content": q}]})
+                            for q in ("Is it fast?", "Rewrite it.", "What does it print?", "Explain it."))}  # fmt: skip
+        assert len(served) == 1
+        assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="prefill",reason="cache_hit"}') == 3
+
+
+@pytest.mark.parametrize("breakage", ["scale_out_off", "render_404", "render_slow", "odd_reply"])
+def test_a_request_whose_render_fails_is_routed_without_cache_knowledge_and_served(breakage):
+    settings = {**KV_AWARE, "disaggregation": "conditional", "routing_tokenize_timeout_s": 0.2}
+    with Fleet(2, 1, INFO, **settings) as fleet:
+        behaviour = fleet.decodes[0]
+        if breakage == "scale_out_off":
+            behaviour.scale_out = False
+        elif breakage == "render_404":
+            behaviour.render_status = 404
+        elif breakage == "render_slow":
+            behaviour.render_delay_s = 1.0
+        else:
+            behaviour.render_reply = b'{"token_ids": "nope"}'
+        respond(fleet, {"instructions": INSTRUCTIONS, "input": "Is it fast?"})
+        message(fleet, {"system": INSTRUCTIONS, "messages": [{"role": "user", "content": "Is it fast?"}]})
+        assert len(behaviour.rendered) == 2
+        assert sum(prefill_legs(b) for b in fleet.prefills) == 2  # always disaggregated without ids
+        assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="any",reason="no_token_ids"}') == 2
