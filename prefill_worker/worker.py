@@ -1,8 +1,8 @@
 """`pdspec prefill`: start vLLM as a prefill worker (its role: role.py)."""
 
-from prefill_worker import role
 from pdspec.settings import WorkerCommand
 from pdspec.worker.launch import exec_worker
+from prefill_worker import role
 
 
 def run(command: WorkerCommand) -> None:

@@ -44,9 +44,14 @@ from proxy.upstream.client import UpstreamClient
 # vLLM's scale-out endpoints (vllm/entrypoints/scale_out/, `--enable-scale-out`), on the
 # workers: never served to clients, whatever the method.
 SCALE_OUT_PATHS = (
-    "/v1/chat/completions/render", "/v1/completions/render", "/v1/responses/render", "/v1/messages/render",
-    "/v1/chat/completions/derender", "/v1/completions/derender", "/inference/v1/generate",
-)  # fmt: skip
+    "/v1/chat/completions/render",
+    "/v1/completions/render",
+    "/v1/responses/render",
+    "/v1/messages/render",
+    "/v1/chat/completions/derender",
+    "/v1/completions/derender",
+    "/inference/v1/generate",
+)
 SCALE_OUT_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 
@@ -93,32 +98,54 @@ def create_app(settings: ProxySettings) -> ProxyApp:
     metrics.queued.set_function(lambda: admission.waiting)  # read at scrape time: nothing on the request path
     api_keys = ApiKeys(settings.api_keys)
     client = UpstreamClient(
-        settings.connect_timeout_s, settings.worker_idle_timeout_s,
-        settings.worker_max_header_bytes, settings.worker_max_body_bytes,
-    )  # fmt: skip
+        settings.connect_timeout_s,
+        settings.worker_idle_timeout_s,
+        settings.worker_max_header_bytes,
+        settings.worker_max_body_bytes,
+    )
     kv_router = (
         KvRouter(settings, client, prefill_pool, decode_pool, metrics, worker_auth_headers(settings.worker_api_key))
-        if KvRouter.wanted(settings) else None
-    )  # fmt: skip
+        if KvRouter.wanted(settings)
+        else None
+    )
     kv_room = (
-        KvRoom(client, prefill_pool, settings.prefill_kv_headroom, settings.prefill_kv_read_interval_s,
-               settings.queue_timeout_s, settings.retry_after_s, metrics, settings.prompt_chars_per_token,
-               worker_auth_headers(settings.worker_api_key), settings.queue_budget())
-        if settings.prefill_kv_admission else None
-    )  # fmt: skip
+        KvRoom(
+            client,
+            prefill_pool,
+            settings.prefill_kv_headroom,
+            settings.prefill_kv_read_interval_s,
+            settings.queue_timeout_s,
+            settings.retry_after_s,
+            metrics,
+            settings.prompt_chars_per_token,
+            worker_auth_headers(settings.worker_api_key),
+            settings.queue_budget(),
+        )
+        if settings.prefill_kv_admission
+        else None
+    )
     disaggregator = Disaggregator(client, prefill_pool, decode_pool, metrics, settings, kv_router, kv_room)
     limits = ModelLimits(client, decode_pool, disaggregator.worker_headers)
     tracing = Tracing(settings.otlp_traces_endpoint)
     pairing = Pairing(
-        settings.expected_worker_config, settings.unverified_workers,
+        settings.expected_worker_config,
+        settings.unverified_workers,
         lambda pool, field: metrics.pairing_refusals.labels(pool, field).inc(),
-    )  # fmt: skip
+    )
     loop_lag = LoopLag(metrics.loop_lag)
     checker = HealthChecker(
-        client, [prefill_pool, decode_pool], settings.health_interval_s, settings.health_timeout_s,
-        settings.eject_after_failures, settings.readmit_after_successes, pairing, settings.worker_info_interval_s,
-        loop_lag, metrics.health_checks_discarded.inc, after_round=kv_router.sync if kv_router else None,
-    )  # fmt: skip
+        client,
+        [prefill_pool, decode_pool],
+        settings.health_interval_s,
+        settings.health_timeout_s,
+        settings.eject_after_failures,
+        settings.readmit_after_successes,
+        pairing,
+        settings.worker_info_interval_s,
+        loop_lag,
+        metrics.health_checks_discarded.inc,
+        after_round=kv_router.sync if kv_router else None,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -169,14 +196,23 @@ def create_app(settings: ProxySettings) -> ProxyApp:
     async def proxy_error_handler(request: Request, exc: ProxyError) -> Response:
         return error_response(exc)
 
-    add_passthrough_routes(app, client, decode_pool, api_keys, disaggregator.worker_headers,
-                           settings.health_timeout_s, settings.max_body_bytes)  # fmt: skip
+    add_passthrough_routes(
+        app,
+        client,
+        decode_pool,
+        api_keys,
+        disaggregator.worker_headers,
+        settings.health_timeout_s,
+        settings.max_body_bytes,
+    )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error_handler(request: Request, exc: StarletteHTTPException) -> Response:
         # Unknown paths (404) and methods (405, with its Allow header) in OpenAI's format too.
-        message = {404: f"No route {request.url.path}.",
-                   405: f"Method {request.method} is not allowed on {request.url.path}."}.get(exc.status_code, exc.detail)
+        message = {
+            404: f"No route {request.url.path}.",
+            405: f"Method {request.method} is not allowed on {request.url.path}.",
+        }.get(exc.status_code, exc.detail)
         return error_response(ProxyError(exc.status_code, str(message)), headers=dict(exc.headers or {}))
 
     async def scale_out_path(request: Request) -> Response:
@@ -196,8 +232,11 @@ def create_app(settings: ProxySettings) -> ProxyApp:
         """Retrieve, delete, cancel, input items: none applies, since no response is stored
         through the proxy (proxy/apis/responses.py says why)."""
         api_keys.check(request.headers.get("authorization"))
-        raise ProxyError(404, f"Response {response_id!r} is not stored: through this P/D proxy responses are never "
-                              "stored (one would live only on the decode worker that produced it).")  # fmt: skip
+        raise ProxyError(
+            404,
+            f"Response {response_id!r} is not stored: through this P/D proxy responses are never "
+            "stored (one would live only on the decode worker that produced it).",
+        )
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -222,8 +261,12 @@ def create_app(settings: ProxySettings) -> ProxyApp:
         status = {pool.name: len(pool.healthy()) for pool in pools}
         ok = all(count > 0 for count in status.values())
         pairing_status = pairing.status(pools)
-        body: dict = {"ready": ok, "healthy_workers": status, "pairing": pairing_status,
-                      "engine_features_off": features_off(pools)}  # fmt: skip
+        body: dict = {
+            "ready": ok,
+            "healthy_workers": status,
+            "pairing": pairing_status,
+            "engine_features_off": features_off(pools),
+        }
         if not ok:
             body["reason"] = not_ready_reason(status, pairing_status)
         return JSONResponse(body, status_code=200 if ok else 503)
@@ -246,8 +289,13 @@ def features_off(pools: list[WorkerPool]) -> list[dict]:
     """For /ready: each healthy worker's engine features that are off (pdspec_engine_feature),
     such as a prefill worker whose K=0 steps run the full drafter pass. Not a reason to be
     unready: the worker still serves correctly, only slower."""
-    return [{"pool": pool.name, "worker": w.url, "feature": name, "reason": reason}
-            for pool in pools for w in pool.workers if w.healthy for name, reason in w.features_off.items()]  # fmt: skip
+    return [
+        {"pool": pool.name, "worker": w.url, "feature": name, "reason": reason}
+        for pool in pools
+        for w in pool.workers
+        if w.healthy
+        for name, reason in w.features_off.items()
+    ]
 
 
 def not_ready_reason(healthy: dict[str, int], pairing_status: dict) -> str:
@@ -262,8 +310,11 @@ def not_ready_reason(healthy: dict[str, int], pairing_status: dict) -> str:
             + f" of {r['against']}"
             for r in pairing_status["refused"]
             if r["pool"] == pool
-        ] + [f"{p['worker']} waiting for its pdspec_worker_info ({p['error']})"
-             for p in pairing_status["pending"] if p["pool"] == pool]  # fmt: skip
+        ] + [
+            f"{p['worker']} waiting for its pdspec_worker_info ({p['error']})"
+            for p in pairing_status["pending"]
+            if p["pool"] == pool
+        ]
         parts.append(f"no admitted {pool} worker" + (f" ({'; '.join(why)})" if why else ""))
     return "; ".join(parts)
 

@@ -54,9 +54,15 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 # Anthropic's error types by status (its API reference, "Errors"); 503 is its overload.
 _ANTHROPIC_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error",
-}  # fmt: skip
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 
 
 def anthropic_error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:

@@ -14,8 +14,19 @@ REFUSAL_REASONS = ("header_too_large", "head_timeout", "body_timeout", "too_many
 # Why the decode worker prefilled a prompt itself (conditional disaggregation, proxy/routing/kv_router.py).
 LOCAL_PREFILL_REASONS = ("cached_on_decode", "short_prompt")
 # What the cache index did with the workers' KV events (proxy/routing/kv_index.py, kv_subscriber.py).
-KV_EVENT_KINDS = ("stored", "removed", "cleared", "orphans", "skipped", "evicted", "malformed_events", "bad_messages",
-                  "lost_batches", "replays", "restarts")  # fmt: skip
+KV_EVENT_KINDS = (
+    "stored",
+    "removed",
+    "cleared",
+    "orphans",
+    "skipped",
+    "evicted",
+    "malformed_events",
+    "bad_messages",
+    "lost_batches",
+    "replays",
+    "restarts",
+)
 
 
 @dataclass
@@ -57,35 +68,47 @@ class ProxyMetrics:
         metrics = cls(
             registry=registry,
             requests=Counter(
-                "pdspec_proxy_requests", "Client requests by endpoint and status.",
-                ["endpoint", "status"], registry=registry,
+                "pdspec_proxy_requests",
+                "Client requests by endpoint and status.",
+                ["endpoint", "status"],
+                registry=registry,
             ),
             leg_seconds=Histogram(
                 "pdspec_proxy_leg_seconds",
                 "Duration of each leg (prefill: to response; decode: to last byte; handoff: prefill reply to the "
                 "decode worker's first byte).",
-                ["leg"], registry=registry,
+                ["leg"],
+                registry=registry,
                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
             ),
             leg_failures=Counter(
-                "pdspec_proxy_leg_failures", "Legs that failed, by leg and reason.",
-                ["leg", "reason"], registry=registry,
+                "pdspec_proxy_leg_failures",
+                "Legs that failed, by leg and reason.",
+                ["leg", "reason"],
+                registry=registry,
             ),
             stream_errors=Counter(
-                "pdspec_proxy_stream_errors", "Streams ended with an SSE error event after they began.",
+                "pdspec_proxy_stream_errors",
+                "Streams ended with an SSE error event after they began.",
                 registry=registry,
             ),
             prefill_outcomes=Counter(
                 "pdspec_proxy_prefill_outcomes",
                 "Prefill legs by outcome: ok, retried_ok, fallback (decode-only), error.",
-                ["outcome"], registry=registry,
+                ["outcome"],
+                registry=registry,
             ),
             healthy_workers=Gauge(
-                "pdspec_proxy_healthy_workers", "Healthy workers per pool.", ["pool"], registry=registry,
+                "pdspec_proxy_healthy_workers",
+                "Healthy workers per pool.",
+                ["pool"],
+                registry=registry,
             ),
             worker_inflight=Gauge(
-                "pdspec_proxy_worker_inflight", "Legs the proxy has open on each worker (what least_outstanding "
-                "routing reads).", ["pool", "worker"], registry=registry,
+                "pdspec_proxy_worker_inflight",
+                "Legs the proxy has open on each worker (what least_outstanding routing reads).",
+                ["pool", "worker"],
+                registry=registry,
             ),
             kv_releases=Counter(
                 "pdspec_proxy_kv_releases",
@@ -93,106 +116,143 @@ class ProxyMetrics:
                 "(client_gone: the request was given up, by its client or because another choice of its n failed; "
                 "http_4xx, http_5xx, connect_error, timeout, connection_reset, no_healthy_worker, ...: how the decode "
                 "leg failed) and how the release went (ok, http_4xx, ..., no_decode_worker).",
-                ["reason", "outcome"], registry=registry,
+                ["reason", "outcome"],
+                registry=registry,
             ),
             kv_reprefills=Counter(
                 "pdspec_proxy_kv_reprefills",
                 "Prefills run again for a decode retry, by how the previous decode attempt failed: that attempt "
                 "was handed the first prefill's KV and may still read it, and a prefill's KV goes to one decode "
                 "request only.",
-                ["reason"], registry=registry,
+                ["reason"],
+                registry=registry,
             ),
             early_decodes=Counter(
-                "pdspec_proxy_early_decodes", "Decode legs sent together with their prefill leg (proxy.early_decode, "
+                "pdspec_proxy_early_decodes",
+                "Decode legs sent together with their prefill leg (proxy.early_decode, "
                 "pushed KV), by outcome: used (the leg got its prefill's KV); stale_source (the prefill worker "
                 "answered as another engine); prefill_failed and client_gone (the leg was not used); completed or "
                 "not_completed (a failed prefill whose leg reached the decode worker, sent again to its worker, "
                 "ended or not: ended, it frees the decode worker's registered blocks).",
-                ["outcome"], registry=registry,
+                ["outcome"],
+                registry=registry,
             ),
             kv_room_waits=Counter(
                 "pdspec_proxy_kv_room_waits",
                 "Prefill legs that waited for room on a prefill worker (prefill_kv_admission: KV room, or queued "
                 "prefill time under prefill_queue_budget_s), by how the wait ended: admitted, or timeout (503).",
-                ["outcome"], registry=registry,
+                ["outcome"],
+                registry=registry,
             ),
             prefill_rate=Gauge(
                 "pdspec_proxy_prefill_rate_tokens_per_second",
                 "Each prefill worker's prefill rate as the proxy measures it: prompt tokens answered per second of "
-                "the time it had prefill legs in flight (prefill_kv_admission).", ["worker"], registry=registry,
+                "the time it had prefill legs in flight (prefill_kv_admission).",
+                ["worker"],
+                registry=registry,
             ),
             prefill_queued_seconds=Gauge(
                 "pdspec_proxy_prefill_queued_seconds",
                 "The prefill time of the prompts the proxy has in flight on each prefill worker, at its measured "
                 "rate; admission sends a leg only while it stays within prefill_queue_budget_s, except a prompt "
-                "over the budget, which goes alone (prefill_kv_admission).", ["worker"],
+                "over the budget, which goes alone (prefill_kv_admission).",
+                ["worker"],
                 registry=registry,
             ),
             prefill_kv_free_tokens=Gauge(
                 "pdspec_proxy_prefill_kv_free_tokens",
                 "Free KV tokens of each prefill worker at the proxy's last reading, less the prompts sent to it "
-                "since (prefill_kv_admission).", ["worker"], registry=registry,
+                "since (prefill_kv_admission).",
+                ["worker"],
+                registry=registry,
             ),
             inflight=Gauge("pdspec_proxy_inflight_requests", "Client requests in flight.", registry=registry),
             pairing_refusals=Counter(
                 "pdspec_proxy_pairing_refusals",
                 "Workers refused because their pdspec_worker_info differs from the pairing reference, by pool "
                 "and differing field (model, drafter, method, block_size, kv_connector; worker_info: none exported).",
-                ["pool", "field"], registry=registry,
+                ["pool", "field"],
+                registry=registry,
             ),
             refused_workers=Gauge(
-                "pdspec_proxy_refused_workers", "Workers that answer health checks but are refused by the pairing "
-                "check, per pool.", ["pool"], registry=registry,
+                "pdspec_proxy_refused_workers",
+                "Workers that answer health checks but are refused by the pairing check, per pool.",
+                ["pool"],
+                registry=registry,
             ),
-            queued=Gauge("pdspec_proxy_queued_requests", "Client requests waiting for an in-flight slot.",
-                         registry=registry),
+            queued=Gauge(
+                "pdspec_proxy_queued_requests", "Client requests waiting for an in-flight slot.", registry=registry
+            ),
             client_refusals=Counter(
-                "pdspec_proxy_client_refusals", "Client connections refused by a limit of proxy/edge/connections.py, by "
+                "pdspec_proxy_client_refusals",
+                "Client connections refused by a limit of proxy/edge/connections.py, by "
                 "reason (header_too_large, head_timeout, body_timeout, too_many_connections).",
-                ["reason"], registry=registry,
+                ["reason"],
+                registry=registry,
             ),
             decode_only=Counter(
-                "pdspec_proxy_decode_only", "Requests sent whole to a decode worker because vLLM cannot serve them "
-                "through P/D, by reason (beam_search; structured_output under structured_outputs=decode_only: see proxy/apis/legs.py).", ["reason"], registry=registry,
+                "pdspec_proxy_decode_only",
+                "Requests sent whole to a decode worker because vLLM cannot serve them "
+                "through P/D, by reason (beam_search; structured_output under structured_outputs=decode_only: see proxy/apis/legs.py).",
+                ["reason"],
+                registry=registry,
             ),
             loop_lag=Histogram(
-                "pdspec_proxy_event_loop_lag_seconds", "How late the proxy's event loop ran a timer (sampled every "
-                "0.1 s): time its loop was blocked.", registry=registry,
+                "pdspec_proxy_event_loop_lag_seconds",
+                "How late the proxy's event loop ran a timer (sampled every 0.1 s): time its loop was blocked.",
+                registry=registry,
                 buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             ),
             health_checks_discarded=Counter(
-                "pdspec_proxy_health_checks_discarded", "Failed health checks not counted against a worker because "
-                "the proxy's own event loop was blocked while they ran.", registry=registry,
+                "pdspec_proxy_health_checks_discarded",
+                "Failed health checks not counted against a worker because "
+                "the proxy's own event loop was blocked while they ran.",
+                registry=registry,
             ),
             local_prefills=Counter(
-                "pdspec_proxy_local_prefills", "Requests the decode worker prefilled itself under conditional "
+                "pdspec_proxy_local_prefills",
+                "Requests the decode worker prefilled itself under conditional "
                 "disaggregation, by reason (cached_on_decode: it held all but a short part of the prompt; "
-                "short_prompt: the prompt is short and nothing of it was cached).", ["reason"], registry=registry,
+                "short_prompt: the prompt is short and nothing of it was cached).",
+                ["reason"],
+                registry=registry,
             ),
             routing_decisions=Counter(
-                "pdspec_proxy_routing_decisions", "Cache-aware routing decisions by pool and reason (cache_hit: the "
+                "pdspec_proxy_routing_decisions",
+                "Cache-aware routing decisions by pool and reason (cache_hit: the "
                 "worker picked holds part of the prompt; no_cache_hit; no_token_ids: the prompt's ids could not be "
-                "read, routed by load).", ["pool", "reason"], registry=registry,
+                "read, routed by load).",
+                ["pool", "reason"],
+                registry=registry,
             ),
             predicted_hit_tokens=Counter(
-                "pdspec_proxy_predicted_hit_tokens", "Prompt tokens the proxy's index expected the worker it picked to "
-                "hold (compare with vllm:prefix_cache_hits_total).", ["pool", "worker"], registry=registry,
+                "pdspec_proxy_predicted_hit_tokens",
+                "Prompt tokens the proxy's index expected the worker it picked to "
+                "hold (compare with vllm:prefix_cache_hits_total).",
+                ["pool", "worker"],
+                registry=registry,
             ),
             kv_events=Counter(
-                "pdspec_proxy_kv_events", "The workers' KV events as the proxy's index took them, by kind: stored, "
+                "pdspec_proxy_kv_events",
+                "The workers' KV events as the proxy's index took them, by kind: stored, "
                 "removed (blocks), cleared, orphans (parent never seen), skipped (other block size, LoRA, multimodal), "
                 "evicted (index bound), malformed_events, bad_messages, lost_batches, replays, restarts.",
-                ["kind"], registry=registry,
+                ["kind"],
+                registry=registry,
             ),
             kv_index_blocks=Gauge(
-                "pdspec_proxy_kv_index_blocks", "KV blocks the proxy's index holds per worker.", ["worker"],
+                "pdspec_proxy_kv_index_blocks",
+                "KV blocks the proxy's index holds per worker.",
+                ["worker"],
                 registry=registry,
             ),
             kv_event_lag=Gauge(
-                "pdspec_proxy_kv_event_lag_seconds", "Age of the last KV event batch from each worker when it "
-                "arrived (publisher clock to proxy clock).", ["worker"], registry=registry,
+                "pdspec_proxy_kv_event_lag_seconds",
+                "Age of the last KV event batch from each worker when it arrived (publisher clock to proxy clock).",
+                ["worker"],
+                registry=registry,
             ),
-        )  # fmt: skip
+        )
         # Every outcome exported at 0 from the start: a counter's first scraped sample is
         # where its rate starts, so a series born at 3 (three fallbacks within one scrape
         # interval) would show no rate and the fallback alert would never fire.

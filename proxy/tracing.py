@@ -43,9 +43,11 @@ class RequestTrace(NoTrace):
         self._propagator = TraceContextTextMapPropagator()
         parent = self._propagator.extract({"traceparent": traceparent}) if traceparent else None
         self._root = tracer.start_span(
-            "pdspec.request", context=parent, kind=SpanKind.SERVER,
+            "pdspec.request",
+            context=parent,
+            kind=SpanKind.SERVER,
             attributes={"pdspec.request_id": request_id, "pdspec.endpoint": endpoint},
-        )  # fmt: skip
+        )
 
     def _context(self, span):
         from opentelemetry import trace

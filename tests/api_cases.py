@@ -87,7 +87,7 @@ BAD_REQUESTS = [
 # proxy does too, and answers as the decode worker does on its own (issue 24, item 10).
 ACCEPTED_AS_VLLM_ACCEPTS = [
     (C, raw('{"prompt": "x", "max_tokens": 3}')),  # no model: vLLM's served model
-    (CHAT, raw(f"{{{MSG}, \"max_tokens\": 3}}")),
+    (CHAT, raw(f'{{{MSG}, "max_tokens": 3}}')),
     (C, raw('{"model": null, "prompt": "x", "max_tokens": 3}')),
     (C, raw(f'{{{M}, "prompt": "x", "stream": "yes", "max_tokens": 3}}')),
     (C, raw(f'{{{M}, "prompt": "x", "stream": 1, "max_tokens": 3}}')),
@@ -95,15 +95,29 @@ ACCEPTED_AS_VLLM_ACCEPTS = [
     (C, raw(f'{{{M}, "prompt": "x", "max_tokens": 4.0}}')),
     (C, raw(f'{{{M}, "prompt": "x", "max_tokens": 3, "logprobs": true}}')),
     (CHAT, raw(f'{{{M}, "messages": [{{"role": "wizard", "content": "x"}}], "max_tokens": 3}}')),
-    (CHAT, raw(f'{{{M}, "messages": [{{"role": "function", "name": "f", "content": "1"}}, '
-               f'{{"role": "user", "content": "hi"}}], "max_tokens": 3}}')),
+    (
+        CHAT,
+        raw(
+            f'{{{M}, "messages": [{{"role": "function", "name": "f", "content": "1"}}, '
+            f'{{"role": "user", "content": "hi"}}], "max_tokens": 3}}'
+        ),
+    ),
     (CHAT, raw(f'{{{M}, {MSG}, "logprobs": "yes", "max_tokens": 3}}')),
 ]
 
 WEATHER = WEATHER_TOOLS[0]["function"]
-ANTHROPIC_TOOLS = [{"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}]
-RESPONSES_TOOLS = [{"type": "function", "name": WEATHER["name"], "description": WEATHER["description"],
-                    "parameters": WEATHER["parameters"], "strict": True}]  # fmt: skip
+ANTHROPIC_TOOLS = [
+    {"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}
+]
+RESPONSES_TOOLS = [
+    {
+        "type": "function",
+        "name": WEATHER["name"],
+        "description": WEATHER["description"],
+        "parameters": WEATHER["parameters"],
+        "strict": True,
+    }
+]
 _PROMPT = "def read_config(path):"
 _USER = [{"role": "user", "content": "What is the weather in Paris? " + _PROMPT}]
 _USAGE = {"include_usage": True, "continuous_usage_stats": True}
@@ -148,11 +162,21 @@ OPTION_CASES = [
     ("chat-n2-stream", CHAT, _chat(n=2, temperature=1, stream=True)),
     ("chat-logprobs", CHAT, _chat(logprobs=True, top_logprobs=2)),
     ("chat-json-object", CHAT, _chat(response_format={"type": "json_object"})),
-    ("chat-json-schema", CHAT, _chat(response_format={"type": "json_schema", "json_schema": {
-        "name": "w", "schema": WEATHER["parameters"]}})),
-    ("chat-tool-named", CHAT, _chat(tools=WEATHER_TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})),
-    ("chat-tool-named-stream", CHAT, _chat(tools=WEATHER_TOOLS, stream=True,
-                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})),
+    (
+        "chat-json-schema",
+        CHAT,
+        _chat(response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER["parameters"]}}),
+    ),
+    (
+        "chat-tool-named",
+        CHAT,
+        _chat(tools=WEATHER_TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+    ),
+    (
+        "chat-tool-named-stream",
+        CHAT,
+        _chat(tools=WEATHER_TOOLS, stream=True, tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+    ),
     ("chat-tool-required", CHAT, _chat(tools=WEATHER_TOOLS, tool_choice="required")),
     ("chat-tool-auto", CHAT, _chat(tools=WEATHER_TOOLS, tool_choice="auto")),
     ("chat-tool-none", CHAT, _chat(tools=WEATHER_TOOLS, tool_choice="none")),
@@ -161,7 +185,11 @@ OPTION_CASES = [
     ("responses", RESPONSES, _responses()),
     ("responses-stream", RESPONSES, _responses(stream=True)),
     ("responses-instructions", RESPONSES, _responses(instructions="Answer in Python.")),
-    ("responses-tool-named", RESPONSES, _responses(tools=RESPONSES_TOOLS, tool_choice={"type": "function", "name": "get_weather"})),
+    (
+        "responses-tool-named",
+        RESPONSES,
+        _responses(tools=RESPONSES_TOOLS, tool_choice={"type": "function", "name": "get_weather"}),
+    ),
     ("responses-tool-required", RESPONSES, _responses(tools=RESPONSES_TOOLS, tool_choice="required")),
     ("responses-tool-auto", RESPONSES, _responses(tools=RESPONSES_TOOLS)),
     ("responses-logprobs", RESPONSES, _responses(top_logprobs=2, include=["message.output_text.logprobs"])),
@@ -169,10 +197,18 @@ OPTION_CASES = [
     ("messages-stream", MESSAGES, _messages(stream=True)),
     ("messages-system", MESSAGES, _messages(system="You write Python.")),
     ("messages-stop", MESSAGES, _messages(stop_sequences=["\n"])),
-    ("messages-tool-named", MESSAGES, _messages(tools=ANTHROPIC_TOOLS, tool_choice={"type": "tool", "name": "get_weather"},
-                                                max_tokens=40)),
-    ("messages-tool-named-stream", MESSAGES, _messages(tools=ANTHROPIC_TOOLS, stream=True, max_tokens=40,
-                                                       tool_choice={"type": "tool", "name": "get_weather"})),
+    (
+        "messages-tool-named",
+        MESSAGES,
+        _messages(tools=ANTHROPIC_TOOLS, tool_choice={"type": "tool", "name": "get_weather"}, max_tokens=40),
+    ),
+    (
+        "messages-tool-named-stream",
+        MESSAGES,
+        _messages(
+            tools=ANTHROPIC_TOOLS, stream=True, max_tokens=40, tool_choice={"type": "tool", "name": "get_weather"}
+        ),
+    ),
     ("messages-tool-any", MESSAGES, _messages(tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"}, max_tokens=40)),
     ("messages-tool-auto", MESSAGES, _messages(tools=ANTHROPIC_TOOLS, tool_choice={"type": "auto"})),
     ("messages-tool-none", MESSAGES, _messages(tools=ANTHROPIC_TOOLS, tool_choice={"type": "none"})),
@@ -188,5 +224,10 @@ REFUSED_CASES = [
     ("messages-bad-messages", MESSAGES, _messages(messages="x"), 400),
     ("messages-beyond-context", MESSAGES, _messages(max_tokens=4096), 400),
     ("messages-unknown-model", MESSAGES, _messages(model="no-such-model"), 404),
-    ("messages-thinking-over-budget", MESSAGES, _messages(max_tokens=16, thinking={"type": "enabled", "budget_tokens": 64}), 400),
+    (
+        "messages-thinking-over-budget",
+        MESSAGES,
+        _messages(max_tokens=16, thinking={"type": "enabled", "budget_tokens": 64}),
+        400,
+    ),
 ]

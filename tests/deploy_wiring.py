@@ -25,7 +25,7 @@ COMMAND_CLASSES = {name: settings_cls for name, (settings_cls, _) in cli.COMMAND
 
 def field_path(command_cls: type[BaseModel], variable: str) -> list[str] | None:
     """`PDSPEC_WORKER__PORT` -> ['worker', 'port'] when that field exists, else None."""
-    parts = variable[len(s.ENV_PREFIX):].lower().split("__")
+    parts = variable[len(s.ENV_PREFIX) :].lower().split("__")
     model: type[BaseModel] = command_cls
     for i, part in enumerate(parts):
         field = model.model_fields.get(part)
@@ -62,11 +62,14 @@ def settings_problems(command: str, env: dict[str, str]) -> list[str]:
             problems.append(f"{variable}: no such setting for `pdspec {command}`")
     config = pdspec_env.get(s.CONFIG_ENV)
     if config is not None:
-        if not config.startswith(IMAGE_PROFILES) or not (ROOT / "deploy/profiles" / config[len(IMAGE_PROFILES):]).is_file():
+        if (
+            not config.startswith(IMAGE_PROFILES)
+            or not (ROOT / "deploy/profiles" / config[len(IMAGE_PROFILES) :]).is_file()
+        ):
             problems.append(f"{s.CONFIG_ENV}={config}: not a profile the images ship (deploy/profiles)")
             pdspec_env.pop(s.CONFIG_ENV)
         else:
-            pdspec_env[s.CONFIG_ENV] = str(ROOT / "deploy/profiles" / config[len(IMAGE_PROFILES):])
+            pdspec_env[s.CONFIG_ENV] = str(ROOT / "deploy/profiles" / config[len(IMAGE_PROFILES) :])
     if problems:
         return problems
     clean = {k: v for k, v in os.environ.items() if not k.startswith(s.ENV_PREFIX)}

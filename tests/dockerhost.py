@@ -11,7 +11,12 @@ import threading
 import time
 from pathlib import Path
 
-APT_PACKAGES = {"docker": "docker.io", "dockerd": "docker.io", "docker-compose": "docker-compose", "mmdebstrap": "mmdebstrap"}
+APT_PACKAGES = {
+    "docker": "docker.io",
+    "dockerd": "docker.io",
+    "docker-compose": "docker-compose",
+    "mmdebstrap": "mmdebstrap",
+}
 DOCKERD_LOG = Path("/tmp/pdspec-tests-dockerd.log")
 
 
@@ -22,8 +27,12 @@ def ensure_tools(*names: str) -> None:
         return
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run(["apt-get", "update", "-q"], check=True, env=env, capture_output=True)
-    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], check=True, env=env,
-                   capture_output=True)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
 
 
 def _sbin(name: str) -> bool:
@@ -39,8 +48,7 @@ def start_engine(timeout_s: float = 60.0) -> subprocess.Popen | None:
     if engine_running():
         return None
     dockerd = shutil.which("dockerd") or "/usr/sbin/dockerd"
-    proc = subprocess.Popen([dockerd], stdout=DOCKERD_LOG.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen([dockerd], stdout=DOCKERD_LOG.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if engine_running():
@@ -86,7 +94,9 @@ class ImageBuild:
             start = time.monotonic()
             out = subprocess.run(["make", "images"], cwd=self.root, capture_output=True, text=True, timeout=3600)
             if out.returncode != 0:
-                raise RuntimeError(f"make images failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+                raise RuntimeError(
+                    f"make images failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+                )
             self.build_s = round(time.monotonic() - start, 1)
         except BaseException as exc:  # reported to the test that needs the image
             self._error = exc

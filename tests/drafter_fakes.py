@@ -37,27 +37,36 @@ class QKV(torch.nn.Module):
 def fake_drafter(class_name="Eagle3LlamaForCausalLM", layers=1, backend=Backend):
     hidden, heads, kv_heads, head = 8, 2, 1, 4
     attn_layer = types.SimpleNamespace(
-        impl=Impl(), attn_backend=backend, kv_cache=torch.zeros(1), layer_name="model.layers.4.self_attn.attn",
-        num_kv_heads=kv_heads, head_size=head, head_size_v=head, kv_sharing_target_layer_name=None,
-    )  # fmt: skip
+        impl=Impl(),
+        attn_backend=backend,
+        kv_cache=torch.zeros(1),
+        layer_name="model.layers.4.self_attn.attn",
+        num_kv_heads=kv_heads,
+        head_size=head,
+        head_size_v=head,
+        kv_sharing_target_layer_name=None,
+    )
 
     def rotary(positions, query, key=None):
         return query * 2, key  # stand-in: a visible change to K only
 
     self_attn = types.SimpleNamespace(
-        attn=attn_layer, q_size=heads * head, kv_size=kv_heads * head, rotary_emb=rotary,
+        attn=attn_layer,
+        q_size=heads * head,
+        kv_size=kv_heads * head,
+        rotary_emb=rotary,
         qkv_proj=QKV(2 * hidden, heads * head, kv_heads * head),
-    )  # fmt: skip
+    )
 
     def norm(x, residual=None):
         return (x + 1, residual) if residual is not None else x + 1
 
     layer = types.SimpleNamespace(
         layer_idx=0, self_attn=self_attn, input_layernorm=norm, hidden_norm=lambda hidden_states: hidden_states
-    )  # fmt: skip
+    )
     inner = types.SimpleNamespace(
         layers=[layer] * layers, embed_input_ids=lambda ids: torch.ones(len(ids), hidden), norm_output=False
-    )  # fmt: skip
+    )
     cls = type(class_name, (), {"combine_hidden_states": lambda self, h: h[:, :hidden]})
     model = cls()
     model.model = inner
@@ -83,8 +92,16 @@ class FakeV1Proposer:
         self.calls.append(("full", num_speculative_tokens))
         return torch.zeros(1, num_speculative_tokens, dtype=torch.int64)
 
-    def set_inputs_first_pass(self, target_token_ids, next_token_ids, target_positions, target_hidden_states,
-                              token_indices_to_sample, cad, num_rejected_tokens_gpu):  # fmt: skip
+    def set_inputs_first_pass(
+        self,
+        target_token_ids,
+        next_token_ids,
+        target_positions,
+        target_hidden_states,
+        token_indices_to_sample,
+        cad,
+        num_rejected_tokens_gpu,
+    ):
         n = target_token_ids.shape[0]
         self.input_ids[: n - 1] = target_token_ids[1:]
         self.input_ids[n - 1] = next_token_ids[0]
@@ -106,7 +123,12 @@ class FakeV1Proposer:
 def v1_call(proposer, k):
     cad = types.SimpleNamespace(batch_size=lambda: 1, slot_mapping=torch.arange(100, 104))
     return proposer.propose(
-        k, target_token_ids=torch.tensor([1, 2, 3, 4]), target_positions=torch.arange(4),
-        target_hidden_states=torch.randn(4, 24), next_token_ids=torch.tensor([9]), token_indices_to_sample=None,
-        common_attn_metadata=cad, sampling_metadata=None,
-    )  # fmt: skip
+        k,
+        target_token_ids=torch.tensor([1, 2, 3, 4]),
+        target_positions=torch.arange(4),
+        target_hidden_states=torch.randn(4, 24),
+        next_token_ids=torch.tensor([9]),
+        token_indices_to_sample=None,
+        common_attn_metadata=cad,
+        sampling_metadata=None,
+    )

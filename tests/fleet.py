@@ -53,8 +53,9 @@ class Fleet:
 
     def start(self, name: str, run_dir: Path | None = None) -> harness.Server:
         role, port, side_channel, cpu = WORKERS[name]
-        server = harness.start_worker(role, run_dir or self.run / name, port, side_channel,
-                                      cpu_omp_threads_bind=cpu, kv_lease_s=LEASE_S)  # fmt: skip
+        server = harness.start_worker(
+            role, run_dir or self.run / name, port, side_channel, cpu_omp_threads_bind=cpu, kv_lease_s=LEASE_S
+        )
         self.servers[name] = server
         return server
 

@@ -66,31 +66,50 @@ NO_PREFIX_CACHE = '["--no-enable-prefix-caching"]'
 # A KV lease of 30 s (vLLM's default; pdspec's is 120 s): the observability test waits for
 # a prefill's KV to expire unread.
 TEST_STACK_ARGS = [
-    "--prefill.max_num_batched_tokens", "512", "--prefill.test_hooks", "--decode.test_hooks",
-    "--prefill.extra_vllm_args", NO_PREFIX_CACHE, "--decode.extra_vllm_args", NO_PREFIX_CACHE,
-    "--prefill.kv_lease_s", "30", "--decode.kv_lease_s", "30",
-]  # fmt: skip
+    "--prefill.max_num_batched_tokens",
+    "512",
+    "--prefill.test_hooks",
+    "--decode.test_hooks",
+    "--prefill.extra_vllm_args",
+    NO_PREFIX_CACHE,
+    "--decode.extra_vllm_args",
+    NO_PREFIX_CACHE,
+    "--prefill.kv_lease_s",
+    "30",
+    "--decode.kv_lease_s",
+    "30",
+]
 
 
 def start_stack(run_dir: Path, base_port: int, extra_args: list[str] = ()) -> Stack:
     """`pdspec up` on test ports; returns once it printed its ready line."""
     proxy_port, prefill_port, decode_port = base_port, base_port + 100, base_port + 200
     argv = [
-        sys.executable, "-m", "pdspec.cli", "up",
-        "--model.models_dir", str(models_dir()),
-        "--run_dir", str(run_dir),
-        "--proxy.port", str(proxy_port),
-        "--prefill.port", str(prefill_port),
-        "--decode.port", str(decode_port),
-        "--prefill.side_channel_port", str(base_port + 300),
-        "--decode.side_channel_port", str(base_port + 400),
-        "--prefill.kv_events_port", str(base_port + 500),
-        "--decode.kv_events_port", str(base_port + 600),
+        sys.executable,
+        "-m",
+        "pdspec.cli",
+        "up",
+        "--model.models_dir",
+        str(models_dir()),
+        "--run_dir",
+        str(run_dir),
+        "--proxy.port",
+        str(proxy_port),
+        "--prefill.port",
+        str(prefill_port),
+        "--decode.port",
+        str(decode_port),
+        "--prefill.side_channel_port",
+        str(base_port + 300),
+        "--decode.side_channel_port",
+        str(base_port + 400),
+        "--prefill.kv_events_port",
+        str(base_port + 500),
+        "--decode.kv_events_port",
+        str(base_port + 600),
         *extra_args,
-    ]  # fmt: skip
-    process = subprocess.Popen(
-        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-    )
+    ]
+    process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     stack = Stack(
         process,
         proxy_url=f"http://127.0.0.1:{proxy_port}",
@@ -177,9 +196,13 @@ def start_proxy(port: int, log_path: Path | None = None, **settings: object) -> 
     env = {**os.environ, "PDSPEC_PROXY": json.dumps({"port": port, **settings})}
     log = open(log_path, "wb") if log_path is not None else subprocess.DEVNULL
     process = subprocess.Popen(
-        [sys.executable, "-m", "pdspec.cli", "proxy"], env=env, cwd=REPO,
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "pdspec.cli", "proxy"],
+        env=env,
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     if log_path is not None:
         log.close()  # the child has its own copy
     return Server(process, f"http://127.0.0.1:{port}")
@@ -218,7 +241,7 @@ def stream_and_kill(url: str, body: dict, kill, after_events: int = 3, timeout_s
         for line in response.iter_lines():
             if not line.startswith("data: "):
                 continue
-            events.append(line[len("data: "):])
+            events.append(line[len("data: ") :])
             if len(events) == after_events:
                 kill()
     return events

@@ -85,8 +85,12 @@ class PrometheusServer:
         for job in shipped["scrape_configs"]:
             name = job["job_name"]
             self.set_targets(name, targets.get(name, []))
-            jobs.append({"job_name": name, "file_sd_configs": [{"files": [str(self.targets_file(name))],
-                                                                "refresh_interval": "1s"}]})  # fmt: skip
+            jobs.append(
+                {
+                    "job_name": name,
+                    "file_sd_configs": [{"files": [str(self.targets_file(name))], "refresh_interval": "1s"}],
+                }
+            )
         config = {
             "global": {"scrape_interval": INTERVAL, "scrape_timeout": INTERVAL, "evaluation_interval": INTERVAL},
             "rule_files": [str(self.folder / "rules" / "*.yml")],
@@ -100,10 +104,18 @@ class PrometheusServer:
         config = self.write_config(targets)
         log = open(self.folder / "prometheus.log", "wb")
         self.process = subprocess.Popen(
-            [binary("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={self.folder / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            [
+                binary("prometheus"),
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self.folder / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-lifecycle",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -20,13 +20,25 @@ MAX_TOKENS = 24
 
 
 def completion_body(prompt: str, stream: bool = False, **extra) -> dict:
-    return {"model": "pdspec-tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
-            "stream": stream, **extra}  # fmt: skip
+    return {
+        "model": "pdspec-tiny",
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "stream": stream,
+        **extra,
+    }
 
 
 def chat_body(messages: list, stream: bool = False, **extra) -> dict:
-    return {"model": "pdspec-tiny", "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0,
-            "stream": stream, **extra}  # fmt: skip
+    return {
+        "model": "pdspec-tiny",
+        "messages": messages,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "stream": stream,
+        **extra,
+    }
 
 
 # Seeded sampling (issue 39): the same text on every run, through P/D as colocated.
@@ -35,15 +47,22 @@ SEEDS = [1234, 7]
 
 
 def seeded_body(prompt: str, seed: int, stream: bool = False) -> dict:
-    return {"model": "pdspec-tiny", "prompt": prompt, "max_tokens": 32, "temperature": 1.0, "seed": seed,
-            "stream": stream}  # fmt: skip
+    return {
+        "model": "pdspec-tiny",
+        "prompt": prompt,
+        "max_tokens": 32,
+        "temperature": 1.0,
+        "seed": seed,
+        "stream": stream,
+    }
 
 
 def seeded_outputs(client: httpx.Client, base_url: str, stream: bool = False) -> list[str]:
     """SEEDED_PROMPTS x SEEDS at temperature 1 from one endpoint (what the colocated
     reference's "seeded" hold)."""
-    return [complete(client, base_url, "/v1/completions", seeded_body(p, s, stream))
-            for p in SEEDED_PROMPTS for s in SEEDS]  # fmt: skip
+    return [
+        complete(client, base_url, "/v1/completions", seeded_body(p, s, stream)) for p in SEEDED_PROMPTS for s in SEEDS
+    ]
 
 
 def unique_prompt(words: int = 40) -> str:
@@ -65,7 +84,7 @@ def complete(client: httpx.Client, base_url: str, path: str, body: dict) -> str:
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            event = json.loads(line[len("data: "):])
+            event = json.loads(line[len("data: ") :])
             assert "error" not in event, event
             for choice in event["choices"]:
                 parts.append(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
@@ -75,15 +94,16 @@ def complete(client: httpx.Client, base_url: str, path: str, body: dict) -> str:
 def completion_outputs(client: httpx.Client, base_url: str, stream: bool) -> list[str]:
     """COMPLETION_PROMPTS' greedy outputs from one endpoint, asserted non-empty (what the
     colocated reference's "completions" hold)."""
-    outputs = [complete(client, base_url, "/v1/completions", completion_body(p, stream=stream))
-               for p in COMPLETION_PROMPTS]  # fmt: skip
+    outputs = [
+        complete(client, base_url, "/v1/completions", completion_body(p, stream=stream)) for p in COMPLETION_PROMPTS
+    ]
     assert all(outputs), "empty completion"
     return outputs
 
 
 # Held-out prompts for acceptance: code-like text the models never trained on verbatim.
 ACCEPTANCE_PROMPTS = [
-    "def load_settings(filename):\n    \"\"\"Read the settings file and return a dict.\"\"\"\n",
+    'def load_settings(filename):\n    """Read the settings file and return a dict."""\n',
     "class Cache(object):\n    def __init__(self, size):\n        self.size = size\n",
     "import re\nimport os\n\n\ndef find_files(pattern, root):\n",
     "    if not isinstance(value, str):\n        raise TypeError(",
@@ -94,8 +114,13 @@ ACCEPTANCE_MAX_TOKENS = 64
 
 
 def acceptance_body(prompt: str) -> dict:
-    return {"model": "pdspec-tiny", "prompt": prompt, "max_tokens": ACCEPTANCE_MAX_TOKENS, "temperature": 0,
-            "ignore_eos": True}  # fmt: skip
+    return {
+        "model": "pdspec-tiny",
+        "prompt": prompt,
+        "max_tokens": ACCEPTANCE_MAX_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
 
 
 def acceptance_length(before: dict, after: dict) -> float:
@@ -117,5 +142,14 @@ WEATHER_SCHEMA = {
     "required": ["city", "unit"],
     "additionalProperties": False,
 }
-WEATHER_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
-                                                   "parameters": WEATHER_SCHEMA, "strict": True}}]  # fmt: skip
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather of a city",
+            "parameters": WEATHER_SCHEMA,
+            "strict": True,
+        },
+    }
+]

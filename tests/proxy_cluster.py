@@ -21,9 +21,10 @@ class Cluster:
         self.servers = [ThreadServer(create_standin(b)).__enter__() for b in (self.p1, self.p2, self.d)]
         urls = [s.url for s in self.servers]
         settings = ProxySettings(
-            prefill_urls=urls[:2], decode_urls=urls[2:], **{"prefill_policy": "round_robin", "retry_backoff_s": 0.01,
-                                                            **self.settings},
-        )  # fmt: skip
+            prefill_urls=urls[:2],
+            decode_urls=urls[2:],
+            **{"prefill_policy": "round_robin", "retry_backoff_s": 0.01, **self.settings},
+        )
         self.app = create_app(settings)
         self.proxy = ThreadServer(self.app).__enter__()
         self.url = self.proxy.url
@@ -74,5 +75,7 @@ def outstanding(cluster: Cluster | Fleet) -> list[int]:
 def queued_prefill_s(fleet: Fleet, worker: int = 0) -> float | None:
     """The prefill time admission counts queued on a prefill worker (its metric, None before
     its first reading)."""
-    return sample(httpx.get(fleet.url + "/metrics").text,
-                  f'pdspec_proxy_prefill_queued_seconds{{worker="{fleet.servers[worker].url}"}}')  # fmt: skip
+    return sample(
+        httpx.get(fleet.url + "/metrics").text,
+        f'pdspec_proxy_prefill_queued_seconds{{worker="{fleet.servers[worker].url}"}}',
+    )

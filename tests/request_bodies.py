@@ -62,9 +62,13 @@ COMMON = {
 }
 COMPLETION_FIELDS = {**COMMON, "prompt": PROMPTS, "logprobs": INTS, "echo": BOOLS}
 CHAT_FIELDS = {
-    **COMMON, "messages": MESSAGES, "logprobs": BOOLS, "top_logprobs": INTS, "max_completion_tokens": INTS,
+    **COMMON,
+    "messages": MESSAGES,
+    "logprobs": BOOLS,
+    "top_logprobs": INTS,
+    "max_completion_tokens": INTS,
     "echo": BOOLS,
-}  # fmt: skip
+}
 
 # The Responses API: `n`, `max_tokens` and `stream_options` are not its fields (vLLM ignores
 # them); `previous_response_id` and `background` are refused by the proxy (stateful), and by
@@ -95,8 +99,16 @@ MESSAGES_FIELDS = {  # Anthropic's Messages
     "stream": BOOLS,
     "temperature": FLOATS,
     "top_k": INTS,
-    "thinking": st.sampled_from([None, {"type": "enabled", "budget_tokens": 2048}, {"type": "enabled",
-                                 "budget_tokens": 100}, {"type": "disabled"}, {"type": "bogus"}, "x"]),  # fmt: skip
+    "thinking": st.sampled_from(
+        [
+            None,
+            {"type": "enabled", "budget_tokens": 2048},
+            {"type": "enabled", "budget_tokens": 100},
+            {"type": "disabled"},
+            {"type": "bogus"},
+            "x",
+        ]
+    ),
     "n": INTS,
 }
 

@@ -142,11 +142,17 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
             return JSONResponse({"error": {"message": f"stand-in {status}", "type": "X", "code": status}}, status)
         if is_prefill:
             behaviour.prefills += 1
-            params = None if behaviour.omit_kv_params else {
-                "remote_engine_id": behaviour.engine_id, "remote_block_ids": [[behaviour.prefills]],
-                "remote_host": behaviour.remote_host,
-                "remote_port": behaviour.remote_port, "remote_request_id": request.headers.get("x-request-id"),
-            }  # fmt: skip
+            params = (
+                None
+                if behaviour.omit_kv_params
+                else {
+                    "remote_engine_id": behaviour.engine_id,
+                    "remote_block_ids": [[behaviour.prefills]],
+                    "remote_host": behaviour.remote_host,
+                    "remote_port": behaviour.remote_port,
+                    "remote_request_id": request.headers.get("x-request-id"),
+                }
+            )
             if params is not None and behaviour.transfer_mode is not None:
                 params.update(transfer_mode=behaviour.transfer_mode, tp_size=1, pp_size=1)
             if responses:
@@ -212,28 +218,46 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
             await asyncio.sleep(behaviour.tokenize_delay_s)
         text = body["prompt"] if "prompt" in body else json.dumps(body["messages"])
         tokens = list(text.encode())
-        return JSONResponse({"count": len(tokens), "max_model_len": 4096, "tokens": tokens},
-                            status_code=behaviour.tokenize_status)  # fmt: skip
+        return JSONResponse(
+            {"count": len(tokens), "max_model_len": 4096, "tokens": tokens}, status_code=behaviour.tokenize_status
+        )
 
     async def render(request: Request, parts: tuple[str, ...]):
         body = await request.json()
         behaviour.rendered.append((request.url.path, body))
         if not behaviour.scale_out:  # as vllm/entrypoints/scale_out/factories.py answers then
             message = "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them."
-            return JSONResponse({"error": {"message": message, "type": "PermissionDeniedError", "param": None,
-                                           "code": 403}}, status_code=403)  # fmt: skip
+            return JSONResponse(
+                {"error": {"message": message, "type": "PermissionDeniedError", "param": None, "code": 403}},
+                status_code=403,
+            )
         if behaviour.render_delay_s:
             await asyncio.sleep(behaviour.render_delay_s)
         if behaviour.render_reply is not None:
             return Response(behaviour.render_reply, status_code=behaviour.render_status, media_type="application/json")
         if behaviour.render_status != 200:
-            return JSONResponse({"error": {"message": f"stand-in {behaviour.render_status}", "type": "X",
-                                           "code": behaviour.render_status}}, behaviour.render_status)  # fmt: skip
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": f"stand-in {behaviour.render_status}",
+                        "type": "X",
+                        "code": behaviour.render_status,
+                    }
+                },
+                behaviour.render_status,
+            )
         # The rendered prompt: what changes it, in the order the template puts it.
         tokens = list(json.dumps([body.get(part) for part in parts]).encode())
-        return JSONResponse({"request_id": body.get("request_id") or "standin", "token_ids": tokens,
-                             "sampling_params": {"max_tokens": 16}, "model": body.get("model"),
-                             "stream": bool(body.get("stream")), "kv_transfer_params": None})  # fmt: skip
+        return JSONResponse(
+            {
+                "request_id": body.get("request_id") or "standin",
+                "token_ids": tokens,
+                "sampling_params": {"max_tokens": 16},
+                "model": body.get("model"),
+                "stream": bool(body.get("stream")),
+                "kv_transfer_params": None,
+            }
+        )
 
     @app.post("/v1/responses/render")
     async def render_responses(request: Request):
@@ -263,8 +287,10 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
             return Response(b"", status_code=behaviour.metrics_status)
         text = metrics_text(behaviour.worker_info, behaviour.features_off)
         if behaviour.kv_size_tokens is not None:
-            text += (f'vllm:cache_config_info{{block_size="16",engine="0",num_gpu_blocks="{behaviour.kv_size_tokens // 16}"}}'
-                     f" 1.0\nvllm:kv_cache_usage_perc{{engine=\"0\"}} {behaviour.kv_used}\n")  # fmt: skip
+            text += (
+                f'vllm:cache_config_info{{block_size="16",engine="0",num_gpu_blocks="{behaviour.kv_size_tokens // 16}"}}'
+                f' 1.0\nvllm:kv_cache_usage_perc{{engine="0"}} {behaviour.kv_used}\n'
+            )
         if "gzip" in request.headers.get("accept-encoding", ""):  # as prometheus-client's ASGI app does
             return Response(gzip.compress(text.encode()), media_type="text/plain", headers={"Content-Encoding": "gzip"})
         return Response(text, media_type="text/plain")
@@ -276,22 +302,39 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
     return app
 
 
-def response_object(body: dict, text: str, cached_tokens: int, kv_transfer_params: dict | None = None,
-                    status: str = "completed") -> dict:  # fmt: skip
+def response_object(
+    body: dict, text: str, cached_tokens: int, kv_transfer_params: dict | None = None, status: str = "completed"
+) -> dict:
     """A Responses API reply as vLLM 0.32 writes one (the fields the proxy and clients read)."""
-    message = {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
-               "content": [{"type": "output_text", "text": text, "annotations": []}]}  # fmt: skip
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
     usage = {
-        "input_tokens": 40, "output_tokens": len(text.split()), "total_tokens": 40 + len(text.split()),
-        "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0, "input_tokens_per_turn": [],
-                                 "cached_tokens_per_turn": []},
+        "input_tokens": 40,
+        "output_tokens": len(text.split()),
+        "total_tokens": 40 + len(text.split()),
+        "input_tokens_details": {
+            "cached_tokens": cached_tokens,
+            "cache_write_tokens": 0,
+            "input_tokens_per_turn": [],
+            "cached_tokens_per_turn": [],
+        },
         "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0},
-    }  # fmt: skip
+    }
     return {
-        "id": body.get("request_id", "resp_standin"), "object": "response", "created_at": 0, "model": body.get("model"),
-        "output": [message] if status != "in_progress" else [], "status": status,
-        "usage": usage if status != "in_progress" else None, "kv_transfer_params": kv_transfer_params,
-    }  # fmt: skip
+        "id": body.get("request_id", "resp_standin"),
+        "object": "response",
+        "created_at": 0,
+        "model": body.get("model"),
+        "output": [message] if status != "in_progress" else [],
+        "status": status,
+        "usage": usage if status != "in_progress" else None,
+        "kv_transfer_params": kv_transfer_params,
+    }
 
 
 async def response_events(body: dict, text: str, behaviour: StandinBehaviour):
@@ -319,26 +362,44 @@ async def response_events(body: dict, text: str, behaviour: StandinBehaviour):
 def message_object(request: Request, text: str, cached_tokens: int, kv_transfer_params: dict | None = None) -> dict:
     """An Anthropic Messages reply as vLLM writes one (its id is chat's)."""
     return {
-        "id": f"chatcmpl-{request.headers.get('x-request-id')}", "type": "message", "role": "assistant",
-        "content": [{"type": "text", "text": text}], "model": "m", "stop_reason": "end_turn",
-        "usage": {"input_tokens": 40 - cached_tokens, "output_tokens": len(text.split()),
-                  "cache_read_input_tokens": cached_tokens},
+        "id": f"chatcmpl-{request.headers.get('x-request-id')}",
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "text", "text": text}],
+        "model": "m",
+        "stop_reason": "end_turn",
+        "usage": {
+            "input_tokens": 40 - cached_tokens,
+            "output_tokens": len(text.split()),
+            "cache_read_input_tokens": cached_tokens,
+        },
         "kv_transfer_params": kv_transfer_params,
-    }  # fmt: skip
+    }
 
 
 async def message_events(request: Request, text: str, behaviour: StandinBehaviour):
     """A Messages event stream: message_start (with usage), one text delta per word,
     message_delta (with usage), message_stop."""
     start = message_object(request, "", behaviour.cached_tokens)
-    events = [("message_start", {"message": {**start, "content": []}}),
-              ("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})]  # fmt: skip
-    events += [("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": word + " "}})
-               for word in text.split(" ")]  # fmt: skip
-    events += [("content_block_stop", {"index": 0}),
-               ("message_delta", {"delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                                  "usage": message_object(request, text, behaviour.cached_tokens)["usage"]}),
-               ("message_stop", {})]  # fmt: skip
+    events = [
+        ("message_start", {"message": {**start, "content": []}}),
+        ("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+    ]
+    events += [
+        ("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": word + " "}})
+        for word in text.split(" ")
+    ]
+    events += [
+        ("content_block_stop", {"index": 0}),
+        (
+            "message_delta",
+            {
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": message_object(request, text, behaviour.cached_tokens)["usage"],
+            },
+        ),
+        ("message_stop", {}),
+    ]
     for number, (kind, payload) in enumerate(events):
         if behaviour.break_stream_after is not None and number >= behaviour.break_stream_after:
             raise RuntimeError("stand-in stream broken on purpose")
@@ -349,17 +410,28 @@ async def message_events(request: Request, text: str, behaviour: StandinBehaviou
 def metrics_text(worker_info: dict | None, features_off: dict[str, str] | None = None) -> str:
     """A worker's /metrics: a vLLM-like series, then (if set) pdspec_worker_info and
     pdspec_engine_feature."""
-    lines = ["# HELP vllm:num_requests_running Requests running.", "# TYPE vllm:num_requests_running gauge",
-             'vllm:num_requests_running{engine="0"} 0.0']  # fmt: skip
+    lines = [
+        "# HELP vllm:num_requests_running Requests running.",
+        "# TYPE vllm:num_requests_running gauge",
+        'vllm:num_requests_running{engine="0"} 0.0',
+    ]
     if worker_info is not None:
         labels = ",".join(f'{name}="{value}"' for name, value in worker_info.items())
-        lines += ["# HELP pdspec_worker_info Worker config.", "# TYPE pdspec_worker_info gauge",
-                  f"pdspec_worker_info{{{labels}}} 1.0"]  # fmt: skip
+        lines += [
+            "# HELP pdspec_worker_info Worker config.",
+            "# TYPE pdspec_worker_info gauge",
+            f"pdspec_worker_info{{{labels}}} 1.0",
+        ]
     if features_off:
-        lines += ["# HELP pdspec_engine_feature Engine features.", "# TYPE pdspec_engine_feature gauge",
-                  'pdspec_engine_feature{feature="k0_rule",reason="",state="on"} 1.0']  # fmt: skip
-        lines += [f'pdspec_engine_feature{{feature="{name}",reason="{reason}",state="off"}} 1.0'
-                  for name, reason in features_off.items()]  # fmt: skip
+        lines += [
+            "# HELP pdspec_engine_feature Engine features.",
+            "# TYPE pdspec_engine_feature gauge",
+            'pdspec_engine_feature{feature="k0_rule",reason="",state="on"} 1.0',
+        ]
+        lines += [
+            f'pdspec_engine_feature{{feature="{name}",reason="{reason}",state="off"}} 1.0'
+            for name, reason in features_off.items()
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -373,12 +445,16 @@ class ThreadServer:
     """An ASGI app under uvicorn in a background thread, on a free loopback port."""
 
     def __init__(self, app, **config) -> None:
-        self.port = free_port()
+        # The listening socket is bound here and handed to uvicorn, so no other process
+        # (the unit tests run in several) can take the port between picking and binding it.
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(
             uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", **config)
         )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> ThreadServer:
         self.thread.start()
@@ -392,3 +468,4 @@ class ThreadServer:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+        self.sock.close()

@@ -66,9 +66,13 @@ class StaleKvMixin:
     def add_request(self, request: Any) -> None:
         limit = self._pdspec_stale_after_s
         if limit is not None and remote_kv_is_stale(request, time.time(), limit):
-            log.warning("request %s reached the scheduler %.1f s after its arrival, past the %.1f s its prefill "
-                        "worker's KV lease is trusted for: prefilled here instead of reading that KV",
-                        request.request_id, time.time() - request.arrival_time, limit)  # fmt: skip
+            log.warning(
+                "request %s reached the scheduler %.1f s after its arrival, past the %.1f s its prefill "
+                "worker's KV lease is trusted for: prefilled here instead of reading that KV",
+                request.request_id,
+                time.time() - request.arrival_time,
+                limit,
+            )
             request.kv_transfer_params = None
             STALE_KV_RECOMPUTED.inc()
         super().add_request(request)  # type: ignore[misc]

@@ -42,7 +42,9 @@ def rate_interval(step_s: float, scrape_s: float) -> str:
     return f"{int(max(step_s + scrape_s, 4 * scrape_s))}s"
 
 
-def collect(prom: Prometheus, dashboard: dict, start: float, end: float, step: float, scrape_s: float) -> list[PanelData]:
+def collect(
+    prom: Prometheus, dashboard: dict, start: float, end: float, step: float, scrape_s: float
+) -> list[PanelData]:
     panels, row = [], ""
     window = f"{int(end - start)}s"
     for panel in dashboard["panels"]:
@@ -56,10 +58,13 @@ def collect(prom: Prometheus, dashboard: dict, start: float, end: float, step: f
             expr = substitute(target["expr"], rate_interval(step, scrape_s), window)
             for result in prom.query_range(expr, start, end, step):
                 points = [(float(t), float(v)) for t, v in result["values"]]
-                data.series.append({
-                    "label": legend(target.get("legendFormat", ""), result["metric"]),
-                    "t": [t - end for t, _ in points], "v": [v for _, v in points],
-                })  # fmt: skip
+                data.series.append(
+                    {
+                        "label": legend(target.get("legendFormat", ""), result["metric"]),
+                        "t": [t - end for t, _ in points],
+                        "v": [v for _, v in points],
+                    }
+                )
         panels.append(data)
     return panels
 
@@ -84,9 +89,17 @@ def draw(panels: list[PanelData], out: Path, title: str) -> None:
         if panel.series:
             ax.legend(fontsize=6, loc="best")
         else:
-            ax.text(0.5, 0.5, "no data in this window", ha="center", va="center", fontsize=8,
-                    color="gray", transform=ax.transAxes)  # fmt: skip
-    for ax in list(axes.flat)[len(panels):]:
+            ax.text(
+                0.5,
+                0.5,
+                "no data in this window",
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="gray",
+                transform=ax.transAxes,
+            )
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.suptitle(title, fontsize=12)
     fig.tight_layout(rect=(0, 0, 1, 0.98))
@@ -94,8 +107,9 @@ def draw(panels: list[PanelData], out: Path, title: str) -> None:
     plt.close(fig)
 
 
-def snapshot(prometheus_url: str, out_dir: Path, minutes: float, step_s: float = 0, scrape_s: float = 5,
-             end: float | None = None) -> list[PanelData]:  # fmt: skip
+def snapshot(
+    prometheus_url: str, out_dir: Path, minutes: float, step_s: float = 0, scrape_s: float = 5, end: float | None = None
+) -> list[PanelData]:
     end = end or time.time()
     start = end - minutes * 60
     step = step_s or max(1.0, minutes * 60 / 240)
@@ -107,10 +121,18 @@ def snapshot(prometheus_url: str, out_dir: Path, minutes: float, step_s: float =
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(end))
     draw(panels, out_dir / "dashboard.png", f"pdspec dashboard, {minutes:g} minutes to {stamp}")
-    (out_dir / "dashboard.json").write_text(json.dumps(
-        {"prometheus": prometheus_url, "start": start, "end": end, "step_s": step,
-         "panels": [{"title": p.title, "row": p.row, "unit": p.unit, "series": p.series} for p in panels]},
-    ) + "\n")  # fmt: skip
+    (out_dir / "dashboard.json").write_text(
+        json.dumps(
+            {
+                "prometheus": prometheus_url,
+                "start": start,
+                "end": end,
+                "step_s": step,
+                "panels": [{"title": p.title, "row": p.row, "unit": p.unit, "series": p.series} for p in panels],
+            },
+        )
+        + "\n"
+    )
     return panels
 
 

@@ -39,10 +39,17 @@ def panel_queries(dashboard: dict) -> list[Query]:
         if panel["type"] == "row":
             row = panel["title"]
         for target in panel.get("targets", []):
-            queries.append(Query(
-                "panel", f"{panel['title']} [{target['refId']}]", target["expr"], target.get("legendFormat", ""),
-                panel["type"], panel.get("fieldConfig", {}).get("defaults", {}).get("unit", ""), row,
-            ))  # fmt: skip
+            queries.append(
+                Query(
+                    "panel",
+                    f"{panel['title']} [{target['refId']}]",
+                    target["expr"],
+                    target.get("legendFormat", ""),
+                    panel["type"],
+                    panel.get("fieldConfig", {}).get("defaults", {}).get("unit", ""),
+                    row,
+                )
+            )
     return queries
 
 
@@ -68,12 +75,54 @@ def substitute(expr: str, rate_interval: str = "1m", time_range: str = "1h", var
 
 # Words in PromQL that are not metric names (functions, aggregations, keywords).
 _NOT_METRICS = {
-    "sum", "min", "max", "avg", "count", "stddev", "stdvar", "topk", "bottomk", "quantile", "group", "by", "without",
-    "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "offset", "bool", "rate", "irate",
-    "increase", "delta", "idelta", "histogram_quantile", "avg_over_time", "max_over_time", "min_over_time",
-    "last_over_time", "sum_over_time", "count_over_time", "label_replace", "label_join", "vector", "scalar",
-    "absent", "absent_over_time", "clamp_min", "clamp_max", "abs", "time", "le", "inf", "nan",
-}  # fmt: skip
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "count",
+    "stddev",
+    "stdvar",
+    "topk",
+    "bottomk",
+    "quantile",
+    "group",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "bool",
+    "rate",
+    "irate",
+    "increase",
+    "delta",
+    "idelta",
+    "histogram_quantile",
+    "avg_over_time",
+    "max_over_time",
+    "min_over_time",
+    "last_over_time",
+    "sum_over_time",
+    "count_over_time",
+    "label_replace",
+    "label_join",
+    "vector",
+    "scalar",
+    "absent",
+    "absent_over_time",
+    "clamp_min",
+    "clamp_max",
+    "abs",
+    "time",
+    "le",
+    "inf",
+    "nan",
+}
 
 
 def metric_names(expr: str) -> set[str]:

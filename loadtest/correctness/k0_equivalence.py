@@ -107,8 +107,9 @@ def render_table(results: list[ScenarioResult]) -> str:
 def run(models_dir: Path, num_long: int, num_short: int, long_tokens: int, mbt: int = 512) -> list[ScenarioResult]:
     vocab = json.loads((models_dir / "target" / "config.json").read_text())["vocab_size"]
     (long_p, long_m), (short_p, short_m) = make_requests(num_long, num_short, long_tokens, vocab)
-    with plugin_engine(models_dir, max_num_batched_tokens=mbt, max_model_len=long_tokens + 128,
-                       enforce_eager=True) as engine:  # fmt: skip
+    with plugin_engine(
+        models_dir, max_num_batched_tokens=mbt, max_model_len=long_tokens + 128, enforce_eager=True
+    ) as engine:
         run_policy(engine, short_p[:2], short_m[:2], "auto")  # warm-up
         return [
             run_scenario(engine, "long alone", long_p, long_m),

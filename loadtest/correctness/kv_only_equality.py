@@ -126,9 +126,14 @@ def main() -> None:
 
     vocab = json.loads((args.models_dir / "target" / "config.json").read_text())["vocab_size"]
     with plugin_engine(
-        models_dir=args.models_dir, max_num_batched_tokens=args.mbt, max_model_len=4096,
-        enforce_eager=not args.compiled, drafter=args.drafter, method=args.method, k=args.k,
-    ) as engine:  # fmt: skip
+        models_dir=args.models_dir,
+        max_num_batched_tokens=args.mbt,
+        max_model_len=4096,
+        enforce_eager=not args.compiled,
+        drafter=args.drafter,
+        method=args.method,
+        k=args.k,
+    ) as engine:
         runner = find_runner(engine.llm)
         block_size = runner.cache_config.block_size
         rng = random.Random(0)

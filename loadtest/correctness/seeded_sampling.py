@@ -39,10 +39,23 @@ OTHER_PROMPT = "import os\nimport sys\n\ndef main():"
 
 def server_argv(models_dir: Path, port: int, drafter: str, k: int) -> list[str]:
     argv = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(models_dir / "target"),
-        "--served-model-name", "m", "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048",
-        "--dtype", "float32", "--enforce-eager",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(models_dir / "target"),
+        "--served-model-name",
+        "m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "2048",
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+    ]
     if drafter == "eagle3":
         spec = {"method": "eagle3", "num_speculative_tokens": k, "model": str(models_dir / "eagle3")}
         argv += ["--speculative-config", json.dumps(spec)]
@@ -51,9 +64,15 @@ def server_argv(models_dir: Path, port: int, drafter: str, k: int) -> list[str]:
 
 def server_env(run_dir: Path, pdspec_fix: bool, core: str) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("PDSPEC_")}
-    env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_CACHE_ROOT=str(run_dir / "vllm-cache"),
-               TORCHINDUCTOR_CACHE_DIR=str(run_dir / "inductor-cache"), VLLM_NO_USAGE_STATS="1",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CPU_OMP_THREADS_BIND=core)  # fmt: skip
+    env.update(
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_CACHE_ROOT=str(run_dir / "vllm-cache"),
+        TORCHINDUCTOR_CACHE_DIR=str(run_dir / "inductor-cache"),
+        VLLM_NO_USAGE_STATS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_CPU_OMP_THREADS_BIND=core,
+    )
     if pdspec_fix:
         # pdspec's general plugin with a role and nothing else: it installs cpu_expand_fix.
         env.update(VLLM_PLUGINS="pdspec", PDSPEC_ROLE="colocated", PROMETHEUS_MULTIPROC_DIR=str(run_dir / "prom"))
@@ -118,8 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(tempfile.mkdtemp(prefix="seeded-sampling-"))
     argv = server_argv(args.models_dir, args.port, args.drafter, args.k)
     log = open(run_dir / "vllm.log", "wb")
-    process = subprocess.Popen(argv, env=server_env(run_dir, args.pdspec_fix, args.core), stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(
+        argv,
+        env=server_env(run_dir, args.pdspec_fix, args.core),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{args.port}"
     try:
         wait_ready(url, process, args.startup_timeout_s)
@@ -132,8 +156,11 @@ def main(argv: list[str] | None = None) -> int:
             os.killpg(process.pid, signal.SIGTERM)
             process.wait(timeout=60)
     distinct = {name: len(set(values)) for name, values in texts.items()}
-    print(json.dumps({"command": argv[1:], "pdspec_fix": args.pdspec_fix, "distinct_texts": distinct,
-                      "texts": texts}, indent=1))  # fmt: skip
+    print(
+        json.dumps(
+            {"command": argv[1:], "pdspec_fix": args.pdspec_fix, "distinct_texts": distinct, "texts": texts}, indent=1
+        )
+    )
     return 0 if set(distinct.values()) == {1} and texts["sequential"][0] == texts["alongside"][0] else 1
 
 

@@ -83,8 +83,9 @@ class EngineHandle:
     def metrics_files(self, with_this_process: bool = True) -> list[str]:
         """This engine's metrics files: its own processes', and this process's unless told not."""
         own = self.engine_pids | ({os.getpid()} if with_this_process else set())
-        return sorted(str(p) for p in self.metrics_dir.iterdir()
-                      if (m := _PID_FILE.search(p.name)) and int(m.group(1)) in own)  # fmt: skip
+        return sorted(
+            str(p) for p in self.metrics_dir.iterdir() if (m := _PID_FILE.search(p.name)) and int(m.group(1)) in own
+        )
 
     def collect(self):
         """This engine's metric families, merged over its processes' files."""
@@ -108,8 +109,12 @@ class EngineHandle:
         from prometheus_client.multiprocess import MultiProcessCollector
 
         files = self.metrics_files(with_this_process=False)
-        samples = [sample.value for family in MultiProcessCollector.merge(files, accumulate=True)
-                   for sample in family.samples if sample.name == "pdspec_engine_gc_pause_seconds_total"]  # fmt: skip
+        samples = [
+            sample.value
+            for family in MultiProcessCollector.merge(files, accumulate=True)
+            for sample in family.samples
+            if sample.name == "pdspec_engine_gc_pause_seconds_total"
+        ]
         return sum(samples) if samples else None
 
     def counters(self) -> dict[str, float]:
@@ -211,25 +216,44 @@ def prefill_worker_engine(
 
     cpu = is_cpu_build()
     model = ModelSettings(
-        target=args.target, drafter=args.drafter, method=method or args.method, num_speculative_tokens=args.k,
-        max_model_len=max_model_len, models_dir=args.models_dir,
-    )  # fmt: skip
+        target=args.target,
+        drafter=args.drafter,
+        method=method or args.method,
+        num_speculative_tokens=args.k,
+        max_model_len=max_model_len,
+        models_dir=args.models_dir,
+    )
     worker = PrefillWorkerSettings(
-        max_num_batched_tokens=mbt, enforce_eager=args.eager, gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_batched_tokens=mbt,
+        enforce_eager=args.eager,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         side_channel_port=side_channel_port,
         # Its own KV-event ports too (a worker publishes them): two engines run in one benchmark.
         kv_events_port=side_channel_port + 50,
-    )  # fmt: skip
+    )
     options = {k: v for k, v in engine_options("prefill", model, worker, cpu).items() if k not in SERVER_OPTIONS}
-    options["kv_transfer_config"] = {**options["kv_transfer_config"],
-                                     "kv_connector_extra_config": {"kv_lease_duration": BENCH_KV_LEASE_S}}  # fmt: skip
+    options["kv_transfer_config"] = {
+        **options["kv_transfer_config"],
+        "kv_connector_extra_config": {"kv_lease_duration": BENCH_KV_LEASE_S},
+    }
     if args.dummy:
         options.update(load_format="dummy", skip_tokenizer_init=True)
     env = worker_env("prefill", worker, Path(tempfile.gettempdir()), cpu)
-    kept = ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "PDSPEC_NIXL_PROGRESS_DELAY_US",
-            "PDSPEC_KV_ONLY_DRAFTER", "PDSPEC_DP_IDLE_RANK_VOTE", "PDSPEC_ROLE", "VLLM_CPU_KVCACHE_SPACE")  # fmt: skip
-    return {**options, "method": model.method, "env": {k: env[k] for k in kept if k in env},
-            "kv_transfer_params": dict(PREFILL_KV_REQUEST)}  # fmt: skip
+    kept = (
+        "VLLM_NIXL_SIDE_CHANNEL_HOST",
+        "VLLM_NIXL_SIDE_CHANNEL_PORT",
+        "PDSPEC_NIXL_PROGRESS_DELAY_US",
+        "PDSPEC_KV_ONLY_DRAFTER",
+        "PDSPEC_DP_IDLE_RANK_VOTE",
+        "PDSPEC_ROLE",
+        "VLLM_CPU_KVCACHE_SPACE",
+    )
+    return {
+        **options,
+        "method": model.method,
+        "env": {k: env[k] for k in kept if k in env},
+        "kv_transfer_params": dict(PREFILL_KV_REQUEST),
+    }
 
 
 def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
@@ -256,8 +280,9 @@ def engine_args_from(args: argparse.Namespace, method: str | None = None) -> tup
     target = args.target or str(args.models_dir / "target")
     drafter = args.drafter or str(args.models_dir / "eagle3")
     vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
-    engine_args: dict[str, Any] = dict(target=target, drafter=drafter, method=method or args.method, k=args.k,
-                                       enforce_eager=args.eager)  # fmt: skip
+    engine_args: dict[str, Any] = dict(
+        target=target, drafter=drafter, method=method or args.method, k=args.k, enforce_eager=args.eager
+    )
     if args.target is None:
         engine_args["dtype"] = "float32"  # as pdspec serves the local model
     if args.dummy:

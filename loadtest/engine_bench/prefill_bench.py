@@ -30,7 +30,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from loadtest.engine_bench.engines import add_engine_arguments, delta, engine_args_from, plugin_engine, prefill_worker_engine
+from loadtest.engine_bench.engines import (
+    add_engine_arguments,
+    delta,
+    engine_args_from,
+    plugin_engine,
+    prefill_worker_engine,
+)
 from loadtest.engine_bench.rep_diagnostics import RepProbe, describe
 
 
@@ -105,14 +111,21 @@ def rep_orders(modes: list[str], reps: int) -> list[list[str]]:
 
 
 def bench(
-    engine_args: dict, mbt: int, num_prompts: int, prompt_tokens: int, reps: int, vocab: int, modes: list[str],
+    engine_args: dict,
+    mbt: int,
+    num_prompts: int,
+    prompt_tokens: int,
+    reps: int,
+    vocab: int,
+    modes: list[str],
     worker_args: argparse.Namespace | None = None,
 ) -> BenchResult:
     """`worker_args`: build both engines as a prefill worker builds its own
     (`prefill_worker_engine`), not as a bare engine."""
     rng = random.Random(mbt)
-    result = BenchResult(mbt, num_prompts, prompt_tokens, tokens_per_s={m: [] for m in modes},
-                         as_prefill_worker=worker_args is not None)  # fmt: skip
+    result = BenchResult(
+        mbt, num_prompts, prompt_tokens, tokens_per_s={m: [] for m in modes}, as_prefill_worker=worker_args is not None
+    )
     limits = dict(max_num_batched_tokens=mbt, max_model_len=prompt_tokens + 16)
     if worker_args is not None:
         # Two engines in one process: each its own NIXL side channel.
@@ -166,10 +179,15 @@ def bench(
                 for name, value in counters.items():
                     total[name] = total.get(name, 0.0) + value
                 preempted = counters.get("vllm:num_preemptions_total", 0.0)
-                print(f"  mbt {mbt} rep {rep}/{reps} {mode:6s} {rate:10.0f} tok/s  preemptions {preempted:.0f}  "
-                      f"{describe(sample)}", flush=True)
+                print(
+                    f"  mbt {mbt} rep {rep}/{reps} {mode:6s} {rate:10.0f} tok/s  preemptions {preempted:.0f}  "
+                    f"{describe(sample)}",
+                    flush=True,
+                )
         totals = drafter.counters()
-        verified = {result: totals[f"pdspec_kv_only_graph_verified_total{{{result}}}"] for result in ("equal", "differ")}
+        verified = {
+            result: totals[f"pdspec_kv_only_graph_verified_total{{{result}}}"] for result in ("equal", "differ")
+        }
         if any(verified.values()):
             result.graph_verified = verified
             print(f"  drafter engine: graph steps checked against vLLM's eager path: {verified}", flush=True)
@@ -181,8 +199,11 @@ def bench(
 
 def render(results: list[BenchResult]) -> str:
     modes = [m for m in ("auto", "full", "always", "none") if any(r.tokens_per_s.get(m) for r in results)]
-    pairs = [(a, b) for a, b in (("auto", "always"), ("auto", "full"), ("auto", "none"), ("full", "none"))
-             if a in modes and b in modes]  # fmt: skip
+    pairs = [
+        (a, b)
+        for a, b in (("auto", "always"), ("auto", "full"), ("auto", "none"), ("full", "none"))
+        if a in modes and b in modes
+    ]
     head = ["mbt"] + [f"{m} tok/s" for m in modes] + [f"{a}/{b} (pairs)" for a, b in pairs]
     head += [f"K=0 / proposals ({m})" for m in modes if m != "none"]
     head += [f"KV-only passes ({m})" for m in modes if m != "none"]
@@ -198,16 +219,22 @@ def render(results: list[BenchResult]) -> str:
                 cells.append(f"{c['pdspec_k0_proposals_total']:.0f} / {c['pdspec_proposals_total']:.0f}")
         cells += [f"{r.counters[m].get('pdspec_kv_only_passes_total', 0):.0f}" for m in modes if m != "none"]
         rows.append("| " + " | ".join(cells) + " |")
-    built = "as a prefill worker builds them (NixlConnector kv_producer, KV released at once)" \
-        if any(r.as_prefill_worker for r in results) else "bare (no KV connector)"
+    built = (
+        "as a prefill worker builds them (NixlConnector kv_producer, KV released at once)"
+        if any(r.as_prefill_worker for r in results)
+        else "bare (no KV connector)"
+    )
     features = "; ".join(f"mbt {r.mbt}: " + ", ".join(f"{k} {v}" for k, v in r.features.items()) for r in results)
     return "\n".join([f"Engines built {built}. Drafter engine features: {features}.", "", *rows])
 
 
 def baseline_lines(results: list[BenchResult]) -> list[str]:
     """One line per size: K=0 (auto) throughput over the no-drafter engine's, medians."""
-    return [f"mbt {r.mbt}: k0/no-drafter: {r.ratio_of('auto', 'none'):.3f}" for r in results
-            if r.ratio_of("auto", "none") is not None]  # fmt: skip
+    return [
+        f"mbt {r.mbt}: k0/no-drafter: {r.ratio_of('auto', 'none'):.3f}"
+        for r in results
+        if r.ratio_of("auto", "none") is not None
+    ]
 
 
 def graph_lines(results: list[BenchResult]) -> list[str]:
@@ -218,11 +245,15 @@ def graph_lines(results: list[BenchResult]) -> list[str]:
         for mode, c in r.counters.items():
             replays = c.get("pdspec_kv_only_graph_replays_total", 0)
             if replays:
-                lines.append(f"mbt {r.mbt} {mode}: graph replays {replays:.0f} of "
-                             f"{c.get('pdspec_k0_proposals_total', 0):.0f} K=0 steps")  # fmt: skip
+                lines.append(
+                    f"mbt {r.mbt} {mode}: graph replays {replays:.0f} of "
+                    f"{c.get('pdspec_k0_proposals_total', 0):.0f} K=0 steps"
+                )
         if r.graph_verified:
-            lines.append(f"mbt {r.mbt}: graph steps' drafter KV against vLLM's eager path: "
-                         f"{r.graph_verified.get('equal', 0):.0f} equal, {r.graph_verified.get('differ', 0):.0f} differ")
+            lines.append(
+                f"mbt {r.mbt}: graph steps' drafter KV against vLLM's eager path: "
+                f"{r.graph_verified.get('equal', 0):.0f} equal, {r.graph_verified.get('differ', 0):.0f} differ"
+            )
     return lines
 
 
@@ -263,20 +294,30 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=2048)
     parser.add_argument("--mbt", type=int, nargs="+", default=[512, 2048])
     parser.add_argument("--reps", type=int, default=6, help="timed reps per mode")
-    parser.add_argument("--modes", nargs="+", default=["auto", "always"], choices=["auto", "always", "full"],
-                        help="drafter-engine modes; full = K=0 with the KV-only pass off")
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["auto", "always"],
+        choices=["auto", "always", "full"],
+        help="drafter-engine modes; full = K=0 with the KV-only pass off",
+    )
     parser.add_argument("--baseline", action="store_true", help="add a no-drafter engine (mode none)")
-    parser.add_argument("--as-prefill-worker", action="store_true",
-                        help="build the engines as `pdspec prefill` does: NixlConnector kv_producer, the worker's "
-                        "options and environment, requests asking for a remote decode, KV released at once")
+    parser.add_argument(
+        "--as-prefill-worker",
+        action="store_true",
+        help="build the engines as `pdspec prefill` does: NixlConnector kv_producer, the worker's "
+        "options and environment, requests asking for a remote decode, KV released at once",
+    )
     parser.add_argument("--out", type=Path, default=Path("loadtest/results"))
     args = parser.parse_args()
 
     engine_args, vocab = engine_args_from(args)
     modes = list(dict.fromkeys(args.modes + (["none"] if args.baseline else [])))
     worker_args = args if args.as_prefill_worker else None
-    results = [bench(engine_args, mbt, args.prompts, args.prompt_tokens, args.reps, vocab, modes, worker_args)
-               for mbt in args.mbt]  # fmt: skip
+    results = [
+        bench(engine_args, mbt, args.prompts, args.prompt_tokens, args.reps, vocab, modes, worker_args)
+        for mbt in args.mbt
+    ]
     for r in results:
         print(f"mbt {r.mbt}: engine features {r.features}" + (" (as a prefill worker)" if r.as_prefill_worker else ""))
 

@@ -101,8 +101,12 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=2048)
     parser.add_argument("--mbt", type=int, default=512)
-    parser.add_argument("--kv-only", choices=("on", "off", "both"), default="on",
-                        help="both: profile with the KV-only pass, then without it, on the same engine")
+    parser.add_argument(
+        "--kv-only",
+        choices=("on", "off", "both"),
+        default="on",
+        help="both: profile with the KV-only pass, then without it, on the same engine",
+    )
     parser.add_argument("--no-drafter", action="store_true", help="profile a plain engine instead")
     parser.add_argument("--rows", type=int, default=25)
     parser.add_argument("--out", type=Path, default=Path("loadtest/results/profile_k0"))
@@ -121,8 +125,10 @@ def main() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
 
     def prompts():
-        return [TokensPrompt(prompt_token_ids=[rng.randrange(10, vocab) for _ in range(args.prompt_tokens)])
-                for _ in range(args.prompts)]  # fmt: skip
+        return [
+            TokensPrompt(prompt_token_ids=[rng.randrange(10, vocab) for _ in range(args.prompt_tokens)])
+            for _ in range(args.prompts)
+        ]
 
     modes = ["on", "off"] if args.kv_only == "both" else [args.kv_only]
     with plugin_engine(max_num_batched_tokens=args.mbt, max_model_len=args.prompt_tokens + 16, **engine_args) as eng:
@@ -166,11 +172,12 @@ def report(args, mode, wrapped, prof, elapsed, before, after) -> None:
     for event in sorted(averages, key=lambda e: -e.cpu_time_total):
         if event.key.startswith("pdspec:"):
             device_ms = getattr(event, "device_time_total", getattr(event, "cuda_time_total", 0.0)) / 1000
-            lines.append(f"| {event.key} | {event.count} | {event.cpu_time_total / 1000:.1f} "
-                         f"| {event.cpu_time_total / 1000 / max(event.count, 1):.3f} | {device_ms:.1f} |")  # fmt: skip
+            lines.append(
+                f"| {event.key} | {event.count} | {event.cpu_time_total / 1000:.1f} "
+                f"| {event.cpu_time_total / 1000 / max(event.count, 1):.3f} | {device_ms:.1f} |"
+            )
     sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-    lines += ["", f"Top ops by {sort}:", "", "```",
-              averages.table(sort_by=sort, row_limit=args.rows), "```"]  # fmt: skip
+    lines += ["", f"Top ops by {sort}:", "", "```", averages.table(sort_by=sort, row_limit=args.rows), "```"]
     text = "\n".join(lines)
     print(text, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -101,13 +101,15 @@ class GpuSampler:
         nvml = self._nvml
         while not self._stop.wait(self.interval):
             try:
-                self.samples.append((
-                    nvml.nvmlDeviceGetClockInfo(self._handle, nvml.NVML_CLOCK_SM),
-                    nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000,
-                    nvml.nvmlDeviceGetTemperature(self._handle, nvml.NVML_TEMPERATURE_GPU),
-                    nvml.nvmlDeviceGetCurrentClocksThrottleReasons(self._handle),
-                    nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu,
-                ))
+                self.samples.append(
+                    (
+                        nvml.nvmlDeviceGetClockInfo(self._handle, nvml.NVML_CLOCK_SM),
+                        nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000,
+                        nvml.nvmlDeviceGetTemperature(self._handle, nvml.NVML_TEMPERATURE_GPU),
+                        nvml.nvmlDeviceGetCurrentClocksThrottleReasons(self._handle),
+                        nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu,
+                    )
+                )
             except Exception:
                 return
 
@@ -123,10 +125,15 @@ class GpuSampler:
         throttled = 0
         for r in reasons:
             throttled |= r
-        return {"sm_clock_mhz_mean": sum(clocks) / len(clocks), "sm_clock_mhz_min": min(clocks),
-                "power_w_mean": sum(power) / len(power), "temp_c_max": max(temp),
-                "throttle_reasons": float(throttled), "gpu_busy_pct_mean": sum(busy) / len(busy),
-                "gpu_busy_pct_min": min(busy)}  # fmt: skip
+        return {
+            "sm_clock_mhz_mean": sum(clocks) / len(clocks),
+            "sm_clock_mhz_min": min(clocks),
+            "power_w_mean": sum(power) / len(power),
+            "temp_c_max": max(temp),
+            "throttle_reasons": float(throttled),
+            "gpu_busy_pct_mean": sum(busy) / len(busy),
+            "gpu_busy_pct_min": min(busy),
+        }
 
 
 class RepProbe:
@@ -194,9 +201,11 @@ def describe(sample: dict) -> str:
     if sample.get("busiest_threads"):
         parts.append("threads " + " ".join(f"{name} {cpu:.1f}s" for name, cpu in sample["busiest_threads"]))
     if "sm_clock_mhz_mean" in sample:
-        parts.append(f"sm {sample['sm_clock_mhz_mean']:.0f} MHz (min {sample['sm_clock_mhz_min']:.0f})"
-                     f" {sample['power_w_mean']:.0f} W {sample['temp_c_max']:.0f} C"
-                     f" throttle 0x{int(sample['throttle_reasons']):x}")  # fmt: skip
+        parts.append(
+            f"sm {sample['sm_clock_mhz_mean']:.0f} MHz (min {sample['sm_clock_mhz_min']:.0f})"
+            f" {sample['power_w_mean']:.0f} W {sample['temp_c_max']:.0f} C"
+            f" throttle 0x{int(sample['throttle_reasons']):x}"
+        )
     if "gpu_busy_pct_mean" in sample:
         parts.append(f"gpu busy {sample['gpu_busy_pct_mean']:.0f}% (min {sample['gpu_busy_pct_min']:.0f}%)")
     return ", ".join(parts)

@@ -56,10 +56,31 @@ VLLM = "vllm_bench_serve"
 
 
 def serve_bench_argv(args, out: Path, seed: int, dataset: str) -> list[str]:
-    return [sys.executable, "-m", "loadtest.serve_bench", "--url", args.url, "--no-worker-metrics", "--no-progress",
-            "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-            "--num-prompts", str(args.num_prompts), "--concurrency", str(args.concurrency),
-            "--dataset", dataset, "--tokenizer", str(args.tokenizer), "--seed", str(seed), "--out", str(out)]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "loadtest.serve_bench",
+        "--url",
+        args.url,
+        "--no-worker-metrics",
+        "--no-progress",
+        "--input-len",
+        str(args.input_len),
+        "--output-len",
+        str(args.output_len),
+        "--num-prompts",
+        str(args.num_prompts),
+        "--concurrency",
+        str(args.concurrency),
+        "--dataset",
+        dataset,
+        "--tokenizer",
+        str(args.tokenizer),
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+    ]
 
 
 def tool_argv(tool: str, args, out: Path, seed: int) -> list[str]:
@@ -77,16 +98,46 @@ def decode_counters(decode_url: str | None) -> dict[str, float] | None:
 
 
 def vllm_argv(args, out: Path, seed: int) -> list[str]:
-    return [sys.executable, "-m", "loadtest.micro.vllm_bench_serve", "--backend", "openai", "--base-url", args.url,
-            "--endpoint", "/v1/completions", "--model", args.model, "--tokenizer", str(args.tokenizer),
-            "--dataset-name", "random", "--random-input-len", str(args.input_len),
-            "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
-            "--max-concurrency", str(args.concurrency), "--request-rate", "inf", "--seed", str(seed),
-            "--num-warmups", "0", "--disable-tqdm", "--save-result", "--result-dir", str(out),
-            "--result-filename", "vllm.json",
-            # Greedy, as serve_bench is: vLLM's tool no longer sets temperature 0 by itself,
-            # and sampled decoding accepts fewer drafts (see the module's docstring).
-            *([] if args.vllm_default_temperature else ["--temperature", "0"])]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "loadtest.micro.vllm_bench_serve",
+        "--backend",
+        "openai",
+        "--base-url",
+        args.url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        args.model,
+        "--tokenizer",
+        str(args.tokenizer),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(args.input_len),
+        "--random-output-len",
+        str(args.output_len),
+        "--num-prompts",
+        str(args.num_prompts),
+        "--max-concurrency",
+        str(args.concurrency),
+        "--request-rate",
+        "inf",
+        "--seed",
+        str(seed),
+        "--num-warmups",
+        "0",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(out),
+        "--result-filename",
+        "vllm.json",
+        # Greedy, as serve_bench is: vLLM's tool no longer sets temperature 0 by itself,
+        # and sampled decoding accepts fewer drafts (see the module's docstring).
+        *([] if args.vllm_default_temperature else ["--temperature", "0"]),
+    ]
 
 
 def run_tool(argv: list[str]) -> None:
@@ -128,7 +179,7 @@ def run(args) -> dict:
     rounds = []
     with tempfile.TemporaryDirectory(prefix="bench-tools-") as scratch:
         for index in range(args.rounds):
-            order = TOOLS[index % 3:] + TOOLS[:index % 3]  # each tool first in turn
+            order = TOOLS[index % 3 :] + TOOLS[: index % 3]  # each tool first in turn
             figures = {}
             for tool in order:
                 out = Path(scratch) / f"{index}-{tool}"
@@ -140,33 +191,53 @@ def run(args) -> dict:
                     accepted = worker_metrics.acceptance_length(worker_metrics.deltas(before, after))
                     if accepted is not None:
                         figures[tool]["decode_acceptance_length"] = accepted
-                print(f"round {index + 1}/{args.rounds} {tool}: {figures[tool]['output_tokens_per_s']:.1f} out tok/s",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"round {index + 1}/{args.rounds} {tool}: {figures[tool]['output_tokens_per_s']:.1f} out tok/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
             rounds.append({"round": index, "order": list(order), **figures})
     return {
         "command": "python -m loadtest.micro.bench_tools " + " ".join(args.argv),
-        "url": args.url, "model": args.model, "input_len": args.input_len, "output_len": args.output_len,
-        "num_prompts": args.num_prompts, "concurrency": args.concurrency, "rounds": rounds,
+        "url": args.url,
+        "model": args.model,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "num_prompts": args.num_prompts,
+        "concurrency": args.concurrency,
+        "rounds": rounds,
         "summary": compare(rounds, "serve_bench"),
         "summary_vllm_prompts": compare(rounds, "serve_bench_vllm_prompts"),
-    }  # fmt: skip
+    }
 
 
 def markdown(report: dict) -> str:
-    lines = [f"Command: `{report['command']}`", "",
-             f"{report['num_prompts']} prompts of {report['input_len']} tokens, {report['output_len']} output tokens, "
-             f"concurrency {report['concurrency']}, {len(report['rounds'])} interleaved rounds (medians)."]  # fmt: skip
-    for key, ours, title in (("summary", "serve_bench", "serve_bench's own prompts (ids drawn uniformly)"),
-                             ("summary_vllm_prompts", "serve_bench_vllm_prompts", "serve_bench on vLLM's prompts")):
+    lines = [
+        f"Command: `{report['command']}`",
+        "",
+        f"{report['num_prompts']} prompts of {report['input_len']} tokens, {report['output_len']} output tokens, "
+        f"concurrency {report['concurrency']}, {len(report['rounds'])} interleaved rounds (medians).",
+    ]
+    for key, ours, title in (
+        ("summary", "serve_bench", "serve_bench's own prompts (ids drawn uniformly)"),
+        ("summary_vllm_prompts", "serve_bench_vllm_prompts", "serve_bench on vLLM's prompts"),
+    ):
         if key not in report:
             continue
-        lines += ["", f"{title} against `vllm bench serve`:", "",
-                  "| figure | serve_bench | vllm bench serve | ratio (median) | ratios per round |",
-                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "",
+            f"{title} against `vllm bench serve`:",
+            "",
+            "| figure | serve_bench | vllm bench serve | ratio (median) | ratios per round |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         for name, row in report[key].items():
             ratio = "" if row["ratio_median"] is None else f"{row['ratio_median']:.3f}"
-            lines.append(f"| {name} | {row[ours]:.4g} | {row[VLLM]:.4g} | {ratio} | "
-                         + ", ".join(f"{r:.3f}" for r in row["ratios"]) + " |")  # fmt: skip
+            lines.append(
+                f"| {name} | {row[ours]:.4g} | {row[VLLM]:.4g} | {ratio} | "
+                + ", ".join(f"{r:.3f}" for r in row["ratios"])
+                + " |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -178,8 +249,10 @@ def plot(report: dict, path: Path) -> None:
 
     names = [n for n, row in report["summary"].items() if row["ratios"]]
     fig, ax = plt.subplots(figsize=(8, 3.4))
-    for key, color, label, shift in (("summary", "tab:blue", "serve_bench's own prompts", -0.12),
-                                     ("summary_vllm_prompts", "tab:orange", "serve_bench on vLLM's prompts", 0.12)):
+    for key, color, label, shift in (
+        ("summary", "tab:blue", "serve_bench's own prompts", -0.12),
+        ("summary_vllm_prompts", "tab:orange", "serve_bench on vLLM's prompts", 0.12),
+    ):
         for i, name in enumerate(names):
             ratios = report.get(key, {}).get(name, {}).get("ratios", [])
             ax.scatter([i + shift] * len(ratios), ratios, color=color, s=18, label=label if i == 0 else None)
@@ -199,8 +272,11 @@ def default_tokenizer() -> Path:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.micro.bench_tools", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.micro.bench_tools",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--url", required=True, help="the proxy (or any OpenAI server)")
     parser.add_argument("--model", default="pdspec-tiny")
     parser.add_argument("--tokenizer", type=Path, help="for vLLM's random prompts; default: the local target")
@@ -210,9 +286,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3, help="each round runs the three; the order rotates")
     parser.add_argument("--decode-url", help="the decode worker: its acceptance length over each run")
-    parser.add_argument("--vllm-default-temperature", action="store_true",
-                        help="run vLLM's tool as its defaults do, with no --temperature (the server's default, "
-                        "1.0: sampled) instead of --temperature 0")  # fmt: skip
+    parser.add_argument(
+        "--vllm-default-temperature",
+        action="store_true",
+        help="run vLLM's tool as its defaults do, with no --temperature (the server's default, "
+        "1.0: sampled) instead of --temperature 0",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)

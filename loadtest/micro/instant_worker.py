@@ -10,16 +10,29 @@ import argparse
 import asyncio
 import json
 
-PREFILL_REPLY = json.dumps({
-    "id": "cmpl-x", "object": "text_completion", "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
-    "kv_transfer_params": {"do_remote_prefill": True, "remote_engine_id": "bench", "remote_block_ids": [[1]],
-                           "remote_host": "127.0.0.1", "remote_port": 5600},
-}).encode()  # fmt: skip
-DECODE_REPLY = json.dumps({
-    "id": "cmpl-x", "object": "text_completion", "model": "bench",
-    "choices": [{"index": 0, "text": " hello world", "finish_reason": "length"}],
-    "usage": {"prompt_tokens": 8, "completion_tokens": 2, "total_tokens": 10},
-}).encode()  # fmt: skip
+PREFILL_REPLY = json.dumps(
+    {
+        "id": "cmpl-x",
+        "object": "text_completion",
+        "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
+        "kv_transfer_params": {
+            "do_remote_prefill": True,
+            "remote_engine_id": "bench",
+            "remote_block_ids": [[1]],
+            "remote_host": "127.0.0.1",
+            "remote_port": 5600,
+        },
+    }
+).encode()
+DECODE_REPLY = json.dumps(
+    {
+        "id": "cmpl-x",
+        "object": "text_completion",
+        "model": "bench",
+        "choices": [{"index": 0, "text": " hello world", "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 8, "completion_tokens": 2, "total_tokens": 10},
+    }
+).encode()
 
 
 def response(body: bytes) -> bytes:

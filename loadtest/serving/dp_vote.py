@@ -47,8 +47,10 @@ def run_worker(client: httpx.Client, url: str, prompts: list[list[int]]) -> dict
 
 
 def report(results: dict[str, dict]) -> str:
-    lines = ["| worker | requests | proposals (scheduler) | K=0 (scheduler) | steps run (runner) | K=0 run (runner) |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "| worker | requests | proposals (scheduler) | K=0 (scheduler) | steps run (runner) | K=0 run (runner) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for name, r in results.items():
         counts = " | ".join(f"{r[counter]:.0f}" for counter in COUNTERS)
         lines.append(f"| {name} | {r['requests']} | {counts} |")

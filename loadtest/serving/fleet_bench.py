@@ -62,11 +62,18 @@ POLICIES: dict[str, dict] = {
     "least_outstanding": {"prefill_policy": "least_outstanding", "decode_policy": "least_outstanding"},
     "prefix_affinity": {"prefill_policy": "prefix_affinity", "decode_policy": "least_outstanding"},
     "kv_aware": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware"},
-    "kv_aware_conditional": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware",
-                             "disaggregation": "conditional"},
-    "colocated_kv_aware": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware",
-                           "disaggregation": "conditional", "local_prefill_max_tokens": 10**9},
-}  # fmt: skip
+    "kv_aware_conditional": {
+        "prefill_policy": "kv_aware",
+        "decode_policy": "kv_aware",
+        "disaggregation": "conditional",
+    },
+    "colocated_kv_aware": {
+        "prefill_policy": "kv_aware",
+        "decode_policy": "kv_aware",
+        "disaggregation": "conditional",
+        "local_prefill_max_tokens": 10**9,
+    },
+}
 COLOCATED = "colocated_kv_aware"
 # The policies whose proxy keeps a cache index (subscribed to every worker's KV events).
 INDEXED = ("kv_aware", "kv_aware_conditional", COLOCATED)
@@ -76,10 +83,15 @@ ALL_POLICIES = (*POLICIES, VLLM_ROUTER)
 # Counters read from every worker, by (name, label to keep or None).
 SOURCE_COUNTER = "vllm:prompt_tokens_by_source_total"
 WORKER_COUNTERS = (
-    "vllm:prompt_tokens_total", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
-    "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total",
-    "vllm:spec_decode_num_draft_tokens_total", "vllm:num_preemptions_total", "vllm:generation_tokens_total",
-)  # fmt: skip
+    "vllm:prompt_tokens_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:num_preemptions_total",
+    "vllm:generation_tokens_total",
+)
 PROXY_LOCAL_PREFILLS = "pdspec_proxy_local_prefills_total"
 
 
@@ -87,8 +99,10 @@ PROXY_LOCAL_PREFILLS = "pdspec_proxy_local_prefills_total"
 
 
 def fleet_urls(args) -> dict[str, list[str]]:
-    return {"prefill": [f"http://127.0.0.1:{args.prefill_port + i}" for i in range(args.prefill_replicas)],
-            "decode": [f"http://127.0.0.1:{args.decode_port + i}" for i in range(args.decode_replicas)]}  # fmt: skip
+    return {
+        "prefill": [f"http://127.0.0.1:{args.prefill_port + i}" for i in range(args.prefill_replicas)],
+        "decode": [f"http://127.0.0.1:{args.decode_port + i}" for i in range(args.decode_replicas)],
+    }
 
 
 def worker_vllm_args(args) -> list[str]:
@@ -105,16 +119,37 @@ def worker_vllm_args(args) -> list[str]:
 
 def up_argv(args) -> list[str]:
     extra = json.dumps(worker_vllm_args(args))
-    return [sys.executable, "-m", "pdspec.cli", "up", "--run_dir", str(args.run_dir),
-            "--prefill.replicas", str(args.prefill_replicas), "--decode.replicas", str(args.decode_replicas),
-            "--prefill.port", str(args.prefill_port), "--decode.port", str(args.decode_port),
-            "--proxy.port", str(args.base_port),
-            "--prefill.side_channel_port", str(args.side_channel_port),
-            "--decode.side_channel_port", str(args.side_channel_port + 4 * args.prefill_replicas),
-            "--prefill.kv_events_port", str(args.kv_events_port),
-            "--decode.kv_events_port", str(args.kv_events_port + 2 * args.prefill_replicas),
-            "--prefill.extra_vllm_args", extra, "--decode.extra_vllm_args", extra,
-            *shlex.split(args.up_args)]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "pdspec.cli",
+        "up",
+        "--run_dir",
+        str(args.run_dir),
+        "--prefill.replicas",
+        str(args.prefill_replicas),
+        "--decode.replicas",
+        str(args.decode_replicas),
+        "--prefill.port",
+        str(args.prefill_port),
+        "--decode.port",
+        str(args.decode_port),
+        "--proxy.port",
+        str(args.base_port),
+        "--prefill.side_channel_port",
+        str(args.side_channel_port),
+        "--decode.side_channel_port",
+        str(args.side_channel_port + 4 * args.prefill_replicas),
+        "--prefill.kv_events_port",
+        str(args.kv_events_port),
+        "--decode.kv_events_port",
+        str(args.kv_events_port + 2 * args.prefill_replicas),
+        "--prefill.extra_vllm_args",
+        extra,
+        "--decode.extra_vllm_args",
+        extra,
+        *shlex.split(args.up_args),
+    ]
 
 
 def start_fleet(args) -> tuple[subprocess.Popen, float]:
@@ -160,13 +195,31 @@ def stop_fleet(process: subprocess.Popen | None) -> None:
 
 def policy_settings(name: str, workers: dict[str, list[str]], port: int, kv_source_ports: str) -> dict:
     decode = workers["prefill"] + workers["decode"] if name == COLOCATED else workers["decode"]
-    return {"port": port, "prefill_urls": workers["prefill"], "decode_urls": decode,
-            "kv_source_ports": [kv_source_ports], "served_by_headers": True, **POLICIES[name]}  # fmt: skip
+    return {
+        "port": port,
+        "prefill_urls": workers["prefill"],
+        "decode_urls": decode,
+        "kv_source_ports": [kv_source_ports],
+        "served_by_headers": True,
+        **POLICIES[name],
+    }
 
 
 def vllm_router_argv(command: str, port: int, workers: dict[str, list[str]]) -> list[str]:
-    argv = [*shlex.split(command), "--host", "127.0.0.1", "--port", str(port), "--vllm-pd-disaggregation",
-            "--kv-connector", "nixl", "--policy", "cache_aware", "--prometheus-port", str(port + 1000)]  # fmt: skip
+    argv = [
+        *shlex.split(command),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--vllm-pd-disaggregation",
+        "--kv-connector",
+        "nixl",
+        "--policy",
+        "cache_aware",
+        "--prometheus-port",
+        str(port + 1000),
+    ]
     for url in workers["prefill"]:
         argv += ["--prefill", url]
     for url in workers["decode"]:
@@ -192,7 +245,7 @@ def start_front_ends(args, policies: list[str], workers: dict, out: Path) -> dic
         process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         fronts[name] = {"process": process, "url": f"http://127.0.0.1:{port}", "ready_path": ready, "error": None}
     deadline = time.monotonic() + 120
-    for name, front in fronts.items():
+    for front in fronts.values():
         while True:
             try:
                 if httpx.get(front["url"] + front["ready_path"], timeout=2).status_code == 200:
@@ -240,8 +293,10 @@ def read_fleet(workers: dict[str, list[str]]) -> dict[str, dict[str, float]]:
 
 
 def fleet_delta(before: dict, after: dict) -> dict[str, dict[str, float]]:
-    return {url: {k: after[url].get(k, 0.0) - before[url].get(k, 0.0) for k in set(before[url]) | set(after[url])}
-            for url in after}  # fmt: skip
+    return {
+        url: {k: after[url].get(k, 0.0) - before[url].get(k, 0.0) for k in set(before[url]) | set(after[url])}
+        for url in after
+    }
 
 
 def proxy_counter(front: dict, name: str) -> float:
@@ -280,8 +335,12 @@ def cleared_events(front: dict) -> float:
     if front["ready_path"] != "/ready":
         return 0.0
     text = httpx.get(front["url"] + "/metrics", timeout=10).text
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == "pdspec_proxy_kv_events_total" and s.labels.get("kind") == "cleared")  # fmt: skip
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "pdspec_proxy_kv_events_total" and s.labels.get("kind") == "cleared"
+    )
 
 
 def wait_index_cleared(front: dict, before: float, workers: int, timeout_s: float = 15.0) -> bool:
@@ -300,12 +359,20 @@ def wait_index_cleared(front: dict, before: float, workers: int, timeout_s: floa
 
 
 def body_of(trace: Trace, request: TraceRequest, model: str) -> dict:
-    return {"model": model, "prompt": trace.prompt(request), "max_tokens": request.max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    return {
+        "model": model,
+        "prompt": trace.prompt(request),
+        "max_tokens": request.max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
 
 
-async def run_phase(url: str, trace: Trace, requests: list[TraceRequest], model: str, drain_s: float,
-                    timeout_s: float) -> tuple[list[dict], float]:  # fmt: skip
+async def run_phase(
+    url: str, trace: Trace, requests: list[TraceRequest], model: str, drain_s: float, timeout_s: float
+) -> tuple[list[dict], float]:
     """The phase's requests at their trace times (a later turn: after its previous turn's
     reply and its pause). Returns one record per request (cut ones failed) and the window,
     first send to last reply (or the cut)."""
@@ -342,16 +409,31 @@ async def run_phase(url: str, trace: Trace, requests: list[TraceRequest], model:
         row = records.get(request.id, {"sent_s": None, "cut": True})
         if row.get("cut"):
             row = {**row, "ok": False, "error": f"cut: still running {drain_s:.0f} s after the last arrival"}
-        rows.append({"id": request.id, "phase": request.phase, "group": request.group, "turn": request.turn,
-                     "prompt_tokens": sum(len(trace.segments[n]) for n in request.segments), **row})  # fmt: skip
+        rows.append(
+            {
+                "id": request.id,
+                "phase": request.phase,
+                "group": request.group,
+                "turn": request.turn,
+                "prompt_tokens": sum(len(trace.segments[n]) for n in request.segments),
+                **row,
+            }
+        )
     return rows, window
 
 
 def record(result: RequestResult) -> dict:
-    return {"ok": result.ok, "error": result.error or None, "output_tokens": result.output_tokens,
-            "ttft_s": result.ttft_s if result.ok else None, "tpot_s": result.tpot_s if result.ok else None,
-            "e2e_s": result.e2e_s if result.ok else None, "phases_ms": result.phases_ms,
-            "served_by": result.served_by, "cut": False}  # fmt: skip
+    return {
+        "ok": result.ok,
+        "error": result.error or None,
+        "output_tokens": result.output_tokens,
+        "ttft_s": result.ttft_s if result.ok else None,
+        "tpot_s": result.tpot_s if result.ok else None,
+        "e2e_s": result.e2e_s if result.ok else None,
+        "phases_ms": result.phases_ms,
+        "served_by": result.served_by,
+        "cut": False,
+    }
 
 
 def run_job(args, trace: Trace, policy: str, front: dict, workers: dict) -> dict:
@@ -369,19 +451,28 @@ def run_job(args, trace: Trace, policy: str, front: dict, workers: dict) -> dict
         requests = trace.phase(phase)
         before = read_fleet(workers)
         local_before = proxy_counter(front, PROXY_LOCAL_PREFILLS)
-        rows, window = asyncio.run(run_phase(front["url"], trace, requests, args.model, args.drain_s,
-                                             args.request_timeout_s))  # fmt: skip
+        rows, window = asyncio.run(
+            run_phase(front["url"], trace, requests, args.model, args.drain_s, args.request_timeout_s)
+        )
         after = read_fleet(workers)
-        level = {"phase": phase, "qps": requests[0].qps, "window_s": window, "requests": len(rows),
-                 "workers": fleet_delta(before, after),
-                 "local_prefills": proxy_counter(front, PROXY_LOCAL_PREFILLS) - local_before}  # fmt: skip
+        level = {
+            "phase": phase,
+            "qps": requests[0].qps,
+            "window_s": window,
+            "requests": len(rows),
+            "workers": fleet_delta(before, after),
+            "local_prefills": proxy_counter(front, PROXY_LOCAL_PREFILLS) - local_before,
+        }
         rows_all += rows
         if phase == "warmup":
             job["warmup"] = {**level, "failed": sum(not r["ok"] for r in rows)}
         else:
             job["levels"].append(level)
-        print(f"fleet_bench: {trace.name} {policy} {phase} qps {level['qps']:g}: "
-              f"{sum(r['ok'] for r in rows)}/{len(rows)} ok in {window:.1f} s", flush=True)  # fmt: skip
+        print(
+            f"fleet_bench: {trace.name} {policy} {phase} qps {level['qps']:g}: "
+            f"{sum(r['ok'] for r in rows)}/{len(rows)} ok in {window:.1f} s",
+            flush=True,
+        )
     job["duration_s"] = time.monotonic() - t0
     with open(args.out / f"requests-{trace.name}-{policy}.jsonl", "w") as out:
         for row in rows_all:
@@ -394,8 +485,10 @@ def parse_jobs(spec: str, traces: dict[str, Trace]) -> list[tuple[str, str]]:
     for item in (part.strip() for part in spec.split(",") if part.strip()):
         workload, sep, policy = item.partition(":")
         if not sep or workload not in traces or policy not in ALL_POLICIES:
-            raise SystemExit(f"--jobs: {item!r}: expected WORKLOAD:POLICY with WORKLOAD one of {sorted(traces)} "
-                             f"and POLICY one of {', '.join(ALL_POLICIES)}")  # fmt: skip
+            raise SystemExit(
+                f"--jobs: {item!r}: expected WORKLOAD:POLICY with WORKLOAD one of {sorted(traces)} "
+                f"and POLICY one of {', '.join(ALL_POLICIES)}"
+            )
         jobs.append((workload, policy))
     return jobs
 
@@ -413,11 +506,18 @@ def run(args) -> dict:
     if VLLM_ROUTER in policies and not args.vllm_router:
         raise SystemExit(f"{VLLM_ROUTER} needs --vllm-router CMD")
     workers = fleet_urls(args)
-    report: dict = {"command": "python -m loadtest.fleet_bench " + " ".join(args.argv), "workers": workers,
-                    "kv_blocks": args.kv_blocks, "block_size": args.block_size, "model": args.model,
-                    "traces": {w: {"workload": t.workload, "settings": t.settings, "requests": len(t.requests)}
-                               for w, t in traces.items()},
-                    "jobs": [], "skipped": []}  # fmt: skip
+    report: dict = {
+        "command": "python -m loadtest.fleet_bench " + " ".join(args.argv),
+        "workers": workers,
+        "kv_blocks": args.kv_blocks,
+        "block_size": args.block_size,
+        "model": args.model,
+        "traces": {
+            w: {"workload": t.workload, "settings": t.settings, "requests": len(t.requests)} for w, t in traces.items()
+        },
+        "jobs": [],
+        "skipped": [],
+    }
     up, fronts = None, {}
     try:
         if not args.attach:
@@ -454,8 +554,15 @@ def run(args) -> dict:
 def gpu_memory() -> str | None:
     """nvidia-smi's memory reading with the fleet up (None without a GPU)."""
     try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20).stdout.strip() or None  # fmt: skip
+        return (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -478,43 +585,66 @@ def fleet_blocks(workers: dict[str, list[str]]) -> dict[str, float | None]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.fleet_bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.fleet_bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--trace", type=Path, action="append", required=True,
-                        help="a trace from `python -m loadtest.fleet_trace` (one per workload; repeat)")
-    parser.add_argument("--jobs", required=True, help="WORKLOAD:POLICY,... in the order to run; policies: "
-                        + ", ".join(ALL_POLICIES))
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        action="append",
+        required=True,
+        help="a trace from `python -m loadtest.fleet_trace` (one per workload; repeat)",
+    )
+    parser.add_argument(
+        "--jobs", required=True, help="WORKLOAD:POLICY,... in the order to run; policies: " + ", ".join(ALL_POLICIES)
+    )
     parser.add_argument("--model", default="pdspec-tiny", help="the served model name")
     parser.add_argument("--attach", action="store_true", help="use a fleet already running on these ports")
     parser.add_argument("--run-dir", type=Path, default=Path.home() / ".cache" / "pdspec" / "fleet-bench")
     parser.add_argument("--prefill-replicas", type=int, default=2)
     parser.add_argument("--decode-replicas", type=int, default=2)
-    parser.add_argument("--base-port", type=int, default=8000, help="pdspec up's proxy; the policies' front ends follow")
+    parser.add_argument(
+        "--base-port", type=int, default=8000, help="pdspec up's proxy; the policies' front ends follow"
+    )
     parser.add_argument("--prefill-port", type=int, default=8100)
     parser.add_argument("--decode-port", type=int, default=8200)
     parser.add_argument("--side-channel-port", type=int, default=5600, help="the first NIXL side channel (4 a worker)")
     parser.add_argument("--kv-events-port", type=int, default=5650, help="the first KV-event port (2 a worker)")
     parser.add_argument("--kv-blocks", type=int, required=True, help="KV blocks per worker")
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--kv-bytes-per-token", type=int, default=0, help="a token's KV in bytes over all layers, "
-                        "the drafter's included (GPU: also passed as --kv-cache-memory-bytes); 0: not passed")
+    parser.add_argument(
+        "--kv-bytes-per-token",
+        type=int,
+        default=0,
+        help="a token's KV in bytes over all layers, "
+        "the drafter's included (GPU: also passed as --kv-cache-memory-bytes); 0: not passed",
+    )
     parser.add_argument("--extra-vllm-args", default="[]", help="more vLLM arguments for every worker (JSON list)")
     parser.add_argument("--up-args", default="", help="more `pdspec up` arguments, as one string")
     parser.add_argument("--vllm-router", metavar="CMD", help="vLLM's router command (e.g. 'vllm-router')")
-    parser.add_argument("--drain-s", type=float, default=20.0, help="a level's requests still running this long "
-                        "after its last arrival are cut (failed)")
+    parser.add_argument(
+        "--drain-s",
+        type=float,
+        default=20.0,
+        help="a level's requests still running this long after its last arrival are cut (failed)",
+    )
     parser.add_argument("--request-timeout-s", type=float, default=120.0)
-    parser.add_argument("--deadline-s", type=float, default=1e9, help="start no job that would end after this "
-                        "(seconds from this tool's start, by the jobs' mean so far)")
+    parser.add_argument(
+        "--deadline-s",
+        type=float,
+        default=1e9,
+        help="start no job that would end after this (seconds from this tool's start, by the jobs' mean so far)",
+    )
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
     report = run(args)
-    print(f"fleet_bench: {len(report['jobs'])} jobs run, {len(report['skipped'])} skipped, "
-          f"{report['total_s']:.0f} s", flush=True)  # fmt: skip
+    print(
+        f"fleet_bench: {len(report['jobs'])} jobs run, {len(report['skipped'])} skipped, {report['total_s']:.0f} s",
+        flush=True,
+    )
     return report
 
 
 if __name__ == "__main__":
     main()
-

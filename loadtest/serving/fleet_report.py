@@ -43,9 +43,15 @@ PRIMARY_SLO = "strict"
 MIN_REQUESTS = 5
 SOURCE_COMPUTE = "source:local_compute"
 # One colour per policy in every plot.
-COLOURS = {"round_robin": "tab:orange", "least_outstanding": "tab:gray", "prefix_affinity": "tab:green",
-           "kv_aware": "tab:blue", "kv_aware_conditional": "tab:brown", "colocated_kv_aware": "tab:red",
-           "vllm_router_cache_aware": "tab:purple"}  # fmt: skip
+COLOURS = {
+    "round_robin": "tab:orange",
+    "least_outstanding": "tab:gray",
+    "prefix_affinity": "tab:green",
+    "kv_aware": "tab:blue",
+    "kv_aware_conditional": "tab:brown",
+    "colocated_kv_aware": "tab:red",
+    "vllm_router_cache_aware": "tab:purple",
+}
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -57,8 +63,9 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else value * 1000.0
 
 
-def level_stats(level: dict, rows: list[dict], colocated: bool, prefill_urls: list[str],
-                duration_s: float | None = None) -> dict:  # fmt: skip
+def level_stats(
+    level: dict, rows: list[dict], colocated: bool, prefill_urls: list[str], duration_s: float | None = None
+) -> dict:
     """One level's figures from its requests (`rows`) and the workers' counter deltas;
     `duration_s`, the level's length in the trace (its arrivals' window): the rates per
     second are counts over it (None: over the measured span, first send to last reply)."""
@@ -80,28 +87,46 @@ def level_stats(level: dict, rows: list[dict], colocated: bool, prefill_urls: li
     routes = [r["phases_ms"]["route"] for r in ok if "route" in (r.get("phases_ms") or {})]
     prefill_legs = [r["phases_ms"]["prefill"] for r in ok if "prefill" in (r.get("phases_ms") or {})]
     out = {
-        "phase": level["phase"], "qps": level["qps"], "requests": len(rows), "ok": len(ok),
-        "failed": len(rows) - len(ok), "cut": sum(bool(r.get("cut")) for r in rows),
+        "phase": level["phase"],
+        "qps": level["qps"],
+        "requests": len(rows),
+        "ok": len(ok),
+        "failed": len(rows) - len(ok),
+        "cut": sum(bool(r.get("cut")) for r in rows),
         "errors": sorted({(r.get("error") or "")[:120] for r in rows if not r["ok"]})[:5],
-        "achieved_rps": len(ok) / span if span else None, "duration_s": span,
-        "ttft_ms": {"p50": _ms(percentile(ttft, 50)), "p90": _ms(percentile(ttft, 90)), "p99": _ms(percentile(ttft, 99))},
+        "achieved_rps": len(ok) / span if span else None,
+        "duration_s": span,
+        "ttft_ms": {
+            "p50": _ms(percentile(ttft, 50)),
+            "p90": _ms(percentile(ttft, 90)),
+            "p99": _ms(percentile(ttft, 99)),
+        },
         "tpot_ms": {"p50": _ms(percentile(tpot, 50)), "p90": _ms(percentile(tpot_all, 90))},
         "route_ms": {"p50": percentile(routes, 50), "p90": percentile(routes, 90)} if routes else None,
         "prefill_leg_ms": {"p50": percentile(prefill_legs, 50), "p90": percentile(prefill_legs, 90)}
-        if prefill_legs else None,
-        "prompt_tokens": prompt_sent, "recomputed_tokens": computed,
+        if prefill_legs
+        else None,
+        "prompt_tokens": prompt_sent,
+        "recomputed_tokens": computed,
         "fleet_hit_rate": 1.0 - computed / prompt_sent if prompt_sent else None,
         "prefill_pool_hit_rate": hits / queries if queries else None,
         "acceptance_length": 1.0 + accepted / drafts if drafts else None,
         "preemptions": sum(w.get("vllm:num_preemptions_total", 0.0) for w in workers.values()),
         "local_prefills": level.get("local_prefills", 0.0),
-    }  # fmt: skip
+    }
     for name, slo in SLOS.items():
         met = sum(1 for t, p in zip(ttft, tpot_all) if t * 1000 <= slo["ttft_ms"] and p * 1000 <= slo["tpot_ms"])
-        p90_ok = (out["ttft_ms"]["p90"] is not None and out["ttft_ms"]["p90"] <= slo["ttft_ms"]
-                  and out["tpot_ms"]["p90"] is not None and out["tpot_ms"]["p90"] <= slo["tpot_ms"])  # fmt: skip
-        out.setdefault("slo", {})[name] = {"passes": bool(p90_ok), "attainment": met / len(rows) if rows else None,
-                                           "slo_rps": met / span if span else None}  # fmt: skip
+        p90_ok = (
+            out["ttft_ms"]["p90"] is not None
+            and out["ttft_ms"]["p90"] <= slo["ttft_ms"]
+            and out["tpot_ms"]["p90"] is not None
+            and out["tpot_ms"]["p90"] <= slo["tpot_ms"]
+        )
+        out.setdefault("slo", {})[name] = {
+            "passes": bool(p90_ok),
+            "attainment": met / len(rows) if rows else None,
+            "slo_rps": met / span if span else None,
+        }
     return out
 
 
@@ -111,12 +136,25 @@ def job_summary(job: dict, rows: list[dict], prefill_urls: list[str], durations:
     by_phase: dict[str, list[dict]] = {}
     for row in rows:
         by_phase.setdefault(row["phase"], []).append(row)
-    levels = [level_stats(level, by_phase.get(level["phase"], []), colocated, prefill_urls,
-                          durations[i] if durations and i < len(durations) else None)
-              for i, level in enumerate(job["levels"])]  # fmt: skip
-    summary = {"workload": job["workload"], "policy": job["policy"], "duration_s": job.get("duration_s"),
-               "reset": job.get("reset"), "warmup_failed": (job.get("warmup") or {}).get("failed"),
-               "levels": levels, "goodput": {}}  # fmt: skip
+    levels = [
+        level_stats(
+            level,
+            by_phase.get(level["phase"], []),
+            colocated,
+            prefill_urls,
+            durations[i] if durations and i < len(durations) else None,
+        )
+        for i, level in enumerate(job["levels"])
+    ]
+    summary = {
+        "workload": job["workload"],
+        "policy": job["policy"],
+        "duration_s": job.get("duration_s"),
+        "reset": job.get("reset"),
+        "warmup_failed": (job.get("warmup") or {}).get("failed"),
+        "levels": levels,
+        "goodput": {},
+    }
     for name in SLOS:
         passing = [lv for lv in levels if lv["slo"][name]["passes"]]
         best = max(passing, key=lambda lv: lv["qps"]) if passing else None
@@ -126,10 +164,12 @@ def job_summary(job: dict, rows: list[dict], prefill_urls: list[str], durations:
             if not lv["slo"][name]["passes"]:
                 break
             held = lv
-        summary["goodput"][name] = {"qps": best["qps"] if best else 0.0,
-                                    "rps": (best["slo"][name]["slo_rps"] or 0.0) if best else 0.0,
-                                    "sustained_qps": held["qps"] if held else 0.0,
-                                    "sustained_rps": (held["slo"][name]["slo_rps"] or 0.0) if held else 0.0}  # fmt: skip
+        summary["goodput"][name] = {
+            "qps": best["qps"] if best else 0.0,
+            "rps": (best["slo"][name]["slo_rps"] or 0.0) if best else 0.0,
+            "sustained_qps": held["qps"] if held else 0.0,
+            "sustained_rps": (held["slo"][name]["slo_rps"] or 0.0) if held else 0.0,
+        }
     measured = [lv for lv in levels if lv["prompt_tokens"]]
     prompt = sum(lv["prompt_tokens"] for lv in measured)
     summary["fleet_hit_rate"] = 1.0 - sum(lv["recomputed_tokens"] for lv in measured) / prompt if prompt else None
@@ -157,9 +197,15 @@ def achievable(ref: dict | None, policy: str, prefill_workers: int, all_workers:
     return ref["by_workers"][str(n)]["eagle"]["achievable"]
 
 
-def goals(summaries: dict[tuple[str, str], dict], ref: dict | None, prefill_workers: int, all_workers: int,
-          workload: str = "shared_context") -> list[dict]:  # fmt: skip
+def goals(
+    summaries: dict[tuple[str, str], dict],
+    ref: dict | None,
+    prefill_workers: int,
+    all_workers: int,
+    workload: str = "shared_context",
+) -> list[dict]:
     """The issue's goals on one workload, each with its figures and met / not met / not run."""
+
     def get(policy):
         return summaries.get((workload, policy))
 
@@ -172,8 +218,14 @@ def goals(summaries: dict[tuple[str, str], dict], ref: dict | None, prefill_work
     for other, value in (("prefix_affinity", pa), ("round_robin", rr)):
         met = None if kv is None or value is None else (kv >= 1.25 * value if value > 0 else kv > 0)
         out.append({"goal": f"kv_aware goodput >= 1.25x {other}'s", "kv_aware": kv, other: value, "met": met})
-    out.append({"goal": "kv_aware goodput >= vLLM router's", "kv_aware": kv, "vllm_router": router,
-                "met": None if kv is None or router is None else kv >= router})
+    out.append(
+        {
+            "goal": "kv_aware goodput >= vLLM router's",
+            "kv_aware": kv,
+            "vllm_router": router,
+            "met": None if kv is None or router is None else kv >= router,
+        }
+    )
     knee = None
     if get("round_robin") and get("kv_aware"):
         rr_levels = get("round_robin")["levels"]
@@ -183,31 +235,56 @@ def goals(summaries: dict[tuple[str, str], dict], ref: dict | None, prefill_work
             kv_p90 = next((lv["ttft_ms"]["p90"] for lv in get("kv_aware")["levels"] if lv["qps"] == knee), None)
             rr_p90 = over[0]["ttft_ms"]["p90"]
             ratio = None if kv_p90 is None or rr_p90 is None else kv_p90 / rr_p90
-            out.append({"goal": "kv_aware TTFT p90 at the knee <= 0.5x round_robin's", "knee_qps": knee,
-                        "kv_aware_ms": kv_p90, "round_robin_ms": rr_p90, "ratio": ratio,
-                        "met": None if ratio is None else ratio <= 0.5})  # fmt: skip
+            out.append(
+                {
+                    "goal": "kv_aware TTFT p90 at the knee <= 0.5x round_robin's",
+                    "knee_qps": knee,
+                    "kv_aware_ms": kv_p90,
+                    "round_robin_ms": rr_p90,
+                    "ratio": ratio,
+                    "met": None if ratio is None else ratio <= 0.5,
+                }
+            )
     if knee is None:
-        out.append({"goal": "kv_aware TTFT p90 at the knee <= 0.5x round_robin's", "met": None,
-                    "note": "round_robin's TTFT p90 stayed inside the SLO at every level (no knee)"})
+        out.append(
+            {
+                "goal": "kv_aware TTFT p90 at the knee <= 0.5x round_robin's",
+                "met": None,
+                "note": "round_robin's TTFT p90 stayed inside the SLO at every level (no knee)",
+            }
+        )
     s = get("kv_aware")
     ach = achievable(ref, "kv_aware", prefill_workers, all_workers)
     if s is not None and ach:
-        out.append({"goal": "kv_aware fleet hit rate >= 0.9 of the achievable reference", "hit": s["fleet_hit_rate"],
-                    "achievable": ach, "ratio": s["fleet_hit_rate"] / ach, "met": s["fleet_hit_rate"] >= 0.9 * ach})
+        out.append(
+            {
+                "goal": "kv_aware fleet hit rate >= 0.9 of the achievable reference",
+                "hit": s["fleet_hit_rate"],
+                "achievable": ach,
+                "ratio": s["fleet_hit_rate"] / ach,
+                "met": s["fleet_hit_rate"] >= 0.9 * ach,
+            }
+        )
     cond, always, colo = get("kv_aware_conditional"), get("kv_aware"), get("colocated_kv_aware")
     if cond and always and colo:
         worst = None
         for lv in (lv for lv in cond["levels"] if lv["requests"] >= MIN_REQUESTS):
             others = [x for x in (always, colo) for y in x["levels"] if y["qps"] == lv["qps"]]
-            best = max((y["slo"][PRIMARY_SLO]["slo_rps"] or 0.0) for x in others for y in x["levels"]
-                       if y["qps"] == lv["qps"])  # fmt: skip
+            best = max(
+                (y["slo"][PRIMARY_SLO]["slo_rps"] or 0.0) for x in others for y in x["levels"] if y["qps"] == lv["qps"]
+            )
             mine = lv["slo"][PRIMARY_SLO]["slo_rps"] or 0.0
             short = (best - mine) / best if best > 0 else 0.0
             if worst is None or short > worst["shortfall"]:
                 worst = {"qps": lv["qps"], "conditional": mine, "best_other": best, "shortfall": short}
-        out.append({"goal": "conditional never > 5% under the better of always-disaggregated and colocated "
-                    f"(SLO-met requests/s, per level of >= {MIN_REQUESTS} requests)", "worst": worst,
-                    "met": None if worst is None else worst["shortfall"] <= 0.05})  # fmt: skip
+        out.append(
+            {
+                "goal": "conditional never > 5% under the better of always-disaggregated and colocated "
+                f"(SLO-met requests/s, per level of >= {MIN_REQUESTS} requests)",
+                "worst": worst,
+                "met": None if worst is None else worst["shortfall"] <= 0.05,
+            }
+        )
     return out
 
 
@@ -226,29 +303,42 @@ def _route(route: dict | None) -> str:
 def markdown(report: dict) -> str:
     lines = [f"Command: `{report['command']}`", ""]
     slo = SLOS[PRIMARY_SLO]
-    lines += [f"SLO `strict`: TTFT p90 <= {slo['ttft_ms']:.0f} ms and TPOT p90 <= {slo['tpot_ms']:.0f} ms; "
-              f"`relaxed`: TPOT p90 <= {SLOS['relaxed']['tpot_ms']:.0f} ms. Goodput: requests/s that met the SLO one "
-              "by one (over the level's length in the trace) at the highest QPS level whose p90s are inside it "
-              "(its offered QPS in brackets); sustained: the same at the highest level below the first that fails.", ""]  # fmt: skip
+    lines += [
+        f"SLO `strict`: TTFT p90 <= {slo['ttft_ms']:.0f} ms and TPOT p90 <= {slo['tpot_ms']:.0f} ms; "
+        f"`relaxed`: TPOT p90 <= {SLOS['relaxed']['tpot_ms']:.0f} ms. Goodput: requests/s that met the SLO one "
+        "by one (over the level's length in the trace) at the highest QPS level whose p90s are inside it "
+        "(its offered QPS in brackets); sustained: the same at the highest level below the first that fails.",
+        "",
+    ]
     for workload in dict.fromkeys(s["workload"] for s in report["summaries"]):
         rows = [s for s in report["summaries"] if s["workload"] == workload]
         ref = (report.get("reference") or {}).get(workload)
-        lines += [f"### {workload}", "",
-                  "| policy | goodput strict | sustained strict | goodput relaxed | sustained relaxed | fleet hit | "
-                  "achievable (LRU oracle) | recomputed prompt tokens | acceptance |", "|" + " --- |" * 9]  # fmt: skip
+        lines += [
+            f"### {workload}",
+            "",
+            "| policy | goodput strict | sustained strict | goodput relaxed | sustained relaxed | fleet hit | "
+            "achievable (LRU oracle) | recomputed prompt tokens | acceptance |",
+            "|" + " --- |" * 9,
+        ]
         for s in rows:
             g, r = s["goodput"]["strict"], s["goodput"]["relaxed"]
             ach = achievable(ref, s["policy"], report["prefill_workers"], report["all_workers"])
             acc = [lv["acceptance_length"] for lv in s["levels"] if lv["acceptance_length"]]
-            lines.append(f"| {s['policy']} | {_fmt(g['rps'], 2)} ({_fmt(g['qps'], 0)}) | {_fmt(g['sustained_rps'], 2)} "
-                         f"({_fmt(g['sustained_qps'], 0)}) | {_fmt(r['rps'], 2)} ({_fmt(r['qps'], 0)}) | "
-                         f"{_fmt(r['sustained_rps'], 2)} ({_fmt(r['sustained_qps'], 0)}) | "
-                         f"{_fmt(s['fleet_hit_rate'], 2)} | {_fmt(ach, 2)} | "
-                         f"{_fmt(s['recomputed_tokens'])} of {_fmt(s['prompt_tokens'])} | "
-                         f"{_fmt(float(np.mean(acc)) if acc else None, 2)} |")  # fmt: skip
-        lines += ["", "| policy | QPS | ok/sent | achieved rps | TTFT p50 ms | TTFT p90 ms | TPOT p90 ms | "
-                  "strict | SLO-met rps | fleet hit | prefill-pool hit | route p50/p90 ms | local prefills | "
-                  "preemptions |", "|" + " --- |" * 14]  # fmt: skip
+            lines.append(
+                f"| {s['policy']} | {_fmt(g['rps'], 2)} ({_fmt(g['qps'], 0)}) | {_fmt(g['sustained_rps'], 2)} "
+                f"({_fmt(g['sustained_qps'], 0)}) | {_fmt(r['rps'], 2)} ({_fmt(r['qps'], 0)}) | "
+                f"{_fmt(r['sustained_rps'], 2)} ({_fmt(r['sustained_qps'], 0)}) | "
+                f"{_fmt(s['fleet_hit_rate'], 2)} | {_fmt(ach, 2)} | "
+                f"{_fmt(s['recomputed_tokens'])} of {_fmt(s['prompt_tokens'])} | "
+                f"{_fmt(float(np.mean(acc)) if acc else None, 2)} |"
+            )
+        lines += [
+            "",
+            "| policy | QPS | ok/sent | achieved rps | TTFT p50 ms | TTFT p90 ms | TPOT p90 ms | "
+            "strict | SLO-met rps | fleet hit | prefill-pool hit | route p50/p90 ms | local prefills | "
+            "preemptions |",
+            "|" + " --- |" * 14,
+        ]
         for s in rows:
             for lv in s["levels"]:
                 route = lv["route_ms"]
@@ -258,12 +348,18 @@ def markdown(report: dict) -> str:
                     f"{'pass' if lv['slo']['strict']['passes'] else 'fail'} | {_fmt(lv['slo']['strict']['slo_rps'], 2)} | "
                     f"{_fmt(lv['fleet_hit_rate'], 2)} | {_fmt(lv['prefill_pool_hit_rate'], 2)} | "
                     f"{_route(route)} | "
-                    f"{_fmt(lv['local_prefills'])} | {_fmt(lv['preemptions'])} |")  # fmt: skip
+                    f"{_fmt(lv['local_prefills'])} | {_fmt(lv['preemptions'])} |"
+                )
         if ref:
-            lines += ["", "Achievable-hit-rate reference (offline LRU replay of this trace after its warm-up, "
-                      f"caches of {ref['capacity_blocks']} blocks of {ref['block_size']} tokens; plain / with "
-                      "EAGLE's dropped last block):", "",
-                      "| workers | oracle | pinned by group | round robin |", "| --- | --- | --- | --- |"]  # fmt: skip
+            lines += [
+                "",
+                "Achievable-hit-rate reference (offline LRU replay of this trace after its warm-up, "
+                f"caches of {ref['capacity_blocks']} blocks of {ref['block_size']} tokens; plain / with "
+                "EAGLE's dropped last block):",
+                "",
+                "| workers | oracle | pinned by group | round robin |",
+                "| --- | --- | --- | --- |",
+            ]
             for n, row in ref["by_workers"].items():
                 cells = [f"{row['plain'][k]:.3f} / {row['eagle'][k]:.3f}" for k in ("oracle", "pinned", "round_robin")]
                 lines.append(f"| {n} | " + " | ".join(cells) + " |")
@@ -278,7 +374,10 @@ def markdown(report: dict) -> str:
                 lines.append(f"- {workload}: {item['goal']}: {verdict} ({json.dumps(figures, default=str)})")
         lines.append("")
     if report.get("skipped"):
-        lines += ["Skipped: " + "; ".join(f"{s['workload']}:{s['policy']} ({s['reason']})" for s in report["skipped"]), ""]
+        lines += [
+            "Skipped: " + "; ".join(f"{s['workload']}:{s['policy']} ({s['reason']})" for s in report["skipped"]),
+            "",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -295,8 +394,13 @@ def plot(report: dict, out: Path) -> None:
             qps = [lv["qps"] for lv in s["levels"]]
             p90 = [lv["ttft_ms"]["p90"] for lv in s["levels"]]
             # A p90 that failed requests made infinite is drawn at the plot's ceiling (60 s).
-            ax.plot(qps, [min(v / 1000, 60.0) if v is not None else 60.0 for v in p90], marker="o",
-                    label=s["policy"], color=COLOURS.get(s["policy"]))  # fmt: skip
+            ax.plot(
+                qps,
+                [min(v / 1000, 60.0) if v is not None else 60.0 for v in p90],
+                marker="o",
+                label=s["policy"],
+                color=COLOURS.get(s["policy"]),
+            )
         ax.axhline(SLOS[PRIMARY_SLO]["ttft_ms"] / 1000, color="k", ls="--", lw=1, label="SLO")
         ax.set_yscale("log")
         ax.set_xlabel("offered QPS")
@@ -348,23 +452,43 @@ def build(run_dir: Path, traces: dict[str, Path]) -> dict:
     n_prefill, n_all = len(prefill_urls), len(prefill_urls) + len(bench["workers"]["decode"])
     blocks = [b for b in (bench.get("fleet_blocks") or {}).values() if b]
     capacity = int(min(blocks)) - 1 if blocks else bench["kv_blocks"]  # vLLM keeps the null block back
-    reference = {w: reference_for(p, capacity, bench["block_size"], sorted({n_prefill, n_all}))
-                 for w, p in traces.items()}  # fmt: skip
+    reference = {
+        w: reference_for(p, capacity, bench["block_size"], sorted({n_prefill, n_all})) for w, p in traces.items()
+    }
     keyed = {(s["workload"], s["policy"]): s for s in summaries}
-    report = {"command": bench["command"], "fleet_ready_s": bench.get("fleet_ready_s"), "total_s": bench.get("total_s"),
-              "prefill_workers": n_prefill, "all_workers": n_all, "capacity_blocks": capacity, "slos": SLOS,
-              "summaries": summaries, "reference": reference, "skipped": bench.get("skipped", []),
-              "goals": {w: goals(keyed, reference.get(w), n_prefill, n_all, w)
-                        for w in dict.fromkeys(s["workload"] for s in summaries)}}  # fmt: skip
+    report = {
+        "command": bench["command"],
+        "fleet_ready_s": bench.get("fleet_ready_s"),
+        "total_s": bench.get("total_s"),
+        "prefill_workers": n_prefill,
+        "all_workers": n_all,
+        "capacity_blocks": capacity,
+        "slos": SLOS,
+        "summaries": summaries,
+        "reference": reference,
+        "skipped": bench.get("skipped", []),
+        "goals": {
+            w: goals(keyed, reference.get(w), n_prefill, n_all, w)
+            for w in dict.fromkeys(s["workload"] for s in summaries)
+        },
+    }
     return report
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.fleet_report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.fleet_report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--trace", action="append", default=[], metavar="WORKLOAD=FILE",
-                        help="the trace a workload ran (for the achievable-hit-rate reference)")
+    parser.add_argument(
+        "--trace",
+        action="append",
+        default=[],
+        metavar="WORKLOAD=FILE",
+        help="the trace a workload ran (for the achievable-hit-rate reference)",
+    )
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
     traces = {}

@@ -99,9 +99,17 @@ def _arrivals(rng: np.random.Generator, qps: float, duration_s: float) -> list[f
 
 
 def shared_context(
-    seed: int, tenants: int, context: int, question: int, max_tokens: int, levels: list[tuple[float, float]],
-    warmup_requests: int, warmup_qps: float, vocab: int, system: int = 0,
-) -> Trace:  # fmt: skip
+    seed: int,
+    tenants: int,
+    context: int,
+    question: int,
+    max_tokens: int,
+    levels: list[tuple[float, float]],
+    warmup_requests: int,
+    warmup_qps: float,
+    vocab: int,
+    system: int = 0,
+) -> Trace:
     """`tenants` contexts of `context` tokens (after a common `system` prefix, 0: none),
     queries of `question` tokens; `warmup_requests` at `warmup_qps`, then each (qps,
     duration_s) level of `levels`. Tenants are drawn uniformly per request."""
@@ -123,23 +131,41 @@ def shared_context(
             i = len(requests)
             tenant = int(rng.integers(tenants))
             segments[f"q/{i}"] = _ids(rng, question, vocab)
-            requests.append(TraceRequest(i, phase, qps, (*prefix, f"ctx/{tenant}", f"q/{i}"), max_tokens, tenant,
-                                         at_s=round(at, 6)))  # fmt: skip
+            requests.append(
+                TraceRequest(i, phase, qps, (*prefix, f"ctx/{tenant}", f"q/{i}"), max_tokens, tenant, at_s=round(at, 6))
+            )
 
     if warmup_requests:
         add("warmup", warmup_qps, [k / warmup_qps for k in range(warmup_requests)])
     for index, (qps, duration) in enumerate(levels):
         add(f"level-{index}", qps, _arrivals(rng, qps, duration))
-    settings = {"seed": seed, "tenants": tenants, "context": context, "question": question, "system": system,
-                "max_tokens": max_tokens, "levels": [list(level) for level in levels],
-                "warmup_requests": warmup_requests, "warmup_qps": warmup_qps, "vocab": vocab}  # fmt: skip
+    settings = {
+        "seed": seed,
+        "tenants": tenants,
+        "context": context,
+        "question": question,
+        "system": system,
+        "max_tokens": max_tokens,
+        "levels": [list(level) for level in levels],
+        "warmup_requests": warmup_requests,
+        "warmup_qps": warmup_qps,
+        "vocab": vocab,
+    }
     return Trace("shared_context", settings, segments, requests, [qps for qps, _ in levels])
 
 
 def multi_turn(
-    seed: int, turns: int, start: int, answer: int, message: int, max_tokens: int, think_s: float,
-    levels: list[tuple[float, float]], warmup_sessions: int, vocab: int,
-) -> Trace:  # fmt: skip
+    seed: int,
+    turns: int,
+    start: int,
+    answer: int,
+    message: int,
+    max_tokens: int,
+    think_s: float,
+    levels: list[tuple[float, float]],
+    warmup_sessions: int,
+    vocab: int,
+) -> Trace:
     """Sessions of `turns` turns (first prompt `start` tokens; each next one adds `answer`
     + `message` tokens), starting at each level's QPS / `turns` over its duration;
     `warmup_sessions` first, all at once."""
@@ -165,24 +191,50 @@ def multi_turn(
                     history = (*history, f"s/{s}/a{turn}", f"s/{s}/m{turn}")
                 i = len(requests)
                 think = round(float(rng.exponential(think_s)), 6) if turn and think_s else 0.0
-                requests.append(TraceRequest(i, phase, qps, history, max_tokens, s, turn,
-                                             at_s=round(at, 6) if turn == 0 else 0.0, after=previous,
-                                             think_s=think))  # fmt: skip
+                requests.append(
+                    TraceRequest(
+                        i,
+                        phase,
+                        qps,
+                        history,
+                        max_tokens,
+                        s,
+                        turn,
+                        at_s=round(at, 6) if turn == 0 else 0.0,
+                        after=previous,
+                        think_s=think,
+                    )
+                )
                 previous = i
 
     if warmup_sessions:
         add("warmup", 0.0, [0.0] * warmup_sessions)
     for index, (qps, duration) in enumerate(levels):
         add(f"level-{index}", qps, _arrivals(rng, qps / turns, duration))
-    settings = {"seed": seed, "turns": turns, "start": start, "answer": answer, "message": message,
-                "max_tokens": max_tokens, "think_s": think_s, "levels": [list(level) for level in levels],
-                "warmup_sessions": warmup_sessions, "vocab": vocab}  # fmt: skip
+    settings = {
+        "seed": seed,
+        "turns": turns,
+        "start": start,
+        "answer": answer,
+        "message": message,
+        "max_tokens": max_tokens,
+        "think_s": think_s,
+        "levels": [list(level) for level in levels],
+        "warmup_sessions": warmup_sessions,
+        "vocab": vocab,
+    }
     return Trace("multi_turn", settings, segments, requests, [qps for qps, _ in levels])
 
 
 def write_trace(trace: Trace, path: Path) -> None:
-    data = {"workload": trace.workload, "name": trace.name, "settings": trace.settings, "levels": trace.levels,
-            "segments": trace.segments, "requests": [asdict(r) for r in trace.requests]}  # fmt: skip
+    data = {
+        "workload": trace.workload,
+        "name": trace.name,
+        "settings": trace.settings,
+        "levels": trace.levels,
+        "segments": trace.segments,
+        "requests": [asdict(r) for r in trace.requests],
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt") as out:
         json.dump(data, out, separators=(",", ":"))
@@ -211,8 +263,9 @@ def main(argv: list[str] | None = None) -> Path:
     """`python -m loadtest.fleet_trace WORKLOAD --out FILE [settings]`: one trace, written."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m loadtest.fleet_trace", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.fleet_trace", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("workload", choices=WORKLOADS)
     parser.add_argument("--out", type=Path, required=True, help="the trace file (.json.gz)")
     parser.add_argument("--name", default="", help="what the results call this trace (default: the workload)")
@@ -235,14 +288,36 @@ def main(argv: list[str] | None = None) -> Path:
     args = parser.parse_args(argv)
     levels = parse_levels(args.levels)
     if args.workload == "shared_context":
-        trace = shared_context(args.seed, args.tenants, args.context, args.question, args.max_tokens, levels,
-                               args.warmup_requests, args.warmup_qps, args.vocab, args.system)  # fmt: skip
+        trace = shared_context(
+            args.seed,
+            args.tenants,
+            args.context,
+            args.question,
+            args.max_tokens,
+            levels,
+            args.warmup_requests,
+            args.warmup_qps,
+            args.vocab,
+            args.system,
+        )
     else:
-        trace = multi_turn(args.seed, args.turns, args.start, args.answer, args.message, args.max_tokens,
-                           args.think_s, levels, args.warmup_sessions, args.vocab)  # fmt: skip
+        trace = multi_turn(
+            args.seed,
+            args.turns,
+            args.start,
+            args.answer,
+            args.message,
+            args.max_tokens,
+            args.think_s,
+            levels,
+            args.warmup_sessions,
+            args.vocab,
+        )
     trace.name = args.name or trace.workload
     write_trace(trace, args.out)
-    print(f"{args.out}: {trace.name} ({trace.workload}), {len(trace.requests)} requests, {trace.prompt_tokens():,} prompt tokens")
+    print(
+        f"{args.out}: {trace.name} ({trace.workload}), {len(trace.requests)} requests, {trace.prompt_tokens():,} prompt tokens"
+    )
     return args.out
 
 

@@ -68,9 +68,12 @@ def first_token_ms(client: httpx.Client, url: str, body: dict, request_id: str |
 
 def prefill_leg(client: httpx.Client, url: str, model: str, prompt: list[int], request_id: str) -> tuple[float, dict]:
     body = {
-        "model": model, "prompt": prompt, "max_tokens": 1, "stream": False,
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": 1,
+        "stream": False,
         "kv_transfer_params": PREFILL_KV_REQUEST,
-    }  # fmt: skip
+    }
     started = time.perf_counter()
     # One X-Request-Id on both legs, as the proxy sends: a push prefill worker matches the
     # decode worker's registration to its finished request by that id.
@@ -109,8 +112,9 @@ def probe(
         via_proxy, direct, local, *via_other = prompts[per_request * i : per_request * (i + 1)]
         row = {"proxy_ttft_ms": first_token_ms(client, proxy_url, completion_body(model, via_proxy, max_tokens))}
         if other_proxy_url:
-            row["other_proxy_ttft_ms"] = first_token_ms(client, other_proxy_url,
-                                                        completion_body(model, via_other[0], max_tokens))  # fmt: skip
+            row["other_proxy_ttft_ms"] = first_token_ms(
+                client, other_proxy_url, completion_body(model, via_other[0], max_tokens)
+            )
         request_id = f"handoff-probe-{seed}-{i}-{time.time_ns()}"
         row["prefill_leg_ms"], params = prefill_leg(client, prefill_url, model, direct, request_id)
         pulled = dict(completion_body(model, direct, max_tokens), kv_transfer_params=params)
@@ -125,14 +129,20 @@ def probe(
         rows.append(row)
     proxy_after = proxy_legs(client, proxy_url)
     return {
-        "rows": rows, "median": medians(rows), "decode_pull_metrics": metric_means({}, pulls["decode"]),
+        "rows": rows,
+        "median": medians(rows),
+        "decode_pull_metrics": metric_means({}, pulls["decode"]),
         "prefill_pull_metrics": metric_means({}, pulls["prefill"]),
         "proxy_leg_mean_ms": {
-            leg: round((proxy_after[leg][0] - proxy_before.get(leg, (0.0, 0.0))[0])
-                       / max(1.0, proxy_after[leg][1] - proxy_before.get(leg, (0.0, 0.0))[1]) * 1000, 1)
+            leg: round(
+                (proxy_after[leg][0] - proxy_before.get(leg, (0.0, 0.0))[0])
+                / max(1.0, proxy_after[leg][1] - proxy_before.get(leg, (0.0, 0.0))[1])
+                * 1000,
+                1,
+            )
             for leg in proxy_after
         },
-    }  # fmt: skip
+    }
 
 
 def proxy_legs(client: httpx.Client, proxy_url: str) -> dict[str, tuple[float, float]]:
@@ -177,8 +187,10 @@ def plot_stages(results: dict[str, dict], path: Path) -> None:
         values = [result["median"][stage] for stage in STAGES]
         bars = ax.bar([x + i * width for x in range(len(STAGES))], values, width, label=label)
         ax.bar_label(bars, fmt="%.0f", fontsize=8)
-    ax.set_xticks([x + width * (len(results) - 1) / 2 for x in range(len(STAGES))],
-                  [stage.removesuffix("_ms").replace("_", " ") for stage in STAGES])  # fmt: skip
+    ax.set_xticks(
+        [x + width * (len(results) - 1) / 2 for x in range(len(STAGES))],
+        [stage.removesuffix("_ms").replace("_", " ") for stage in STAGES],
+    )
     ax.set_ylabel("median ms")
     ax.set_title("1P1D hand-off, stage by stage (one request at a time)")
     ax.legend(fontsize=8)
@@ -189,8 +201,12 @@ def plot_stages(results: dict[str, dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--plot", nargs="+", metavar="LABEL=JSON",
-                        help="plot earlier runs' --out files side by side into --plot-out, and exit")
+    parser.add_argument(
+        "--plot",
+        nargs="+",
+        metavar="LABEL=JSON",
+        help="plot earlier runs' --out files side by side into --plot-out, and exit",
+    )
     parser.add_argument("--plot-out", type=Path, default=Path("handoff_probe.png"))
     parser.add_argument("--proxy-url")
     parser.add_argument("--prefill-url")
@@ -211,9 +227,16 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--proxy-url, --prefill-url and --decode-url are needed to probe")
     with httpx.Client(timeout=120) as client:
         result = probe(
-            client, args.proxy_url, args.prefill_url, args.decode_url, args.model,
-            args.requests, args.input_len, vocab_size=args.vocab_size, other_proxy_url=args.other_proxy_url,
-        )  # fmt: skip
+            client,
+            args.proxy_url,
+            args.prefill_url,
+            args.decode_url,
+            args.model,
+            args.requests,
+            args.input_len,
+            vocab_size=args.vocab_size,
+            other_proxy_url=args.other_proxy_url,
+        )
     for row in result["rows"]:
         print("  ".join(f"{k} {v:8.1f}" for k, v in row.items()), file=sys.stderr)
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1))

@@ -50,13 +50,18 @@ class Phase:
         lat = sorted(self.latencies_s)
         p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None
         return {
-            "phase": self.name, "seconds": self.seconds, "good_ok": self.ok, "good_failed": self.failed,
+            "phase": self.name,
+            "seconds": self.seconds,
+            "good_ok": self.ok,
+            "good_failed": self.failed,
             "good_p50_ms": round(1000 * statistics.median(lat), 1) if lat else None,
             "good_p99_ms": round(1000 * p99, 1) if p99 is not None else None,
-            "proxy_rss_mb_start": round(self.rss_mb_start, 1), "proxy_rss_mb_peak": round(self.rss_mb_peak, 1),
-            "fewest_healthy_workers": self.fewest_healthy, "client_refusals": self.refusals,
+            "proxy_rss_mb_start": round(self.rss_mb_start, 1),
+            "proxy_rss_mb_peak": round(self.rss_mb_peak, 1),
+            "fewest_healthy_workers": self.fewest_healthy,
+            "client_refusals": self.refusals,
             "hostile_connections": self.hostile_connections,
-        }  # fmt: skip
+        }
 
 
 def proxy_process(url: str) -> psutil.Process:
@@ -70,8 +75,11 @@ def proxy_process(url: str) -> psutil.Process:
 
 def refusals(metrics_text: str) -> dict[str, float]:
     prefix = 'pdspec_proxy_client_refusals_total{reason="'
-    return {line[len(prefix) :].split('"')[0]: float(line.split()[-1])
-            for line in metrics_text.splitlines() if line.startswith(prefix)}  # fmt: skip
+    return {
+        line[len(prefix) :].split('"')[0]: float(line.split()[-1])
+        for line in metrics_text.splitlines()
+        if line.startswith(prefix)
+    }
 
 
 async def good_client(url: str, phase: Phase, started: float, stop: asyncio.Event) -> None:
@@ -145,7 +153,7 @@ async def huge_header(writer, stop) -> None:
 
 
 async def unfinished_body(writer, stop) -> None:
-    writer.write(HEAD + b"content-length: 1000000\r\n\r\n{\"model\": ")
+    writer.write(HEAD + b'content-length: 1000000\r\n\r\n{"model": ')
     await writer.drain()
     while not stop.is_set():
         await asyncio.sleep(0.5)
@@ -164,10 +172,15 @@ async def run_phase(url: str, process: psutil.Process, name: str, seconds: float
     stop = asyncio.Event()
     started = time.monotonic()
     kinds = {"slow_head": slow_head, "huge_header": huge_header, "unfinished_body": unfinished_body, "idle": idle}
-    tasks = [asyncio.create_task(good_client(url, phase, started, stop)),
-             asyncio.create_task(watcher(url, process, phase, started, stop))]  # fmt: skip
-    tasks += [asyncio.create_task(_hold(host, port, kinds[kind], phase, stop))
-              for kind, count in hostile.items() for _ in range(count)]  # fmt: skip
+    tasks = [
+        asyncio.create_task(good_client(url, phase, started, stop)),
+        asyncio.create_task(watcher(url, process, phase, started, stop)),
+    ]
+    tasks += [
+        asyncio.create_task(_hold(host, port, kinds[kind], phase, stop))
+        for kind, count in hostile.items()
+        for _ in range(count)
+    ]
     with tqdm(total=int(seconds), desc=name, unit="s") as bar:
         for _ in range(int(seconds)):
             await asyncio.sleep(1)
@@ -187,17 +200,23 @@ def write_report(phases: list[Phase], out: Path, hostile: dict[str, int]) -> dic
     out.mkdir(parents=True, exist_ok=True)
     report = {"hostile": hostile, "phases": [p.summary() for p in phases]}
     (out / "hostile_clients.json").write_text(json.dumps(report, indent=2) + "\n")
-    rows = ["| phase | good ok | good failed | p50 ms | p99 ms | proxy RSS start -> peak (MB) | fewest healthy "
-            "(prefill, decode) | refusals |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    rows = [
+        "| phase | good ok | good failed | p50 ms | p99 ms | proxy RSS start -> peak (MB) | fewest healthy "
+        "(prefill, decode) | refusals |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for p in (ph.summary() for ph in phases):
         healthy = p["fewest_healthy_workers"]
         refused = ", ".join(f"{k} {int(v)}" for k, v in p["client_refusals"].items() if v) or "none"
-        rows.append(f"| {p['phase']} | {p['good_ok']} | {p['good_failed']} | {p['good_p50_ms']} | {p['good_p99_ms']} "
-                    f"| {p['proxy_rss_mb_start']} -> {p['proxy_rss_mb_peak']} | {healthy.get('prefill')}, "
-                    f"{healthy.get('decode')} | {refused} |")  # fmt: skip
+        rows.append(
+            f"| {p['phase']} | {p['good_ok']} | {p['good_failed']} | {p['good_p50_ms']} | {p['good_p99_ms']} "
+            f"| {p['proxy_rss_mb_start']} -> {p['proxy_rss_mb_peak']} | {healthy.get('prefill')}, "
+            f"{healthy.get('decode')} | {refused} |"
+        )
     hostile_line = ", ".join(f"{count} {kind}" for kind, count in hostile.items())
-    (out / "hostile_clients.md").write_text(f"Hostile connections held during `attack`: {hostile_line}.\n\n"
-                                            + "\n".join(rows) + "\n")  # fmt: skip
+    (out / "hostile_clients.md").write_text(
+        f"Hostile connections held during `attack`: {hostile_line}.\n\n" + "\n".join(rows) + "\n"
+    )
     plot(phases, out / "hostile_clients.png")
     return report
 
@@ -229,10 +248,16 @@ def plot(phases: list[Phase], path: Path) -> None:
 
 async def main_async(args) -> dict:
     process = proxy_process(args.url)
-    hostile = {"slow_head": args.slow_heads, "huge_header": args.huge_headers,
-               "unfinished_body": args.unfinished_bodies, "idle": args.idle}  # fmt: skip
-    phases = [await run_phase(args.url, process, "calm", args.seconds, {}),
-              await run_phase(args.url, process, "attack", args.seconds, hostile)]  # fmt: skip
+    hostile = {
+        "slow_head": args.slow_heads,
+        "huge_header": args.huge_headers,
+        "unfinished_body": args.unfinished_bodies,
+        "idle": args.idle,
+    }
+    phases = [
+        await run_phase(args.url, process, "calm", args.seconds, {}),
+        await run_phase(args.url, process, "attack", args.seconds, hostile),
+    ]
     return write_report(phases, Path(args.out), hostile)
 
 

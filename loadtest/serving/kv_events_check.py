@@ -72,16 +72,19 @@ def replay(source: EventSource) -> tuple[list[Batch], str]:
 
 async def check(args) -> dict:
     urls = {"prefill": args.prefill, "decode": args.decode}
-    infos = {url: parse_worker_info(httpx.get(url + "/metrics", timeout=10).text) for pool in urls.values()
-             for url in pool}  # fmt: skip
+    infos = {
+        url: parse_worker_info(httpx.get(url + "/metrics", timeout=10).text) for pool in urls.values() for url in pool
+    }
     index = KvIndex(10**7, routed_ttl_s=0.0)
     block_size = int(next(iter(infos.values()))["block_size"])
     rng = random.Random(args.seed)
     prompts = [[rng.randrange(FIRST_ID, args.vocab) for _ in range(args.tokens)] for _ in range(args.prompts)]
     async with httpx.AsyncClient(timeout=300) as client:
         for prompt in prompts:
-            reply = await client.post(args.proxy + "/v1/completions", json={
-                "model": args.model, "prompt": prompt, "max_tokens": 4, "temperature": 0})  # fmt: skip
+            reply = await client.post(
+                args.proxy + "/v1/completions",
+                json={"model": args.model, "prompt": prompt, "max_tokens": 4, "temperature": 0},
+            )
             reply.raise_for_status()
     forms, batches, malformed = {}, {}, 0
     for url, info in infos.items():
@@ -102,13 +105,18 @@ async def check(args) -> dict:
             row[pool] = index.matched_blocks(keys, pool_urls, routed=False)
         rows.append(row)
     return {
-        "block_size": block_size, "vllm_version": next(iter(infos.values())).get("vllm_version"),
-        "wire_form": forms, "prompts": rows,
+        "block_size": block_size,
+        "vllm_version": next(iter(infos.values())).get("vllm_version"),
+        "wire_form": forms,
+        "prompts": rows,
         # The last prompt: earlier ones may have been evicted since by the later ones.
         "decode_reports_received_blocks": max(rows[-1]["decode"].values()) == rows[-1]["full_blocks"],
         "prefill_reports_its_blocks": max(rows[-1]["prefill"].values()) == rows[-1]["full_blocks"],
-        "malformed": malformed, "index_blocks": index.size(), "index_counts": vars(index.counts), "batches": batches,
-    }  # fmt: skip
+        "malformed": malformed,
+        "index_blocks": index.size(),
+        "index_counts": vars(index.counts),
+        "batches": batches,
+    }
 
 
 def main() -> None:

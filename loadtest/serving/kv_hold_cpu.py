@@ -74,31 +74,50 @@ def run(args) -> dict:
     pids = {"prefill": server_pid(args.prefill), "decode": server_pid(args.decode)}
     rng = random.Random(args.seed)
     model = httpx.get(args.prefill + "/v1/models", timeout=10).json()["data"][0]["id"]
-    bodies = [{"model": model, "prompt": [rng.randrange(10, args.vocab) for _ in range(args.tokens)], "max_tokens": 1,
-               "temperature": 0} for _ in range(args.prompts)]  # fmt: skip
-    report = {"features": {"prefill": features(args.prefill), "decode": features(args.decode)},
-              "prompts": args.prompts, "tokens": args.tokens, "window_s": args.window}  # fmt: skip
+    bodies = [
+        {
+            "model": model,
+            "prompt": [rng.randrange(10, args.vocab) for _ in range(args.tokens)],
+            "max_tokens": 1,
+            "temperature": 0,
+        }
+        for _ in range(args.prompts)
+    ]
+    report = {
+        "features": {"prefill": features(args.prefill), "decode": features(args.decode)},
+        "prompts": args.prompts,
+        "tokens": args.tokens,
+        "window_s": args.window,
+    }
     report["idle_cores"] = tree_cores(pids, args.window)
     with httpx.Client(timeout=300) as client:
-        params = [client.post(args.prefill + "/v1/completions",
-                              json={**body, "kv_transfer_params": dict(PREFILL_KV_REQUEST)}).json()["kv_transfer_params"]
-                  for body in bodies]  # fmt: skip
+        params = [
+            client.post(
+                args.prefill + "/v1/completions", json={**body, "kv_transfer_params": dict(PREFILL_KV_REQUEST)}
+            ).json()["kv_transfer_params"]
+            for body in bodies
+        ]
         try:
             report["holding_cores"] = tree_cores(pids, args.window)
         finally:  # the decode worker reads the KV, which frees it on the prefill worker
             before = worker_metrics.parse(client.get(args.decode + "/metrics").text).get(
-                "vllm:nixl_bytes_transferred_sum", 0.0)
-            statuses = [client.post(args.decode + "/v1/completions", json={**body, "kv_transfer_params": p}).status_code
-                        for body, p in zip(bodies, params)]  # fmt: skip
+                "vllm:nixl_bytes_transferred_sum", 0.0
+            )
+            statuses = [
+                client.post(args.decode + "/v1/completions", json={**body, "kv_transfer_params": p}).status_code
+                for body, p in zip(bodies, params)
+            ]
             after = worker_metrics.parse(client.get(args.decode + "/metrics").text).get(
-                "vllm:nixl_bytes_transferred_sum", 0.0)
+                "vllm:nixl_bytes_transferred_sum", 0.0
+            )
     report["reads"] = {"statuses": statuses, "bytes": after - before}
     return report
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.kv_hold_cpu", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.kv_hold_cpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--prefill", default="http://127.0.0.1:8100")
     parser.add_argument("--decode", default="http://127.0.0.1:8200")
     parser.add_argument("--prompts", type=int, default=1)

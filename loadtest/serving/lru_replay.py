@@ -64,9 +64,14 @@ class LruBlockCache:
 
 
 def replay(
-    prompts: Sequence[Sequence[int]], block_size: int, workers: int, capacity_blocks: int, router: str = "oracle",
-    drop_last_block: bool = False, groups: Sequence[int] | None = None,
-) -> dict:  # fmt: skip
+    prompts: Sequence[Sequence[int]],
+    block_size: int,
+    workers: int,
+    capacity_blocks: int,
+    router: str = "oracle",
+    drop_last_block: bool = False,
+    groups: Sequence[int] | None = None,
+) -> dict:
     """The hit rate of `prompts`, in order, on `workers` LRU caches of `capacity_blocks`:
     {"hit_rate", "hit_tokens", "prompt_tokens", "router", ...}. `groups`: each prompt's
     tenant or session (needed by `pinned`)."""
@@ -96,9 +101,16 @@ def replay(
         hit += block_size * (max(matched - 1, 0) if drop_last_block else matched)
         caches[w].store(keys)
         given[w] += 1
-    return {"router": router, "workers": workers, "capacity_blocks": capacity_blocks, "block_size": block_size,
-            "drop_last_block": drop_last_block, "hit_tokens": hit, "prompt_tokens": total,
-            "hit_rate": hit / total if total else 0.0}  # fmt: skip
+    return {
+        "router": router,
+        "workers": workers,
+        "capacity_blocks": capacity_blocks,
+        "block_size": block_size,
+        "drop_last_block": drop_last_block,
+        "hit_tokens": hit,
+        "prompt_tokens": total,
+        "hit_rate": hit / total if total else 0.0,
+    }
 
 
 def unbounded_hit_rate(prompts: Sequence[Sequence[int]], block_size: int, drop_last_block: bool = False) -> float:
@@ -119,24 +131,33 @@ def unbounded_hit_rate(prompts: Sequence[Sequence[int]], block_size: int, drop_l
 
 
 def reference(
-    prompts: Sequence[Sequence[int]], groups: Sequence[int], block_size: int, capacity_blocks: int,
-    workers: Sequence[int], measured_from: int = 0,
-) -> dict:  # fmt: skip
+    prompts: Sequence[Sequence[int]],
+    groups: Sequence[int],
+    block_size: int,
+    capacity_blocks: int,
+    workers: Sequence[int],
+    measured_from: int = 0,
+) -> dict:
     """Every router at each worker count in `workers`, with and without EAGLE's dropped
     block, plus `achievable` (oracle or pinned, the better); hit rates over the prompts
     from index `measured_from` on (the ones before it, a warm-up, fill the caches)."""
-    out: dict = {"block_size": block_size, "capacity_blocks": capacity_blocks, "measured_from": measured_from,
-                 "unbounded": {}, "by_workers": {}}  # fmt: skip
+    out: dict = {
+        "block_size": block_size,
+        "capacity_blocks": capacity_blocks,
+        "measured_from": measured_from,
+        "unbounded": {},
+        "by_workers": {},
+    }
     for drop in (False, True):
         label = "eagle" if drop else "plain"
-        out["unbounded"][label] = _tail_rate(prompts, measured_from,
-                                             lambda p: unbounded_hit_rate(p, block_size, drop), block_size)  # fmt: skip
+        out["unbounded"][label] = _tail_rate(
+            prompts, measured_from, lambda p, drop=drop: unbounded_hit_rate(p, block_size, drop), block_size
+        )
         for n in workers:
             row = out["by_workers"].setdefault(str(n), {})
             rates = {}
             for router in ROUTERS:
-                rates[router] = _measured(prompts, groups, measured_from, block_size, n, capacity_blocks, router,
-                                          drop)  # fmt: skip
+                rates[router] = _measured(prompts, groups, measured_from, block_size, n, capacity_blocks, router, drop)
             rates["achievable"] = max(rates["oracle"], rates["pinned"])
             row[label] = rates
     return out

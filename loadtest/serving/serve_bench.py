@@ -34,17 +34,20 @@ from pathlib import Path
 
 import httpx
 
-from loadtest.serving import serve_report
-
-from loadtest.serving import queue_sampler, worker_metrics
-from pdspec.contract import DRAFTS_POLICIES
+from loadtest.serving import queue_sampler, serve_report, worker_metrics
 from loadtest.serving.serve_client import completion_body, random_prompts, run_load, vllm_random_prompts
 from loadtest.serving.serve_stats import parse_slos, summarize
+from pdspec.contract import DRAFTS_POLICIES
 
 POLICIES = DRAFTS_POLICIES
 DEFAULT_SATURATION_MIN = 0.89
-SATURATION_FIELDS = ("prefill_saturation_share", "prefill_tokens_per_s_saturated", "prefill_queue_samples",
-                     "prefill_queue_gaps", "saturated")  # fmt: skip
+SATURATION_FIELDS = (
+    "prefill_saturation_share",
+    "prefill_tokens_per_s_saturated",
+    "prefill_queue_samples",
+    "prefill_queue_gaps",
+    "saturated",
+)
 
 
 @dataclass(frozen=True)
@@ -113,8 +116,18 @@ def make_prompts(args: argparse.Namespace, count: int, vocab: int, tokenizer, se
 
 def set_drafts_policy(run_dir: Path, policy: str) -> None:
     """Through the command users run: `pdspec drafts` (read by the engine every step)."""
-    argv = [sys.executable, "-m", "pdspec.cli", "drafts", "--role", "prefill", "--policy", policy,
-            "--run_dir", str(run_dir)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pdspec.cli",
+        "drafts",
+        "--role",
+        "prefill",
+        "--policy",
+        policy,
+        "--run_dir",
+        str(run_dir),
+    ]
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"pdspec drafts failed: {done.stderr.strip() or done.stdout.strip()}")
@@ -126,12 +139,14 @@ def first_model(url: str) -> str:
     return response.json()["data"][0]["id"]
 
 
-async def measured_load(args: argparse.Namespace, load: Load, bodies: list[dict], seed: int,
-                        prefill_url: str | None, on_done) -> tuple[list, float, list | None]:  # fmt: skip
+async def measured_load(
+    args: argparse.Namespace, load: Load, bodies: list[dict], seed: int, prefill_url: str | None, on_done
+) -> tuple[list, float, list | None]:
     """One phase's load (run_load's results and window), with the prefill worker's queue
     samples taken alongside it; None for the samples when its URL is not known."""
-    work = run_load(args.url, bodies, load.concurrency, load.request_rate, seed=seed, timeout_s=args.timeout,
-                    on_done=on_done)  # fmt: skip
+    work = run_load(
+        args.url, bodies, load.concurrency, load.request_rate, seed=seed, timeout_s=args.timeout, on_done=on_done
+    )
     if prefill_url is None:
         results, duration = await work
         return results, duration, None
@@ -217,8 +232,11 @@ def run_benchmark(args: argparse.Namespace) -> dict:
                 progress.phase("warm-up")
                 prompts = make_prompts(args, args.warmup, vocab, tokenizer, seed=args.seed - 1)
                 bodies = [completion_body(model, p, args.output_len) for p in prompts]
-                asyncio.run(run_load(args.url, bodies, loads[0].concurrency, None, timeout_s=args.timeout,
-                                     on_done=progress.done))  # fmt: skip
+                asyncio.run(
+                    run_load(
+                        args.url, bodies, loads[0].concurrency, None, timeout_s=args.timeout, on_done=progress.done
+                    )
+                )
             for index, (load, rep, policy) in enumerate(plan):
                 if args.deadline and time.time() + longest > args.deadline:
                     # It would not finish in time: skip it, and say so in the report.
@@ -284,8 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-len", type=int, default=64, help="max_tokens (ignore_eos)")
     parser.add_argument("--num-prompts", type=int, default=64, help="requests per phase")
     parser.add_argument("--concurrency", type=int, nargs="+", help="load levels: requests in flight (default 1)")
-    parser.add_argument("--request-rate", type=float, nargs="+",
-                        help="load levels: Poisson arrivals per second (--concurrency then caps in-flight)")  # fmt: skip
+    parser.add_argument(
+        "--request-rate",
+        type=float,
+        nargs="+",
+        help="load levels: Poisson arrivals per second (--concurrency then caps in-flight)",
+    )
     parser.add_argument("--phases", type=int, default=1, help="phases per load level (and per policy with --ab)")
     parser.add_argument("--ab", action="store_true", help="interleave prefill drafts policy auto / always")
     parser.add_argument("--warmup", type=int, default=0, help="requests sent first and not measured")
@@ -294,19 +316,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--decode-url", help="decode worker (default: local pdspec up's)")
     parser.add_argument("--run-dir", help="pdspec up's run folder, for --ab (default: pdspec's)")
     parser.add_argument("--no-worker-metrics", action="store_true", help="client-side figures only")
-    parser.add_argument("--saturation-min", type=float, default=DEFAULT_SATURATION_MIN, metavar="SHARE",
-                        help="share of the prefill worker's queue readings (every 0.25 s of a phase) that must have "
-                             "requests waiting; a phase below it never saturated the prefill worker and is flagged, "
-                             "not averaged into the A/B figures (default %(default)s)")  # fmt: skip
-    parser.add_argument("--dataset", choices=("uniform", "vllm-random"), default="uniform",
-                        help="uniform: token ids drawn uniformly below --vocab-size; vllm-random: the texts of "
-                        "`vllm bench serve --dataset-name random` for the same seed (needs a tokenizer)")  # fmt: skip
+    parser.add_argument(
+        "--saturation-min",
+        type=float,
+        default=DEFAULT_SATURATION_MIN,
+        metavar="SHARE",
+        help="share of the prefill worker's queue readings (every 0.25 s of a phase) that must have "
+        "requests waiting; a phase below it never saturated the prefill worker and is flagged, "
+        "not averaged into the A/B figures (default %(default)s)",
+    )
+    parser.add_argument(
+        "--dataset",
+        choices=("uniform", "vllm-random"),
+        default="uniform",
+        help="uniform: token ids drawn uniformly below --vocab-size; vllm-random: the texts of "
+        "`vllm bench serve --dataset-name random` for the same seed (needs a tokenizer)",
+    )
     parser.add_argument("--tokenizer", help="for --dataset vllm-random (default: the local target model)")
     parser.add_argument("--vocab-size", type=int, help="token ids drawn below this (default: the target's config)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")
-    parser.add_argument("--deadline", type=float,
-                        help="Unix time: a phase that would not end by then (longest phase so far) is skipped")  # fmt: skip
+    parser.add_argument(
+        "--deadline", type=float, help="Unix time: a phase that would not end by then (longest phase so far) is skipped"
+    )
     parser.add_argument("--label", default="", help="a name for this run in tables and plots")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("loadtest/results/serve_bench"))

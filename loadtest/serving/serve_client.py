@@ -94,8 +94,16 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict) -> 
     if not finished or ttft is None:
         return RequestResult(False, prompt_tokens, error="stream ended without a choice or [DONE]")
     output_tokens = (usage or {}).get("completion_tokens") or len(gaps) + 1
-    return RequestResult(True, (usage or {}).get("prompt_tokens") or prompt_tokens, output_tokens, ttft, e2e, gaps,
-                         phases_ms=phases, served_by=served_by)  # fmt: skip
+    return RequestResult(
+        True,
+        (usage or {}).get("prompt_tokens") or prompt_tokens,
+        output_tokens,
+        ttft,
+        e2e,
+        gaps,
+        phases_ms=phases,
+        served_by=served_by,
+    )
 
 
 def server_timing(header: str | None) -> dict[str, float]:

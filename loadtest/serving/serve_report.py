@@ -9,8 +9,11 @@ from pathlib import Path
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
-RATE_SOURCE_TEXT = {"prefill_tokens_per_s_saturated": "saturated window", "prefill_tokens_per_s": "whole phase",
-                    "mixed": "mixed"}  # fmt: skip
+RATE_SOURCE_TEXT = {
+    "prefill_tokens_per_s_saturated": "saturated window",
+    "prefill_tokens_per_s": "whole phase",
+    "mixed": "mixed",
+}
 
 
 def _fmt(value, digits: int = 1) -> str:
@@ -46,10 +49,14 @@ def _unsaturated_note(report: dict) -> list[str]:
         return []
     floor = report.get("saturation_min")
     threshold = f" (requests waiting in fewer than {floor:.0%} of its queue readings)" if floor is not None else ""
-    names = ", ".join(f"#{p['index'] + 1} {p['load']} {p['policy'] or ''}".rstrip() + f" {_saturation_text(p)}"
-                      for p in flagged)  # fmt: skip
-    return [f"**{len(flagged)} phases never saturated the prefill worker**{threshold}, "
-            f"left out of the A/B figures: {names}", ""]  # fmt: skip
+    names = ", ".join(
+        f"#{p['index'] + 1} {p['load']} {p['policy'] or ''}".rstrip() + f" {_saturation_text(p)}" for p in flagged
+    )
+    return [
+        f"**{len(flagged)} phases never saturated the prefill worker**{threshold}, "
+        f"left out of the A/B figures: {names}",
+        "",
+    ]
 
 
 def phase_rate(phase: dict) -> float:
@@ -61,8 +68,12 @@ def phase_rate(phase: dict) -> float:
 
 def rate_source(phases: list[dict]) -> str | None:
     """Which field `phase_rate` took for these phases: one field's name, "mixed", or None (no phase)."""
-    sources = {"prefill_tokens_per_s_saturated" if p.get("prefill_tokens_per_s_saturated") is not None
-               else "prefill_tokens_per_s" for p in phases}  # fmt: skip
+    sources = {
+        "prefill_tokens_per_s_saturated"
+        if p.get("prefill_tokens_per_s_saturated") is not None
+        else "prefill_tokens_per_s"
+        for p in phases
+    }
     return sources.pop() if len(sources) == 1 else ("mixed" if sources else None)
 
 
@@ -95,7 +106,9 @@ def ab_summary(phases: list[dict]) -> list[dict]:
     the worker. Proposal counts and TTFT cover every phase: they say what each policy did."""
     rows = []
     for load in dict.fromkeys(p["load"] for p in phases):
-        of = {policy: [p for p in phases if p["load"] == load and p["policy"] == policy] for policy in ("auto", "always")}
+        of = {
+            policy: [p for p in phases if p["load"] == load and p["policy"] == policy] for policy in ("auto", "always")
+        }
         if not of["auto"] or not of["always"]:
             continue
         pairs = list(zip(of["auto"], of["always"]))
@@ -105,24 +118,26 @@ def ab_summary(phases: list[dict]) -> list[dict]:
         always = statistics.mean(rate["always"]) if used else None
         ratios = [a / b for a, b in zip(rate["auto"], rate["always"]) if b]
         ci = bootstrap_ci95(ratios)
-        rows.append({
-            "load": load,
-            "phases_per_policy": len(of["auto"]),
-            "always_prefill_tokens_per_s": always,
-            "auto_prefill_tokens_per_s": auto,
-            "auto_vs_always_pct": 100.0 * (auto / always - 1.0) if always else None,
-            "pair_ratios": ratios,
-            "pair_ratio_mean": statistics.fmean(ratios) if ratios else None,
-            "pair_ratio_ci95": ci,
-            "auto_vs_always_pct_ci95": None if ci is None else [100.0 * (r - 1.0) for r in ci],
-            "rate_source": rate_source([p for pair in used for p in pair]),
-            "pairs_used": len(used),
-            "excluded_pairs": len(pairs) - len(used),
-            "unsaturated_phases": {k: sum(not counts_in_ab(p) for p in v) for k, v in of.items()},
-            "k0_proposals": {k: sum(p["prefill_k0_proposals"] or 0 for p in v) for k, v in of.items()},
-            "proposals": {k: sum(p["prefill_proposals"] or 0 for p in v) for k, v in of.items()},
-            "ttft_ms_median": {k: statistics.mean(p["ttft_ms"]["median"] or 0 for p in v) for k, v in of.items()},
-        })  # fmt: skip
+        rows.append(
+            {
+                "load": load,
+                "phases_per_policy": len(of["auto"]),
+                "always_prefill_tokens_per_s": always,
+                "auto_prefill_tokens_per_s": auto,
+                "auto_vs_always_pct": 100.0 * (auto / always - 1.0) if always else None,
+                "pair_ratios": ratios,
+                "pair_ratio_mean": statistics.fmean(ratios) if ratios else None,
+                "pair_ratio_ci95": ci,
+                "auto_vs_always_pct_ci95": None if ci is None else [100.0 * (r - 1.0) for r in ci],
+                "rate_source": rate_source([p for pair in used for p in pair]),
+                "pairs_used": len(used),
+                "excluded_pairs": len(pairs) - len(used),
+                "unsaturated_phases": {k: sum(not counts_in_ab(p) for p in v) for k, v in of.items()},
+                "k0_proposals": {k: sum(p["prefill_k0_proposals"] or 0 for p in v) for k, v in of.items()},
+                "proposals": {k: sum(p["prefill_proposals"] or 0 for p in v) for k, v in of.items()},
+                "ttft_ms_median": {k: statistics.mean(p["ttft_ms"]["median"] or 0 for p in v) for k, v in of.items()},
+            }
+        )
     return rows
 
 
@@ -138,8 +153,11 @@ def markdown(report: dict) -> str:
         "",
     ]
     if report.get("skipped_phases"):
-        lines += [f"**{len(report['skipped_phases'])} phases skipped** (time budget): "
-                  + ", ".join(f"{p['load']} {p['policy'] or ''}".strip() for p in report["skipped_phases"]), ""]
+        lines += [
+            f"**{len(report['skipped_phases'])} phases skipped** (time budget): "
+            + ", ".join(f"{p['load']} {p['policy'] or ''}".strip() for p in report["skipped_phases"]),
+            "",
+        ]
     lines += _unsaturated_note(report)
     if report.get("ab_summary"):
         lines += [
@@ -168,7 +186,9 @@ def markdown(report: dict) -> str:
     ]
     for p in report["phases"]:
         ttft, itl = p["ttft_ms"], p["itl_ms"]
-        proposals = "-" if p["prefill_proposals"] is None else f"{p['prefill_k0_proposals']:,} / {p['prefill_proposals']:,}"
+        proposals = (
+            "-" if p["prefill_proposals"] is None else f"{p['prefill_k0_proposals']:,} / {p['prefill_proposals']:,}"
+        )
         lines.append(
             f"| {p['index'] + 1} | {p['load']} | {p['policy'] or '-'} | {p['requests']} | {p['failed']} "
             f"| {_fmt(ttft['mean'])} / {_fmt(ttft['median'])} / {_fmt(ttft['p99'])} "
@@ -239,23 +259,35 @@ def plot_ab(report: dict, path: Path) -> None:
     colors = {"auto": "tab:blue", "always": "tab:gray", None: "tab:green"}
     for p in phases:
         unsaturated = p.get("saturated") is False
-        ax.bar(p["index"] + 1, phase_rate(p), color=colors[p["policy"]],
-               hatch="//" if unsaturated else None, edgecolor="white" if unsaturated else None)  # fmt: skip
+        ax.bar(
+            p["index"] + 1,
+            phase_rate(p),
+            color=colors[p["policy"]],
+            hatch="//" if unsaturated else None,
+            edgecolor="white" if unsaturated else None,
+        )
     from matplotlib.patches import Patch
 
-    handles = [Patch(color=color, label=policy or "single policy")
-               for policy, color in colors.items() if any(p["policy"] == policy for p in phases)]  # fmt: skip
+    handles = [
+        Patch(color=color, label=policy or "single policy")
+        for policy, color in colors.items()
+        if any(p["policy"] == policy for p in phases)
+    ]
     if any(p.get("saturated") is False for p in phases):
         handles.append(Patch(facecolor="lightgray", hatch="//", edgecolor="white", label="unsaturated (not in A/B)"))
     ax.set_xticks([p["index"] + 1 for p in phases])
     top = max([phase_rate(p) for p in phases] + [1.0])
     ax.set_ylim(0, top * 1.2)  # the legend above the bars, not over one
     ax.set_xlabel("phase (run order)")
-    ax.set_ylabel("prefill prompt tokens/s (saturated window)" if any(
-        p.get("prefill_tokens_per_s_saturated") is not None for p in phases) else "prefill worker prompt tokens/s")
+    ax.set_ylabel(
+        "prefill prompt tokens/s (saturated window)"
+        if any(p.get("prefill_tokens_per_s_saturated") is not None for p in phases)
+        else "prefill worker prompt tokens/s"
+    )
     title = " / ".join(f"{r['load']}: auto {pct_text(r['auto_vs_always_pct'])}" for r in report.get("ab_summary", []))
-    ax.set_title((report.get("label") + ": " if report.get("label") else "") + (title or "prefill throughput"),
-                 fontsize=9)  # fmt: skip
+    ax.set_title(
+        (report.get("label") + ": " if report.get("label") else "") + (title or "prefill throughput"), fontsize=9
+    )
     if handles:  # none when the deadline left no phase to run
         ax.legend(handles=handles, loc="upper center", ncol=len(handles))
     fig.tight_layout()

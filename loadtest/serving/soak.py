@@ -28,7 +28,7 @@ PROMPTS = [
     "def read_config(path):\n    with open(path) as",
     "import os\nimport sys\n\n\nclass",
     "    for key, value in sorted(items.items()):\n        if",
-    "def _parse_header(line):\n    \"\"\"Parse a header line.\"\"\"\n",
+    'def _parse_header(line):\n    """Parse a header line."""\n',
     "class Queue:\n    def __init__(self, maxsize=0):\n        self.",
     "    try:\n        return self._cache[key]\n    except KeyError:\n",
 ]
@@ -62,14 +62,19 @@ class SoakReport:
         return sum(counts[status] for counts in self.by_kind.values())
 
     def table(self) -> str:
-        rows = ["| kind | requests | ok | lost | malformed | p50 s | p99 s |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        rows = [
+            "| kind | requests | ok | lost | malformed | p50 s | p99 s |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for kind in KINDS:
             counts, lat = self.by_kind.get(kind, Counter()), sorted(self.latencies.get(kind, []))
             if not lat:
                 continue
             p50, p99 = lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))]
-            rows.append(f"| {kind} | {sum(counts.values())} | {counts['ok']} | {counts['lost']} | "
-                        f"{counts['malformed']} | {p50:.2f} | {p99:.2f} |")  # fmt: skip
+            rows.append(
+                f"| {kind} | {sum(counts.values())} | {counts['ok']} | {counts['lost']} | "
+                f"{counts['malformed']} | {p50:.2f} | {p99:.2f} |"
+            )
         return "\n".join(rows)
 
 
@@ -177,8 +182,9 @@ async def one_request(client: httpx.AsyncClient, url: str, kind: str, body: dict
     return Outcome(kind, "malformed" if problem else "ok", problem, latency, tokens)
 
 
-async def run_soak(url: str, model: str, total: int, concurrency: int, seed: int = 0,
-                   timeout_s: float = 300, progress: bool = False) -> SoakReport:  # fmt: skip
+async def run_soak(
+    url: str, model: str, total: int, concurrency: int, seed: int = 0, timeout_s: float = 300, progress: bool = False
+) -> SoakReport:
     mix = request_mix(total, model, seed)
     queue: asyncio.Queue = asyncio.Queue()
     for item in mix:
@@ -192,8 +198,10 @@ async def run_soak(url: str, model: str, total: int, concurrency: int, seed: int
             outcomes.append(await one_request(client, url, kind, body))
             if progress and len(outcomes) % 50 == 0:
                 bad = sum(o.status != "ok" for o in outcomes)
-                print(f"  {len(outcomes)}/{total} done, {bad} lost or malformed, "
-                      f"{time.perf_counter() - started:.0f} s", flush=True)  # fmt: skip
+                print(
+                    f"  {len(outcomes)}/{total} done, {bad} lost or malformed, {time.perf_counter() - started:.0f} s",
+                    flush=True,
+                )
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
@@ -210,11 +218,23 @@ async def run_soak(url: str, model: str, total: int, concurrency: int, seed: int
 
 def _start_stack(base_port: int, run_dir: Path) -> tuple[subprocess.Popen, str]:
     argv = [
-        sys.executable, "-m", "pdspec.cli", "up", "--run_dir", str(run_dir),
-        "--proxy.port", str(base_port), "--prefill.port", str(base_port + 100),
-        "--decode.port", str(base_port + 200), "--prefill.side_channel_port", str(base_port + 300),
-        "--decode.side_channel_port", str(base_port + 400),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pdspec.cli",
+        "up",
+        "--run_dir",
+        str(run_dir),
+        "--proxy.port",
+        str(base_port),
+        "--prefill.port",
+        str(base_port + 100),
+        "--decode.port",
+        str(base_port + 200),
+        "--prefill.side_channel_port",
+        str(base_port + 300),
+        "--decode.side_channel_port",
+        str(base_port + 400),
+    ]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     for line in process.stdout:
         print("  " + line.rstrip(), flush=True)
@@ -236,8 +256,10 @@ def _plot(report: SoakReport, path: Path) -> None:
     ax.boxplot([report.latencies[k] for k in kinds], showfliers=True)
     ax.set_xticks(range(1, len(kinds) + 1), kinds)
     ax.set_ylabel("latency, s")
-    ax.set_title(f"soak: {report.requests} requests at {report.concurrency} concurrent, "
-                 f"{report.count('lost')} lost, {report.count('malformed')} malformed")  # fmt: skip
+    ax.set_title(
+        f"soak: {report.requests} requests at {report.concurrency} concurrent, "
+        f"{report.count('lost')} lost, {report.count('malformed')} malformed"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -266,20 +288,27 @@ def main() -> None:
         if process is not None:
             process.terminate()
             process.wait(timeout=60)
-    summary = (f"\n{report.requests} requests in {report.seconds:.0f} s ({report.requests / report.seconds:.1f} req/s) "
-               f"at {report.concurrency} concurrent: {report.count('lost')} lost, "
-               f"{report.count('malformed')} malformed")  # fmt: skip
+    summary = (
+        f"\n{report.requests} requests in {report.seconds:.0f} s ({report.requests / report.seconds:.1f} req/s) "
+        f"at {report.concurrency} concurrent: {report.count('lost')} lost, "
+        f"{report.count('malformed')} malformed"
+    )
     text = report.table() + summary + "\n" + "".join(f"- {p}\n" for p in report.problems[:20])
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "soak.md").write_text(f"Command: python -m loadtest.soak --requests {args.requests} "
-                                      f"--concurrency {args.concurrency}\n\n" + text)  # fmt: skip
+    (args.out / "soak.md").write_text(
+        f"Command: python -m loadtest.soak --requests {args.requests} --concurrency {args.concurrency}\n\n" + text
+    )
     data = {
-        "requests": report.requests, "concurrency": report.concurrency, "seconds": report.seconds,
-        "lost": report.count("lost"), "malformed": report.count("malformed"),
+        "requests": report.requests,
+        "concurrency": report.concurrency,
+        "seconds": report.seconds,
+        "lost": report.count("lost"),
+        "malformed": report.count("malformed"),
         "by_kind": {kind: dict(counts) for kind, counts in report.by_kind.items()},
-        "problems": report.problems, "latencies_s": report.latencies,
-    }  # fmt: skip
+        "problems": report.problems,
+        "latencies_s": report.latencies,
+    }
     (args.out / "soak.json").write_text(json.dumps(data, indent=1))
     _plot(report, args.out / "soak.png")
     sys.exit(1 if report.count("lost") or report.count("malformed") else 0)

@@ -164,7 +164,9 @@ def wait_ready(stacks: list[Stack], timeout_s: float, say=print) -> dict[str, fl
                 ready_s[stack.name] = time.monotonic() - started
                 say(f"stack {stack.name} ready after {ready_s[stack.name]:.0f} s")
         if pending and time.monotonic() - started > timeout_s:
-            raise RuntimeError("not ready in time: " + ", ".join(s.name for s in pending) + "\n" + pending[0].log_tail())
+            raise RuntimeError(
+                "not ready in time: " + ", ".join(s.name for s in pending) + "\n" + pending[0].log_tail()
+            )
         if pending:
             time.sleep(1.0)  # poll interval for the ready line
     return ready_s

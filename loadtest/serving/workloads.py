@@ -23,8 +23,21 @@ WORKLOADS: dict[str, Workload] = {
         "The seed's 1P1D table: through the proxy, 3 phases per drafts policy (auto / always "
         "interleaved) of 128 random 8,192-token prompts at concurrency 32, max_tokens 8; the "
         "prefill worker at max_num_batched_tokens 512 and 2048 (one stack each).",
-        ("--input-len", "8192", "--output-len", "8", "--num-prompts", "128", "--concurrency", "32",
-         "--phases", "3", "--ab", "--warmup", "32"),  # fmt: skip
+        (
+            "--input-len",
+            "8192",
+            "--output-len",
+            "8",
+            "--num-prompts",
+            "128",
+            "--concurrency",
+            "32",
+            "--phases",
+            "3",
+            "--ab",
+            "--warmup",
+            "32",
+        ),
         SEED_MBT,
     ),
     "latency": Workload(
@@ -32,29 +45,78 @@ WORKLOADS: dict[str, Workload] = {
         "prompts per level, 64 output tokens each; prefill chunks of 2,048 tokens (the 1P1D "
         "prefill worker's and the colocated server's max_num_batched_tokens alike, so the two "
         "differ in disaggregation only). Run on a 1P1D and a colocated profile to compare.",
-        ("--input-len", "4096", "--output-len", "64", "--num-prompts", "32", "--concurrency", "1", "4", "16", "32",
-         "--warmup", "8"),  # fmt: skip
+        (
+            "--input-len",
+            "4096",
+            "--output-len",
+            "64",
+            "--num-prompts",
+            "32",
+            "--concurrency",
+            "1",
+            "4",
+            "16",
+            "32",
+            "--warmup",
+            "8",
+        ),
         LATENCY_MBT,
     ),
     "cpu-seed": Workload(
         "The seed preset scaled to the 2-core CPU and the local model (max_model_len 2048): 3 "
         "phases per policy of 24 random 2,000-token prompts at concurrency 8, max_tokens 8; "
         "prefill mbt 512 and 2048.",
-        ("--input-len", "2000", "--output-len", "8", "--num-prompts", "24", "--concurrency", "8",
-         "--phases", "3", "--ab", "--warmup", "4"),  # fmt: skip
+        (
+            "--input-len",
+            "2000",
+            "--output-len",
+            "8",
+            "--num-prompts",
+            "24",
+            "--concurrency",
+            "8",
+            "--phases",
+            "3",
+            "--ab",
+            "--warmup",
+            "4",
+        ),
         SEED_MBT,
     ),
     "cpu-latency": Workload(
         "The latency workload scaled to the CPU: 8 random 512-token prompts per level at "
         "concurrency 1, 2 and 4, 32 output tokens each; prefill chunks of 2,048 tokens.",
-        ("--input-len", "512", "--output-len", "32", "--num-prompts", "8", "--concurrency", "1", "2", "4",
-         "--warmup", "2"),  # fmt: skip
+        (
+            "--input-len",
+            "512",
+            "--output-len",
+            "32",
+            "--num-prompts",
+            "8",
+            "--concurrency",
+            "1",
+            "2",
+            "4",
+            "--warmup",
+            "2",
+        ),
         LATENCY_MBT,
     ),
     "cpu-tiny": Workload(
         "A few seconds of work for tests: 1 phase per policy of 4 random 600-token prompts at "
         "concurrency 2, max_tokens 4.",
-        ("--input-len", "600", "--output-len", "4", "--num-prompts", "4", "--concurrency", "2", "--phases", "1",
-         "--ab"),  # fmt: skip
+        (
+            "--input-len",
+            "600",
+            "--output-len",
+            "4",
+            "--num-prompts",
+            "4",
+            "--concurrency",
+            "2",
+            "--phases",
+            "1",
+            "--ab",
+        ),
     ),
 }

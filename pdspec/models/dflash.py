@@ -66,25 +66,34 @@ def write_dflash_drafter(out_dir: Path, k: int = 4, seed: int = 0) -> Path:
     def norm(size: int) -> torch.Tensor:
         return 1.0 + weight(size)
 
-    hidden, heads, kv_heads, head_dim = target.hidden_size, target.num_attention_heads, \
-        target.num_key_value_heads, target.head_dim  # fmt: skip
-    tensors = {"norm.weight": norm(hidden), "hidden_norm.weight": norm(hidden),
-               "fc.weight": weight(hidden, hidden * len(drafter.aux_layer_ids))}  # fmt: skip
+    hidden, heads, kv_heads, head_dim = (
+        target.hidden_size,
+        target.num_attention_heads,
+        target.num_key_value_heads,
+        target.head_dim,
+    )
+    tensors = {
+        "norm.weight": norm(hidden),
+        "hidden_norm.weight": norm(hidden),
+        "fc.weight": weight(hidden, hidden * len(drafter.aux_layer_ids)),
+    }
     for i in range(DFLASH_LAYERS):
         p = f"layers.{i}."
-        tensors.update({
-            p + "self_attn.q_proj.weight": weight(heads * head_dim, hidden),
-            p + "self_attn.k_proj.weight": weight(kv_heads * head_dim, hidden),
-            p + "self_attn.v_proj.weight": weight(kv_heads * head_dim, hidden),
-            p + "self_attn.o_proj.weight": weight(hidden, heads * head_dim),
-            p + "self_attn.q_norm.weight": norm(head_dim),
-            p + "self_attn.k_norm.weight": norm(head_dim),
-            p + "input_layernorm.weight": norm(hidden),
-            p + "post_attention_layernorm.weight": norm(hidden),
-            p + "mlp.gate_proj.weight": weight(drafter.intermediate_size, hidden),
-            p + "mlp.up_proj.weight": weight(drafter.intermediate_size, hidden),
-            p + "mlp.down_proj.weight": weight(hidden, drafter.intermediate_size),
-        })  # fmt: skip
+        tensors.update(
+            {
+                p + "self_attn.q_proj.weight": weight(heads * head_dim, hidden),
+                p + "self_attn.k_proj.weight": weight(kv_heads * head_dim, hidden),
+                p + "self_attn.v_proj.weight": weight(kv_heads * head_dim, hidden),
+                p + "self_attn.o_proj.weight": weight(hidden, heads * head_dim),
+                p + "self_attn.q_norm.weight": norm(head_dim),
+                p + "self_attn.k_norm.weight": norm(head_dim),
+                p + "input_layernorm.weight": norm(hidden),
+                p + "post_attention_layernorm.weight": norm(hidden),
+                p + "mlp.gate_proj.weight": weight(drafter.intermediate_size, hidden),
+                p + "mlp.up_proj.weight": weight(drafter.intermediate_size, hidden),
+                p + "mlp.down_proj.weight": weight(hidden, drafter.intermediate_size),
+            }
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file({name: t.float().contiguous() for name, t in tensors.items()}, str(out_dir / "model.safetensors"))
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")

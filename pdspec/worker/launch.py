@@ -150,9 +150,11 @@ def kv_transfer_config(role: Literal["prefill", "decode"], worker: WorkerSetting
     if device == "auto":
         device = "cpu" if cpu else "cuda"
     config = {
-        "kv_connector": KV_CONNECTORS[worker.kv_transfer], "kv_role": KV_ROLES[role], "kv_buffer_device": device,
+        "kv_connector": KV_CONNECTORS[worker.kv_transfer],
+        "kv_role": KV_ROLES[role],
+        "kv_buffer_device": device,
         "kv_connector_extra_config": {"kv_lease_duration": worker.kv_lease_s},
-    }  # fmt: skip
+    }
     if role == "decode":
         # A KV pull that fails (the prefill worker died or restarted under it) is
         # recomputed here, not a 500 for the client.
@@ -162,9 +164,14 @@ def kv_transfer_config(role: Literal["prefill", "decode"], worker: WorkerSetting
 
 # Server-only options: the OpenAI server takes them, an in-process engine does not.
 SERVER_OPTIONS = (
-    "served_model_name", "host", "port", "enable_prompt_tokens_details", "tool_call_parser",
-    "enable_auto_tool_choice", "enable_scale_out",
-)  # fmt: skip
+    "served_model_name",
+    "host",
+    "port",
+    "enable_prompt_tokens_details",
+    "tool_call_parser",
+    "enable_auto_tool_choice",
+    "enable_scale_out",
+)
 
 
 def kv_events_config(worker: WorkerSettings) -> dict:

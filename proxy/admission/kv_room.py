@@ -134,9 +134,19 @@ class Leg:
 class KvRoom:
     CALIBRATION_WEIGHT = 0.2  # of each prefill reply in the characters-per-token ratio
 
-    def __init__(self, client: UpstreamClient, pool: WorkerPool, headroom: float, read_interval_s: float,
-                 wait_timeout_s: float, retry_after_s: int, metrics, chars_per_token: float = 2.0,
-                 headers: dict[str, str] | None = None, queue_budget_s: float | None = None):  # fmt: skip
+    def __init__(
+        self,
+        client: UpstreamClient,
+        pool: WorkerPool,
+        headroom: float,
+        read_interval_s: float,
+        wait_timeout_s: float,
+        retry_after_s: int,
+        metrics,
+        chars_per_token: float = 2.0,
+        headers: dict[str, str] | None = None,
+        queue_budget_s: float | None = None,
+    ):
         """`queue_budget_s`: the most prefill time queued on one worker (None or 0: no time check)."""
         self.client = client
         self.pool = pool
@@ -210,9 +220,13 @@ class KvRoom:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self.metrics.kv_room_waits.labels("timeout").inc()
-                    raise ProxyError(503, "No prefill worker has room (KV room, or queued prefill time) for this "
-                                     "prompt now; retry later.", code="overloaded",
-                                     headers={"Retry-After": str(self.retry_after_s)})  # fmt: skip
+                    raise ProxyError(
+                        503,
+                        "No prefill worker has room (KV room, or queued prefill time) for this "
+                        "prompt now; retry later.",
+                        code="overloaded",
+                        headers={"Retry-After": str(self.retry_after_s)},
+                    )
                 if ticket is None:
                     ticket = object()
                     self._line.append(ticket)
@@ -231,8 +245,7 @@ class KvRoom:
         self.rates.setdefault(url, PrefillRate()).started(time.monotonic())
         return Leg(url, tokens, chars)
 
-    def end(self, leg: Leg, reply_tokens: int | None, cached_tokens: int | None = None,
-            charged: bool = True) -> None:  # fmt: skip
+    def end(self, leg: Leg, reply_tokens: int | None, cached_tokens: int | None = None, charged: bool = True) -> None:
         """The leg is over; `reply_tokens`: the prompt's tokens as its reply counted them
         (None: it failed, and holds no KV there); `cached_tokens`: those of them the worker
         served from its prefix cache; `charged`: whether its time says how fast the worker

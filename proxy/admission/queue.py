@@ -22,14 +22,22 @@ class Admission:
         """Take a slot, wait in the queue for one, or raise 429/503. Pair with `release()`."""
         if self._slots.locked():
             if self.waiting >= self.max_queue:
-                raise ProxyError(429, "Too many requests in flight; retry later.", code="rate_limit_exceeded",
-                                 headers={"Retry-After": str(self.retry_after_s)})  # fmt: skip
+                raise ProxyError(
+                    429,
+                    "Too many requests in flight; retry later.",
+                    code="rate_limit_exceeded",
+                    headers={"Retry-After": str(self.retry_after_s)},
+                )
             self.waiting += 1
             try:
                 await asyncio.wait_for(self._slots.acquire(), self.queue_timeout_s)
             except asyncio.TimeoutError:
-                raise ProxyError(503, "Timed out waiting for capacity; retry later.", code="overloaded",
-                                 headers={"Retry-After": str(self.retry_after_s)}) from None  # fmt: skip
+                raise ProxyError(
+                    503,
+                    "Timed out waiting for capacity; retry later.",
+                    code="overloaded",
+                    headers={"Retry-After": str(self.retry_after_s)},
+                ) from None
             finally:
                 self.waiting -= 1
         else:

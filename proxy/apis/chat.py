@@ -46,8 +46,9 @@ class ChatCompletionRequest(OpenAIRequest):
             if top_logprobs < 0 and top_logprobs != -1:
                 raise ProxyError(400, "`top_logprobs` must be a positive value or -1.", param="top_logprobs")
             if (top_logprobs == -1 or top_logprobs > 0) and not body.get("logprobs"):
-                raise ProxyError(400, "when using `top_logprobs`, `logprobs` must be set to true.",
-                                 param="top_logprobs")  # fmt: skip
+                raise ProxyError(
+                    400, "when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs"
+                )
         max_field = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
         max_tokens = getattr(self, max_field)  # as vLLM's chat serving picks it
         if max_tokens is not None and max_tokens < 1:
@@ -56,8 +57,14 @@ class ChatCompletionRequest(OpenAIRequest):
 
 
 CHAT = Api(
-    "chat", "/v1/chat/completions", partial(validate, schema=ChatCompletionRequest),
-    partial(legs.prefill_body, chat=True), legs.decode_body,
+    "chat",
+    "/v1/chat/completions",
+    partial(validate, schema=ChatCompletionRequest),
+    partial(legs.prefill_body, chat=True),
+    legs.decode_body,
     lambda body, params: legs.release_body(body, True, params),
-    legs.decode_only_reason, cached_tokens_of, patch_body, chat=True,
-)  # fmt: skip
+    legs.decode_only_reason,
+    cached_tokens_of,
+    patch_body,
+    chat=True,
+)

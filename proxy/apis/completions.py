@@ -28,11 +28,14 @@ class CompletionRequest(OpenAIRequest):
         prompt = body.get("prompt")
         if prompt is None or prompt == "":
             if body.get("prompt_embeds") is None:
-                raise ProxyError(400, "Either prompt or prompt_embeds must be provided and non-empty.",
-                                 param="prompt")  # fmt: skip
+                raise ProxyError(400, "Either prompt or prompt_embeds must be provided and non-empty.", param="prompt")
         if body.get("use_beam_search") and body.get("echo") and body.get("logprobs") is not None:
-            raise ProxyError(400, "`echo` with `logprobs` is not supported with beam search because beam search "
-                                  "does not compute prompt logprobs.", param="echo")  # fmt: skip
+            raise ProxyError(
+                400,
+                "`echo` with `logprobs` is not supported with beam search because beam search "
+                "does not compute prompt logprobs.",
+                param="echo",
+            )
 
     def decode_only_rules(self, body: dict[str, Any]) -> int | None:
         logprobs = self.logprobs
@@ -47,8 +50,13 @@ class CompletionRequest(OpenAIRequest):
 
 
 COMPLETIONS = Api(
-    "completions", "/v1/completions", partial(validate, schema=CompletionRequest),
-    partial(legs.prefill_body, chat=False), legs.decode_body,
+    "completions",
+    "/v1/completions",
+    partial(validate, schema=CompletionRequest),
+    partial(legs.prefill_body, chat=False),
+    legs.decode_body,
     lambda body, params: legs.release_body(body, False, params),
-    legs.decode_only_reason, cached_tokens_of, patch_body,
-)  # fmt: skip
+    legs.decode_only_reason,
+    cached_tokens_of,
+    patch_body,
+)

@@ -133,11 +133,16 @@ def validate_messages(body: dict[str, Any]) -> MessagesRequest:
     except ValidationError as exc:
         raise first_error(exc) from None
     if request.max_tokens <= 0:
-        raise ProxyError(400, "Invalid value for 'max_tokens': Value error, max_tokens must be positive",
-                         param="max_tokens")  # fmt: skip
+        raise ProxyError(
+            400, "Invalid value for 'max_tokens': Value error, max_tokens must be positive", param="max_tokens"
+        )
     thinking = request.thinking
-    if thinking is not None and thinking.type == "enabled" and thinking.budget_tokens is not None \
-            and thinking.budget_tokens >= request.max_tokens:  # fmt: skip
+    if (
+        thinking is not None
+        and thinking.type == "enabled"
+        and thinking.budget_tokens is not None
+        and thinking.budget_tokens >= request.max_tokens
+    ):
         raise ProxyError(400, "thinking.budget_tokens must be less than max_tokens", param="thinking")
     for name in _COERCED:
         if name in body:
@@ -246,8 +251,20 @@ def _messages_stream(chunks: AsyncIterator[bytes], cached_tokens: int | None):
 # `/v1/messages/render`: its messages and `system` render through vLLM's own conversion to
 # chat, which /tokenize does not offer.
 MESSAGES = Api(
-    "messages", "/v1/messages", validate_messages, prefill_body, decode_body, release_body,
-    decode_only_reason, messages_cached_tokens_of, patch_messages_body, stream=_messages_stream,
-    fans_out=False, limit_fields=("max_tokens",), render_path="/v1/messages/render", render_body=render_body,
-    prefill_usage_of=messages_cache_of, error_body=anthropic_error_body,
-)  # fmt: skip
+    "messages",
+    "/v1/messages",
+    validate_messages,
+    prefill_body,
+    decode_body,
+    release_body,
+    decode_only_reason,
+    messages_cached_tokens_of,
+    patch_messages_body,
+    stream=_messages_stream,
+    fans_out=False,
+    limit_fields=("max_tokens",),
+    render_path="/v1/messages/render",
+    render_body=render_body,
+    prefill_usage_of=messages_cache_of,
+    error_body=anthropic_error_body,
+)

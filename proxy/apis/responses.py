@@ -88,15 +88,19 @@ def refuse_stateful(body: dict[str, Any]) -> None:
     """The options that need a response stored on one worker (see the module's docstring)."""
     if body.get("previous_response_id") is not None:
         raise ProxyError(
-            400, "'previous_response_id' is not supported through this P/D proxy: a response is stored only on "
-                 "the decode worker that produced it, and the next request may be served by another worker. "
-                 "Send the conversation in 'input' instead.", param="previous_response_id",
-        )  # fmt: skip
+            400,
+            "'previous_response_id' is not supported through this P/D proxy: a response is stored only on "
+            "the decode worker that produced it, and the next request may be served by another worker. "
+            "Send the conversation in 'input' instead.",
+            param="previous_response_id",
+        )
     if body.get("background"):
         raise ProxyError(
-            400, "'background' is not supported through this P/D proxy: it needs a stored response to poll, and "
-                 "responses are not stored across prefill and decode workers.", param="background",
-        )  # fmt: skip
+            400,
+            "'background' is not supported through this P/D proxy: it needs a stored response to poll, and "
+            "responses are not stored across prefill and decode workers.",
+            param="background",
+        )
 
 
 def with_request_id(body: dict[str, Any], request_id: str) -> None:
@@ -189,8 +193,9 @@ def validate_responses(body: dict[str, Any]) -> ResponsesRequest:
     refuse_stateful(request.model_dump(include={"previous_response_id", "background"}))
     # SamplingParams' rule, which vLLM applies to min(max_output_tokens, what the context leaves).
     if request.max_output_tokens is not None and request.max_output_tokens < 1:
-        raise ProxyError(400, f"max_tokens must be at least 1, got {request.max_output_tokens}.",
-                         param="max_output_tokens")  # fmt: skip
+        raise ProxyError(
+            400, f"max_tokens must be at least 1, got {request.max_output_tokens}.", param="max_output_tokens"
+        )
     for name in _COERCED:
         if name in body:
             body[name] = getattr(request, name)
@@ -217,8 +222,7 @@ def patch_responses_usage(usage: object, cached_tokens: int) -> bool:
         return False
     per_turn = details.get("cached_tokens_per_turn")
     total = details.get("cached_tokens")
-    if isinstance(per_turn, list) and per_turn and all(isinstance(t, int) for t in per_turn) \
-            and isinstance(total, int):  # fmt: skip
+    if isinstance(per_turn, list) and per_turn and all(isinstance(t, int) for t in per_turn) and isinstance(total, int):
         details["cached_tokens"] = total - per_turn[0] + cached_tokens
         per_turn[0] = cached_tokens
     else:
@@ -255,8 +259,10 @@ class ResponsesStream(NamedEventStream):
     def error_event(self, status: int, message: str) -> bytes:
         self._breaking()
         code = HTTPStatus(status).phrase.lower().replace(" ", "_")
-        return event_bytes("error", {"type": "error", "code": code, "message": message, "param": None,
-                                     "sequence_number": self.sequence + 1})  # fmt: skip
+        return event_bytes(
+            "error",
+            {"type": "error", "code": code, "message": message, "param": None, "sequence_number": self.sequence + 1},
+        )
 
     def _event(self, event: bytes) -> bytes:
         at = event.rfind(_SEQUENCE)  # the event's own number is its last (nested objects come first)
@@ -290,8 +296,20 @@ def _responses_stream(chunks: AsyncIterator[bytes], cached_tokens: int | None):
 # `/v1/responses/render`: its `input` items and `instructions` render through vLLM's
 # Responses renderer, which /tokenize does not offer.
 RESPONSES = Api(
-    "responses", "/v1/responses", validate_responses, prefill_body, responses_decode_body,
-    release_body, decode_only_reason, responses_cached_tokens_of, patch_responses_body,
-    stream=_responses_stream, fans_out=False, limit_fields=("max_output_tokens",), render_path="/v1/responses/render",
-    render_body=render_body, preamble_events=PREAMBLE_EVENTS, prepare=with_request_id,
-)  # fmt: skip
+    "responses",
+    "/v1/responses",
+    validate_responses,
+    prefill_body,
+    responses_decode_body,
+    release_body,
+    decode_only_reason,
+    responses_cached_tokens_of,
+    patch_responses_body,
+    stream=_responses_stream,
+    fans_out=False,
+    limit_fields=("max_output_tokens",),
+    render_path="/v1/responses/render",
+    render_body=render_body,
+    preamble_events=PREAMBLE_EVENTS,
+    prepare=with_request_id,
+)

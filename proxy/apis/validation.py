@@ -81,8 +81,20 @@ class OpenAIRequest(BaseModel):
 
 
 # Fields whose coerced value replaces the client's (what vLLM would read).
-_COERCED = ("stream", "max_tokens", "n", "temperature", "seed", "min_tokens", "prompt_logprobs", "logprobs",
-            "top_logprobs", "echo", "max_completion_tokens", "use_beam_search")  # fmt: skip
+_COERCED = (
+    "stream",
+    "max_tokens",
+    "n",
+    "temperature",
+    "seed",
+    "min_tokens",
+    "prompt_logprobs",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "max_completion_tokens",
+    "use_beam_search",
+)
 
 
 def check_content_type(content_type: str | None) -> None:
@@ -203,10 +215,14 @@ def _decode_only_rules(body: dict[str, Any], request: OpenAIRequest) -> None:
     if n < 1:
         raise ProxyError(400, f"n must be at least 1, got {n}.", param="n")
     if request.min_tokens < 0:
-        raise ProxyError(400, f"min_tokens must be greater than or equal to 0, got {request.min_tokens}.",
-                         param="min_tokens")  # fmt: skip
+        raise ProxyError(
+            400, f"min_tokens must be greater than or equal to 0, got {request.min_tokens}.", param="min_tokens"
+        )
     if request.temperature == 0 and n > 1:
         raise ProxyError(400, f"n must be 1 when using greedy sampling, got {n}.", param="n")
     if max_tokens is not None and request.min_tokens > max_tokens:
-        raise ProxyError(400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
-                              f"got {request.min_tokens}.", param="min_tokens")  # fmt: skip
+        raise ProxyError(
+            400,
+            f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {request.min_tokens}.",
+            param="min_tokens",
+        )

@@ -71,8 +71,11 @@ def limited_protocol(limits: ClientLimits, on_refusal: Callable[[str], None] = l
             self._head_tail = b""
             self._phase_timer: asyncio.TimerHandle | None = None
             if len(self.connections) > limits.max_connections:
-                self._refuse(503, f"The proxy holds its maximum of {limits.max_connections} client connections.",
-                             "too_many_connections")  # fmt: skip
+                self._refuse(
+                    503,
+                    f"The proxy holds its maximum of {limits.max_connections} client connections.",
+                    "too_many_connections",
+                )
                 return
             self._arm(limits.idle_timeout_s, self._idle_timeout)
 
@@ -89,8 +92,9 @@ def limited_protocol(limits: ClientLimits, on_refusal: Callable[[str], None] = l
                 self._head_tail = data[-3:]  # the head's end may straddle two chunks
                 if self._head_bytes > limits.max_header_bytes:
                     if not self.transport.is_closing():
-                        self._refuse(431, f"Request head is larger than {limits.max_header_bytes} bytes.",
-                                     "header_too_large")
+                        self._refuse(
+                            431, f"Request head is larger than {limits.max_header_bytes} bytes.", "header_too_large"
+                        )
                     return
             super().data_received(data)
 

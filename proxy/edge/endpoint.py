@@ -116,8 +116,9 @@ class OpenAIEndpoint:
             log.exception("unexpected error", extra={"request_id": request_id})
             status = 500
             with contextlib.suppress(Exception):
-                await send_reply(send, Reply.error(ProxyError(500, "Internal proxy error."), request_id,
-                                                   self.api.error_body))  # fmt: skip
+                await send_reply(
+                    send, Reply.error(ProxyError(500, "Internal proxy error."), request_id, self.api.error_body)
+                )
         finally:
             self.metrics.inflight.set(self.admission.inflight)
             self._count(status)
@@ -125,9 +126,13 @@ class OpenAIEndpoint:
             if status >= 400 or self.settings.access_log:
                 log.log(
                     logging.WARNING if status >= 500 else logging.INFO,
-                    "%s %s -> %d in %.1f ms", scope["method"], self.path, status, 1000 * (time.perf_counter() - started),
+                    "%s %s -> %d in %.1f ms",
+                    scope["method"],
+                    self.path,
+                    status,
+                    1000 * (time.perf_counter() - started),
                     extra={"request_id": request_id},
-                )  # fmt: skip
+                )
 
     def _count(self, status: int) -> None:
         counter = self._requests_by_status.get(status)
@@ -154,8 +159,12 @@ def check_choices(body: dict, max_choices: int) -> None:
     n = body.get("n") or 1
     prompts = prompts_of(body)
     if prompts is not None and choice_count(body) > max_choices:
-        raise ProxyError(400, f"{len(prompts)} prompts with 'n' {n} are {choice_count(body)} choices; this proxy "
-                              f"serves at most {max_choices} in one request.", param="prompt")  # fmt: skip
+        raise ProxyError(
+            400,
+            f"{len(prompts)} prompts with 'n' {n} are {choice_count(body)} choices; this proxy "
+            f"serves at most {max_choices} in one request.",
+            param="prompt",
+        )
     if n > max_choices:
         raise ProxyError(400, f"'n' is {n}; this proxy serves at most {max_choices} choices.", param="n")
 

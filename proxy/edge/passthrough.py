@@ -28,9 +28,14 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 def add_passthrough_routes(
-    app: FastAPI, client: UpstreamClient, pool: WorkerPool, api_keys: ApiKeys, worker_headers: dict[str, str],
-    timeout_s: float, max_body_bytes: int = MAX_BODY_BYTES,
-) -> None:  # fmt: skip
+    app: FastAPI,
+    client: UpstreamClient,
+    pool: WorkerPool,
+    api_keys: ApiKeys,
+    worker_headers: dict[str, str],
+    timeout_s: float,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> None:
     async def passthrough(request: Request) -> Response:
         api_keys.check(request.headers.get("authorization"))
         if request.method == "POST":

@@ -80,8 +80,11 @@ class HealthChecker:
             ok = resp.status == 200
         except UpstreamError as exc:
             if exc.reason == "timeout" and self._loop_stalled(started):
-                log.warning("health check of %s timed out while the proxy's event loop was blocked (%.1f s); "
-                            "not counted", worker.url, self.loop_lag.worst_since(started))  # fmt: skip
+                log.warning(
+                    "health check of %s timed out while the proxy's event loop was blocked (%.1f s); not counted",
+                    worker.url,
+                    self.loop_lag.worst_since(started),
+                )
                 self.on_discarded()
                 return None
             ok = False
@@ -114,12 +117,16 @@ class HealthChecker:
         if info is None and (first_read or worker.info is not None):
             log.warning(
                 "worker %s exports no pdspec_worker_info (plain vLLM?): its config cannot be checked against "
-                "the other pool's", worker.url,
-            )  # fmt: skip
+                "the other pool's",
+                worker.url,
+            )
         worker.info, worker.info_read_at, worker.info_error = info, time.monotonic(), None
         if features_off != worker.features_off and features_off:
-            log.warning("worker %s runs with engine features off: %s", worker.url,
-                        "; ".join(f"{name} ({reason})" for name, reason in features_off.items()))  # fmt: skip
+            log.warning(
+                "worker %s runs with engine features off: %s",
+                worker.url,
+                "; ".join(f"{name} ({reason})" for name, reason in features_off.items()),
+            )
         worker.features_off = features_off
 
     def record(self, pool: WorkerPool, worker: Worker, ok: bool | None) -> None:

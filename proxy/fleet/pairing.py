@@ -112,8 +112,12 @@ class Pairing:
             if self.unverified == "admit":
                 self._admit(pool, worker)
             else:
-                self._refuse(pool, worker, {NO_INFO: {"worker": "absent", "reference": "required"}},
-                             "proxy.unverified_workers=refuse")  # fmt: skip
+                self._refuse(
+                    pool,
+                    worker,
+                    {NO_INFO: {"worker": "absent", "reference": "required"}},
+                    "proxy.unverified_workers=refuse",
+                )
             return
         reference = {**(self.reference or {}), **self.expected}
         differing = {
@@ -156,8 +160,12 @@ class Pairing:
         log.warning(
             "refused %s worker %s: it differs from %s in %s; a prefill and a decode worker must agree on %s, "
             "so it takes no requests",
-            pool.name, worker.url, against, details, ", ".join(PAIRING_FIELDS),
-        )  # fmt: skip
+            pool.name,
+            worker.url,
+            against,
+            details,
+            ", ".join(PAIRING_FIELDS),
+        )
 
     # --- reporting ---------------------------------------------------------------------
 

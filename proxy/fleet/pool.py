@@ -138,8 +138,12 @@ class WorkerPool:
         ]
 
     def pick(
-        self, affinity_key: str | None = None, exclude: set[str] = frozenset(), cached: dict[str, int] | None = None,
-        building: dict[str, int] | None = None, prompt_tokens: int = 0,
+        self,
+        affinity_key: str | None = None,
+        exclude: set[str] = frozenset(),
+        cached: dict[str, int] | None = None,
+        building: dict[str, int] | None = None,
+        prompt_tokens: int = 0,
     ) -> Worker:
         """A healthy, admitted worker not in `exclude`, by the pool's policy. `cached`:
         prompt tokens each worker holds (kv_aware; absent: none), `building`: of those, the

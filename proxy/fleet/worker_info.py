@@ -44,17 +44,22 @@ def parse_worker_info(text: str) -> dict[str, str] | None:
 
 def parse_features_off(text: str) -> dict[str, str]:
     """The worker's engine features that are off, {feature: reason}."""
-    return {s.labels.get("feature", "?"): s.labels.get("reason", "")
-            for s in samples(text, FEATURE_METRIC) if s.value == 1 and s.labels.get("state") == "off"}  # fmt: skip
+    return {
+        s.labels.get("feature", "?"): s.labels.get("reason", "")
+        for s in samples(text, FEATURE_METRIC)
+        if s.value == 1 and s.labels.get("state") == "off"
+    }
 
 
-async def fetch_metrics_text(client: UpstreamClient, url: str, timeout_s: float,
-                             headers: dict[str, str] | None = None) -> str | None:  # fmt: skip
+async def fetch_metrics_text(
+    client: UpstreamClient, url: str, timeout_s: float, headers: dict[str, str] | None = None
+) -> str | None:
     """A worker's /metrics text, asked for gzipped (None: it has no /metrics, 404).
     Raises InfoUnreadable when it cannot be read."""
     try:
-        response = await client.request(url, "GET", "/metrics", headers={"Accept-Encoding": "gzip", **(headers or {})},
-                                        timeout_s=timeout_s)  # fmt: skip
+        response = await client.request(
+            url, "GET", "/metrics", headers={"Accept-Encoding": "gzip", **(headers or {})}, timeout_s=timeout_s
+        )
         body = await response.read()
     except UpstreamError as exc:
         raise InfoUnreadable(exc.reason) from None

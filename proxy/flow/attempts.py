@@ -13,10 +13,15 @@ from proxy.fleet.pool import NoHealthyWorker, Worker, WorkerPool
 
 
 def attempts(
-    pool: WorkerPool, tries: int, affinity: str | None = None, cached: dict[str, int] | None = None,
-    first: Worker | None = None, exclude: set[str] = frozenset(), building: dict[str, int] | None = None,
+    pool: WorkerPool,
+    tries: int,
+    affinity: str | None = None,
+    cached: dict[str, int] | None = None,
+    first: Worker | None = None,
+    exclude: set[str] = frozenset(),
+    building: dict[str, int] | None = None,
     prompt_tokens: int = 0,
-) -> Iterator[tuple[int, Worker]]:  # fmt: skip
+) -> Iterator[tuple[int, Worker]]:
     """The workers a leg is tried on: up to `tries`, never the same one twice nor one of
     `exclude` (prefill workers without room: read at each pick, so the caller may update it
     between attempts), picked by the pool's policy when the
@@ -31,8 +36,13 @@ def attempts(
             if attempt == 0 and first is not None and first in pool.healthy():
                 worker = first
             else:
-                worker = pool.pick(affinity_key=affinity, exclude=tried | set(exclude), cached=cached, building=building,
-                                   prompt_tokens=prompt_tokens)  # fmt: skip
+                worker = pool.pick(
+                    affinity_key=affinity,
+                    exclude=tried | set(exclude),
+                    cached=cached,
+                    building=building,
+                    prompt_tokens=prompt_tokens,
+                )
         except NoHealthyWorker:
             return
         tried.add(worker.url)

@@ -113,8 +113,7 @@ class Disaggregator:
         self.prefill_ok = metrics.prefill_outcomes.labels("ok")
         self._releases: set[asyncio.Task] = set()
         self.kv_source_ports = [port_range(spec) for spec in settings.kv_source_ports]
-        self.early = (EarlyDecode(client, metrics, self.worker_headers)
-                      if settings.early_decode else None)  # fmt: skip
+        self.early = EarlyDecode(client, metrics, self.worker_headers) if settings.early_decode else None
 
     async def serve(self, ex: Exchange) -> Reply:
         reason = ex.api.decode_only_reason(ex.body)
@@ -146,8 +145,10 @@ class Disaggregator:
                 if self.settings.served_by_headers:
                     reply.headers["X-Pdspec-Prefill-Worker"] = prefilled.worker_url or "local"
                     reply.headers["Server-Timing"] = server_timing(
-                        route=routed_at - started, prefill=prefilled_at - routed_at,
-                        decode=time.perf_counter() - prefilled_at)  # fmt: skip
+                        route=routed_at - started,
+                        prefill=prefilled_at - routed_at,
+                        decode=time.perf_counter() - prefilled_at,
+                    )
                 return reply
             except BaseException as exc:
                 # Once handed over, the decode worker frees the KV when it aborts or refuses
@@ -179,15 +180,18 @@ class Disaggregator:
             full |= await self.kv_room.wait_for_room(tokens)
         building = plan.prefill_building if plan is not None else None
         prompt_tokens = plan.prompt_tokens if plan is not None else 0
-        for attempt, worker in attempts(self.prefill_pool, tries, key, cached, exclude=full, building=building,
-                                        prompt_tokens=prompt_tokens):  # fmt: skip
+        for attempt, worker in attempts(
+            self.prefill_pool, tries, key, cached, exclude=full, building=building, prompt_tokens=prompt_tokens
+        ):
             if self.kv_router is not None:
                 self.kv_router.routed(self.prefill_pool, worker, plan)
             span = trace.start("prefill", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
             prefilled = None
             early = self._start_early(ex, worker) if attempt == 0 and early_ok else None
             try:
-                run = self._prefill_once(worker, api, leg, ex.request_id, trace.headers(span), uncached_tokens(plan, worker))
+                run = self._prefill_once(
+                    worker, api, leg, ex.request_id, trace.headers(span), uncached_tokens(plan, worker)
+                )
                 if self.kv_room is not None:  # counted as long as it runs there, its client gone or not;
                     # begun here, ended by the coroutine: nothing may run between this and `await run`
                     run = self._counted(run, self.kv_room.begin(worker.url, tokens, chars))
@@ -217,7 +221,9 @@ class Disaggregator:
         if policy == "fallback":
             # The decode worker prefills the prompt itself: slower, but the request lives.
             self.metrics.prefill_outcomes.labels("fallback").inc()
-            log.warning("prefill failed (%s); decode-only fallback", failure.message, extra={"request_id": ex.request_id})
+            log.warning(
+                "prefill failed (%s); decode-only fallback", failure.message, extra={"request_id": ex.request_id}
+            )
             return Prefilled(None, None)
         self.metrics.prefill_outcomes.labels("error").inc()
         raise ProxyError(failure.status, failure.message)
@@ -235,8 +241,12 @@ class Disaggregator:
             charged = exc.reason == "timeout"
             raise
         finally:
-            self.kv_room.end(room_leg, prefilled and (prefilled.prompt_tokens or room_leg.tokens),
-                             prefilled and prefilled.cached_tokens, charged)  # fmt: skip
+            self.kv_room.end(
+                room_leg,
+                prefilled and (prefilled.prompt_tokens or room_leg.tokens),
+                prefilled and prefilled.cached_tokens,
+                charged,
+            )
 
     async def _prefill_once(
         self, worker: Worker, api: Api, leg: bytes, request_id: str, trace_headers, uncached_tokens: int = 0
@@ -245,10 +255,13 @@ class Disaggregator:
         with worker.lease(uncached_tokens):
             try:
                 resp = await self.client.request(
-                    worker.url, "POST", api.path, leg,
+                    worker.url,
+                    "POST",
+                    api.path,
+                    leg,
                     {"X-Request-Id": request_id, **self.worker_headers, **trace_headers},
                     self.settings.prefill_timeout_s,
-                )  # fmt: skip
+                )
                 data = await resp.read()
             except UpstreamError as exc:
                 raise self._leg_failed("prefill", worker, exc) from None
@@ -277,12 +290,18 @@ class Disaggregator:
         port must be an integer in `kv_source_ports`."""
         host = params.get("remote_host")
         if not isinstance(host, str) or not (host == worker.host or host in self.settings.kv_source_hosts):
-            raise LegFailed(502, f"prefill worker {worker.url} named a KV source that is not its own: "
-                                 f"remote_host={host!r}", "foreign_remote_host")  # fmt: skip
+            raise LegFailed(
+                502,
+                f"prefill worker {worker.url} named a KV source that is not its own: remote_host={host!r}",
+                "foreign_remote_host",
+            )
         port = params.get("remote_port")
         if type(port) is not int or not any(low <= port <= high for low, high in self.kv_source_ports):
-            raise LegFailed(502, f"prefill worker {worker.url} named a KV source port outside kv_source_ports: "
-                                 f"remote_port={port!r}", "foreign_remote_port")  # fmt: skip
+            raise LegFailed(
+                502,
+                f"prefill worker {worker.url} named a KV source port outside kv_source_ports: remote_port={port!r}",
+                "foreign_remote_port",
+            )
 
     def _leg_failed(self, leg: str, worker: Worker, exc: UpstreamError) -> LegFailed:
         status = 504 if exc.reason == "timeout" else 502
@@ -344,9 +363,13 @@ class Disaggregator:
                         # The prefill's own request id: a push prefill worker (NixlPushConnector)
                         # finds the blocks to WRITE by the decode request's id, not by
                         # kv_transfer_params, so another id would leave them held.
-                        worker.url, "POST", path, leg, {"X-Request-Id": request_id, **self.worker_headers},
+                        worker.url,
+                        "POST",
+                        path,
+                        leg,
+                        {"X-Request-Id": request_id, **self.worker_headers},
                         self.settings.decode_timeout_s,
-                    )  # fmt: skip
+                    )
                     await resp.read()
                     outcome = "ok" if resp.status == 200 else status_class(f"http_{resp.status}")
                 except UpstreamError as exc:
@@ -354,8 +377,12 @@ class Disaggregator:
             if outcome == "ok":
                 break
         self.metrics.kv_releases.labels(reason, outcome).inc()
-        log.info("released the prefill KV of a request whose decode will not come (%s): %s", reason, outcome,
-                 extra={"request_id": request_id})  # fmt: skip
+        log.info(
+            "released the prefill KV of a request whose decode will not come (%s): %s",
+            reason,
+            outcome,
+            extra={"request_id": request_id},
+        )
 
     # --- decode ----------------------------------------------------------------------
 
@@ -376,9 +403,16 @@ class Disaggregator:
         early = EarlyLeg(picked[1], prefill_worker, prefill_worker.kv_source)
         leg = orjson.dumps(ex.api.decode_body(ex.body, early_params(early.source, ex.request_id)))
         early.task = asyncio.ensure_future(
-            self._open_decode(early.decode_worker, ex.api.path, leg, ex.request_id, ex.trace.headers(None),
-                              early.mark_sent, decode_tokens(ex.plan))
-        )  # fmt: skip
+            self._open_decode(
+                early.decode_worker,
+                ex.api.path,
+                leg,
+                ex.request_id,
+                ex.trace.headers(None),
+                early.mark_sent,
+                decode_tokens(ex.plan),
+            )
+        )
         return early
 
     async def _decode(self, ex: Exchange, prefilled: Prefilled) -> Reply:
@@ -415,8 +449,9 @@ class Disaggregator:
                         early.task = None  # the relay owns the response now
                         sent()
                     else:
-                        resp, lease = await self._open_decode(worker, api.path, leg, request_id, trace.headers(span),
-                                                              sent, decode_tokens(plan))  # fmt: skip
+                        resp, lease = await self._open_decode(
+                            worker, api.path, leg, request_id, trace.headers(span), sent, decode_tokens(plan)
+                        )
                 except LegFailed as exc:
                     early = self._drop_early(early, prefilled)
                     trace.end(span, exc.message)
@@ -449,8 +484,16 @@ class Disaggregator:
             prefilled.handed_over = prefilled.handed_over or early.sent
         return None
 
-    async def _open_decode(self, worker: Worker, path: str, leg: bytes, request_id: str, trace_headers,
-                           on_sent: Callable[[], None], tokens: int = 0):  # fmt: skip
+    async def _open_decode(
+        self,
+        worker: Worker,
+        path: str,
+        leg: bytes,
+        request_id: str,
+        trace_headers,
+        on_sent: Callable[[], None],
+        tokens: int = 0,
+    ):
         """The decode response, checked before any byte goes to the client: once a
         streaming response has started, its status can no longer change. `on_sent`: called
         once the leg went on the wire (the worker may then read its KV); `tokens`: what the
@@ -458,10 +501,14 @@ class Disaggregator:
         lease = worker.lease(tokens, computed=False)
         try:
             resp = await self.client.request(
-                worker.url, "POST", path, leg,
+                worker.url,
+                "POST",
+                path,
+                leg,
                 {"X-Request-Id": request_id, **self.worker_headers, **trace_headers},
-                self.settings.decode_timeout_s, on_sent=on_sent,
-            )  # fmt: skip
+                self.settings.decode_timeout_s,
+                on_sent=on_sent,
+            )
         except UpstreamError as exc:
             lease.release()
             raise self._leg_failed("decode", worker, exc) from None

@@ -74,11 +74,14 @@ def early_params(source: dict[str, Any], request_id: str) -> dict[str, Any]:
     allocates the prompt's blocks and registers them with `source`, which chooses its own
     blocks when it WRITEs (so none are named here)."""
     return {
-        **source, "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [],
+        **source,
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_block_ids": [],
         # vLLM requires it; the decode worker names it in the heartbeats that extend a
         # pulled prefill's lease, which a pushed one does not need.
         "remote_request_id": request_id,
-    }  # fmt: skip
+    }
 
 
 def same_source(source: dict[str, Any], params: dict[str, Any]) -> bool:
@@ -124,8 +127,15 @@ class EarlyDecode:
         self.worker_headers = worker_headers
         self._background: set[asyncio.Future] = set()
 
-    async def prefill(self, early: EarlyLeg, path: str, leg: bytes, request_id: str, run: Awaitable[Any],
-                      release: Callable[[Any], None]) -> Any:  # fmt: skip
+    async def prefill(
+        self,
+        early: EarlyLeg,
+        path: str,
+        leg: bytes,
+        request_id: str,
+        run: Awaitable[Any],
+        release: Callable[[Any], None],
+    ) -> Any:
         """`run` (the prefill leg) to its end, whatever becomes of this request: a prefill
         that ends WRITEs the KV, and that frees the decode worker's registered blocks. If
         it fails, or the client leaves, the early leg is settled (`_settle`); `release(the
@@ -136,8 +146,9 @@ class EarlyDecode:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
             self.outcomes["client_gone"].inc()
-            self._keep(task).add_done_callback(functools.partial(self._settle, early, path, leg, request_id,
-                                                                 release=release))  # fmt: skip
+            self._keep(task).add_done_callback(
+                functools.partial(self._settle, early, path, leg, request_id, release=release)
+            )
             raise
         except BaseException:
             self.outcomes["prefill_failed"].inc()
@@ -152,13 +163,25 @@ class EarlyDecode:
             self.outcomes["used"].inc()
             return True
         self.outcomes["stale_source"].inc()
-        log.warning("prefill worker %s answered as engine %s, not %s: early decode leg dropped",
-                    early.prefill_worker.url, params.get("remote_engine_id"), early.source.get("remote_engine_id"))  # fmt: skip
+        log.warning(
+            "prefill worker %s answered as engine %s, not %s: early decode leg dropped",
+            early.prefill_worker.url,
+            params.get("remote_engine_id"),
+            early.source.get("remote_engine_id"),
+        )
         early.close()
         return False
 
-    def _settle(self, early: EarlyLeg, path: str, leg: bytes, request_id: str, prefill: asyncio.Future, *,
-                release: Callable[[Any], None]) -> None:  # fmt: skip
+    def _settle(
+        self,
+        early: EarlyLeg,
+        path: str,
+        leg: bytes,
+        request_id: str,
+        prefill: asyncio.Future,
+        *,
+        release: Callable[[Any], None],
+    ) -> None:
         """The early leg of a request that will not use it, closed; first:
         - a prefill that ended (its client gone): if the leg will not receive its KV (it
           never went out, was refused, or registered with another engine), `release`;
@@ -186,12 +209,17 @@ class EarlyDecode:
         worker, outcome = early.prefill_worker, "not_completed"
         try:
             with worker.lease():
-                resp = await self.client.request(worker.url, "POST", path, leg,
-                                                 {"X-Request-Id": request_id, **self.worker_headers},
-                                                 # No cap but the idle timeout: it may wait behind the work
-                                                 # that made the first leg time out, and cut short it would
-                                                 # leave the blocks held as surely as none at all.
-                                                 None)  # fmt: skip
+                resp = await self.client.request(
+                    worker.url,
+                    "POST",
+                    path,
+                    leg,
+                    {"X-Request-Id": request_id, **self.worker_headers},
+                    # No cap but the idle timeout: it may wait behind the work
+                    # that made the first leg time out, and cut short it would
+                    # leave the blocks held as surely as none at all.
+                    None,
+                )
                 await resp.read()
             outcome = "completed" if resp.status == 200 else "not_completed"
         except UpstreamError as exc:
@@ -199,8 +227,12 @@ class EarlyDecode:
         finally:
             self.outcomes[outcome].inc()
         if outcome != "completed":
-            log.warning("decode worker %s holds the blocks of request %s until it restarts (its prefill on %s "
-                        "never ended)", early.decode_worker.url, request_id, worker.url)  # fmt: skip
+            log.warning(
+                "decode worker %s holds the blocks of request %s until it restarts (its prefill on %s never ended)",
+                early.decode_worker.url,
+                request_id,
+                worker.url,
+            )
 
     def _keep(self, task: asyncio.Future) -> asyncio.Future:
         self._background.add(task)

@@ -187,9 +187,7 @@ class FanOutCloser:
                 reply.closer.close()
 
 
-async def fan_out(
-    serve_one: Callable[[dict, str], Awaitable[Reply]], body: dict[str, Any], request_id: str
-) -> Reply:
+async def fan_out(serve_one: Callable[[dict, str], Awaitable[Reply]], body: dict[str, Any], request_id: str) -> Reply:
     """Runs `serve_one(sub_body, sub_request_id)` for each choice (`split`) and merges the replies;
     the first reply that is not a 200 (or the first exception) is the answer, and the
     other choices are given up at once."""

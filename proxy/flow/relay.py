@@ -37,8 +37,12 @@ class RelayMetrics:
 
     @classmethod
     def of(cls, metrics: ProxyMetrics) -> RelayMetrics:
-        return cls(metrics.leg_seconds.labels("handoff"), metrics.leg_seconds.labels("decode"), metrics.stream_errors,
-                   metrics.leg_failures)  # fmt: skip
+        return cls(
+            metrics.leg_seconds.labels("handoff"),
+            metrics.leg_seconds.labels("decode"),
+            metrics.stream_errors,
+            metrics.leg_failures,
+        )
 
 
 class Relay:
@@ -46,11 +50,33 @@ class Relay:
     in-flight count) and the connection: `close()` is safe at any point, also before the first
     chunk, and a stream that did not finish drops its connection so vLLM aborts."""
 
-    __slots__ = ("metrics", "resp", "worker", "lease", "trace", "span", "handoff", "handoff_started", "started",
-                 "closed", "preamble_events", "preamble", "error_event")  # fmt: skip
+    __slots__ = (
+        "metrics",
+        "resp",
+        "worker",
+        "lease",
+        "trace",
+        "span",
+        "handoff",
+        "handoff_started",
+        "started",
+        "closed",
+        "preamble_events",
+        "preamble",
+        "error_event",
+    )
 
-    def __init__(self, metrics: RelayMetrics, resp: UpstreamResponse, worker: Worker, lease: Lease, trace: NoTrace,
-                 span, handoff, handoff_started: float | None = None):  # fmt: skip
+    def __init__(
+        self,
+        metrics: RelayMetrics,
+        resp: UpstreamResponse,
+        worker: Worker,
+        lease: Lease,
+        trace: NoTrace,
+        span,
+        handoff,
+        handoff_started: float | None = None,
+    ):
         self.metrics = metrics
         self.resp = resp
         self.worker = worker

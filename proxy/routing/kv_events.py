@@ -117,8 +117,9 @@ def decode_event(raw: Any) -> Event | None:
             raise ValueError("bad BlockStored")
         if len(tokens) != len(hashes) * block_size:
             raise ValueError("token_ids do not fill the blocks")
-        if not all(_is_hash(h) for h in hashes) or not (fields.get("parent_block_hash") is None
-                                                         or _is_hash(fields["parent_block_hash"])):  # fmt: skip
+        if not all(_is_hash(h) for h in hashes) or not (
+            fields.get("parent_block_hash") is None or _is_hash(fields["parent_block_hash"])
+        ):
             raise ValueError("block hashes are integers or bytes")
         return Stored(hashes, fields.get("parent_block_hash"), tokens, block_size, _special(fields))
     if kind == "BlockRemoved":

@@ -81,8 +81,9 @@ class KvRouter:
 
     @staticmethod
     def wanted(settings: ProxySettings) -> bool:
-        return "kv_aware" in (settings.prefill_policy, settings.decode_policy) or \
-            settings.disaggregation == "conditional"  # fmt: skip
+        return (
+            "kv_aware" in (settings.prefill_policy, settings.decode_policy) or settings.disaggregation == "conditional"
+        )
 
     # --- subscriptions -----------------------------------------------------------------
 
@@ -159,8 +160,9 @@ class KvRouter:
             return None
         timeout_s = self.settings.routing_tokenize_timeout_s
         if api.render_path is not None and api.render_body is not None:
-            ids = await rendered_token_ids(self.client, tokenizer.url, api.render_path, api.render_body(body),
-                                           timeout_s, self.worker_headers)  # fmt: skip
+            ids = await rendered_token_ids(
+                self.client, tokenizer.url, api.render_path, api.render_body(body), timeout_s, self.worker_headers
+            )
         else:
             ids = await prompt_token_ids(self.client, tokenizer.url, body, api.chat, timeout_s, self.worker_headers)
         if ids is None:
@@ -172,8 +174,9 @@ class KvRouter:
         affinity = token_affinity_key(ids)
         new_part = new_part_key(ids, keys, block_size, prefill_cached, decode_cached)
         try:
-            decode_worker = self.decode_pool.pick(affinity_key=rendezvous_key(self.decode_pool.policy, affinity,
-                                                                              new_part), cached=decode_cached)  # fmt: skip
+            decode_worker = self.decode_pool.pick(
+                affinity_key=rendezvous_key(self.decode_pool.policy, affinity, new_part), cached=decode_cached
+            )
         except NoHealthyWorker:  # the decode leg will say so
             return None
         local = None
@@ -185,15 +188,22 @@ class KvRouter:
         building = None
         if self.prefill_pool.policy.cache_aware:
             prefill_held = self.cached_tokens(keys, block_size, self.prefill_pool, routed=False)
-            building = {url: tokens - prefill_held.get(url, 0) for url, tokens in prefill_cached.items()
-                        if tokens > prefill_held.get(url, 0)}  # fmt: skip
+            building = {
+                url: tokens - prefill_held.get(url, 0)
+                for url, tokens in prefill_cached.items()
+                if tokens > prefill_held.get(url, 0)
+            }
         return RoutePlan(
-            keys, len(ids),
+            keys,
+            len(ids),
             prefill_cached if self.prefill_pool.policy.cache_aware else None,
             decode_cached if self.decode_pool.policy.cache_aware else None,
-            decode_worker=decode_worker, affinity=affinity, new_part=new_part, local_prefill=local,
+            decode_worker=decode_worker,
+            affinity=affinity,
+            new_part=new_part,
+            local_prefill=local,
             prefill_building=building,
-        )  # fmt: skip
+        )
 
     def cached_tokens(
         self, keys: list[bytes], block_size: int, pool: WorkerPool, routed: bool = True
@@ -229,5 +239,6 @@ def _int(value: str | None) -> int | None:
 
 def _log_end(url: str, task: asyncio.Task) -> None:
     if not task.cancelled() and task.exception() is not None:
-        log.warning("KV events of %s: subscription ended (%s); started again at the next health round", url,
-                    task.exception())  # fmt: skip
+        log.warning(
+            "KV events of %s: subscription ended (%s); started again at the next health round", url, task.exception()
+        )

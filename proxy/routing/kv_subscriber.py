@@ -52,8 +52,11 @@ class EventSource:
             return f"{scheme}://{bound}:{port}"
 
         replay = info.get("kv_events_replay_endpoint") or None
-        return cls(reachable(info["kv_events_endpoint"]), reachable(replay) if replay else None,
-                   info.get("kv_events_topic", ""))  # fmt: skip
+        return cls(
+            reachable(info["kv_events_endpoint"]),
+            reachable(replay) if replay else None,
+            info.get("kv_events_topic", ""),
+        )
 
 
 @dataclass
@@ -135,8 +138,9 @@ class Subscriber:
     def _new_publisher(self) -> None:
         self._publisher_gone = False
         self.counts.restarts += 1
-        log.info("KV events of %s: the publisher reconnected (its engine restarted); its cache is read anew",
-                 self.worker)  # fmt: skip
+        log.info(
+            "KV events of %s: the publisher reconnected (its engine restarted); its cache is read anew", self.worker
+        )
         self.on_reset(self.worker)
         self.stream.restart()
         self._replay_from = 0
@@ -170,8 +174,11 @@ class Subscriber:
             verdict = EventStream.APPLY
         elif verdict == EventStream.RESTART:
             self.counts.restarts += 1
-            log.info("KV events of %s start again at seq %d: its engine restarted; its cache is read anew",
-                     self.worker, batch.seq)  # fmt: skip
+            log.info(
+                "KV events of %s start again at seq %d: its engine restarted; its cache is read anew",
+                self.worker,
+                batch.seq,
+            )
             self.on_reset(self.worker)
             self.stream.restart()
             self._replay_from = 0
@@ -206,8 +213,11 @@ class Subscriber:
                     # Later gaps are skipped rather than replayed (each try would stall
                     # the stream) until a replay answers again.
                     self.replay_failed = True
-                    log.warning("KV event replay from %s got no answer in %.1f s; gaps are skipped until one does",
-                                self.worker, self.replay_timeout_s)  # fmt: skip
+                    log.warning(
+                        "KV event replay from %s got no answer in %.1f s; gaps are skipped until one does",
+                        self.worker,
+                        self.replay_timeout_s,
+                    )
                     return
                 frames = await dealer.recv_multipart()
                 if len(frames) >= 3 and frames[2] == END_OF_REPLAY:

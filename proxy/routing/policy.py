@@ -32,6 +32,10 @@ class Policy(Protocol):
     cache_aware: ClassVar[bool]  # reads the route plan's cached tokens; its key is the prompt's new part
 
     def pick(
-        self, candidates: list[Worker], key: str | None, cached: dict[str, int], building: dict[str, int],
+        self,
+        candidates: list[Worker],
+        key: str | None,
+        cached: dict[str, int],
+        building: dict[str, int],
         prompt_tokens: int,
     ) -> Worker: ...

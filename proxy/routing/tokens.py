@@ -29,9 +29,14 @@ from proxy.upstream.client import UpstreamClient, UpstreamError
 
 # Chat options that change the rendered prompt, passed to /tokenize as the request has them.
 CHAT_TEMPLATE_FIELDS = (
-    "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template",
-    "chat_template_kwargs", "tools", "documents",
-)  # fmt: skip
+    "add_generation_prompt",
+    "continue_final_message",
+    "add_special_tokens",
+    "chat_template",
+    "chat_template_kwargs",
+    "tools",
+    "documents",
+)
 
 
 def direct_token_ids(body: dict[str, Any], chat: bool) -> list[int] | None:
@@ -63,9 +68,13 @@ def tokenize_body(body: dict[str, Any], chat: bool) -> dict[str, Any] | None:
 
 
 async def prompt_token_ids(
-    client: UpstreamClient, worker_url: str, body: dict[str, Any], chat: bool, timeout_s: float,
+    client: UpstreamClient,
+    worker_url: str,
+    body: dict[str, Any],
+    chat: bool,
+    timeout_s: float,
     headers: dict[str, str] | None = None,
-) -> list[int] | None:  # fmt: skip
+) -> list[int] | None:
     """A completions or chat prompt's ids: given, or from the worker's /tokenize."""
     direct = direct_token_ids(body, chat)
     if direct is not None:
@@ -78,22 +87,36 @@ async def prompt_token_ids(
 
 
 async def rendered_token_ids(
-    client: UpstreamClient, worker_url: str, path: str, body: dict[str, Any], timeout_s: float,
+    client: UpstreamClient,
+    worker_url: str,
+    path: str,
+    body: dict[str, Any],
+    timeout_s: float,
     headers: dict[str, str] | None = None,
-) -> list[int] | None:  # fmt: skip
+) -> list[int] | None:
     """The prompt ids of `body` as the worker's render endpoint `path` renders it."""
     reply = await _post(client, worker_url, path, body, timeout_s, headers)
     return _ids(reply.get("token_ids")) if isinstance(reply, dict) else None
 
 
 async def _post(
-    client: UpstreamClient, worker_url: str, path: str, request: dict[str, Any], timeout_s: float,
+    client: UpstreamClient,
+    worker_url: str,
+    path: str,
+    request: dict[str, Any],
+    timeout_s: float,
     headers: dict[str, str] | None,
-) -> Any:  # fmt: skip
+) -> Any:
     """The JSON of a 200 reply, or None for anything else."""
     try:
-        response = await client.request(worker_url, "POST", path, orjson.dumps(request),
-                                        {"Content-Type": "application/json", **(headers or {})}, timeout_s)  # fmt: skip
+        response = await client.request(
+            worker_url,
+            "POST",
+            path,
+            orjson.dumps(request),
+            {"Content-Type": "application/json", **(headers or {})},
+            timeout_s,
+        )
         data = await response.read()
     except UpstreamError:
         return None

@@ -66,8 +66,19 @@ _UNREAD, _READ, _STREAM = range(3)
 class UpstreamResponse:
     """One response, fed by its connection; the body is read once, whole or in chunks."""
 
-    __slots__ = ("status", "headers", "complete", "_connection", "_pool", "_chunks", "_buffered", "_error",
-                 "_waiter", "_consumer", "_released")  # fmt: skip
+    __slots__ = (
+        "status",
+        "headers",
+        "complete",
+        "_connection",
+        "_pool",
+        "_chunks",
+        "_buffered",
+        "_error",
+        "_waiter",
+        "_consumer",
+        "_released",
+    )
 
     def __init__(self, connection: _Connection, pool: _OriginPool) -> None:
         self.status = 0  # set once the final head is in
@@ -176,9 +187,26 @@ class UpstreamResponse:
 
 
 class _Connection(asyncio.Protocol):
-    __slots__ = ("loop", "pool", "transport", "parser", "response", "state", "keep_alive", "close_delimited",
-                 "paused", "bytes_received", "head_bytes", "last_io", "idle_timeout_s", "deadline", "timer",
-                 "head_chunks", "interim_offset", "await_status_line")  # fmt: skip
+    __slots__ = (
+        "loop",
+        "pool",
+        "transport",
+        "parser",
+        "response",
+        "state",
+        "keep_alive",
+        "close_delimited",
+        "paused",
+        "bytes_received",
+        "head_bytes",
+        "last_io",
+        "idle_timeout_s",
+        "deadline",
+        "timer",
+        "head_chunks",
+        "interim_offset",
+        "await_status_line",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop, pool: _OriginPool) -> None:
         self.loop = loop
@@ -223,7 +251,9 @@ class _Connection(asyncio.Protocol):
         self.idle_timeout_s = idle = self.pool.idle_timeout_s
         self.deadline = deadline
         if idle is not None or deadline is not None:
-            self.timer = self.loop.call_at(_earliest(now + idle if idle is not None else None, deadline), self._on_timer)
+            self.timer = self.loop.call_at(
+                _earliest(now + idle if idle is not None else None, deadline), self._on_timer
+            )
         self.transport.write(message)
         return True
 

@@ -25,7 +25,9 @@ def assert_good_request_works(client: httpx.Client, url: str, headers: dict | No
     assert good.json()["choices"][0]["text"]
 
 
-@pytest.mark.parametrize("path, body", ACCEPTED_AS_VLLM_ACCEPTS, ids=[f"{i}" for i in range(len(ACCEPTED_AS_VLLM_ACCEPTS))])
+@pytest.mark.parametrize(
+    "path, body", ACCEPTED_AS_VLLM_ACCEPTS, ids=[f"{i}" for i in range(len(ACCEPTED_AS_VLLM_ACCEPTS))]
+)
 def test_what_vllm_accepts_the_proxy_serves(stack, client, path, body):
     headers = {"content-type": "application/json"}
     direct = client.post(stack.decode_url + path, content=body, headers=headers)
@@ -62,7 +64,10 @@ AUTH_CASES = [(None, 401), ("Bearer wrong-key", 401), ("Basic c2VjcmV0", 401), (
 @pytest.fixture(scope="module")
 def keyed_proxy(stack):
     proxy = harness.start_proxy(
-        18050, prefill_urls=[stack.prefill_url], decode_urls=[stack.decode_url], api_keys=["secret-key"],
+        18050,
+        prefill_urls=[stack.prefill_url],
+        decode_urls=[stack.decode_url],
+        api_keys=["secret-key"],
         kv_source_ports=[str(harness.STACK_BASE_PORT + 300)],  # the stack's prefill side channel (tests/harness.py)
     )
     harness.wait_healthy(proxy.url, proxy.process, path="/ready")

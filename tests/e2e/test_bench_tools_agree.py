@@ -23,9 +23,27 @@ NUM_PROMPTS, OUTPUT_LEN = 16, 32  # about 4 s a run: shorter runs are mostly sta
 
 
 def test_serve_bench_and_vllm_bench_serve_agree(stack, tmp_path):
-    argv = [sys.executable, "-m", "loadtest.micro.bench_tools", "--url", stack.proxy_url,
-            "--input-len", "128", "--output-len", str(OUTPUT_LEN), "--num-prompts", str(NUM_PROMPTS),
-            "--concurrency", "2", "--rounds", "1", "--decode-url", stack.decode_url, "--out", str(tmp_path)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "loadtest.micro.bench_tools",
+        "--url",
+        stack.proxy_url,
+        "--input-len",
+        "128",
+        "--output-len",
+        str(OUTPUT_LEN),
+        "--num-prompts",
+        str(NUM_PROMPTS),
+        "--concurrency",
+        "2",
+        "--rounds",
+        "1",
+        "--decode-url",
+        stack.decode_url,
+        "--out",
+        str(tmp_path),
+    ]
     done = subprocess.run(argv, cwd=harness.REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "bench_tools.json").read_text())

@@ -26,11 +26,30 @@ def test_two_minutes_of_chaos_lose_nothing(tmp_path):
     out = tmp_path / "out"
     result = subprocess.run(
         # One fault, 15 s in, and 105 s for its worker to come back and serve again.
-        [sys.executable, "-m", "loadtest.chaos", "--minutes", "2", "--fault-every-s", "30", "--quiet-tail-s", "90",
-         "--decode-replicas", "1", "--base-port", str(BASE),
-         "--run-dir", str(tmp_path / "run"), "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=1500,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "loadtest.chaos",
+            "--minutes",
+            "2",
+            "--fault-every-s",
+            "30",
+            "--quiet-tail-s",
+            "90",
+            "--decode-replicas",
+            "1",
+            "--base-port",
+            str(BASE),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert (out / "chaos.json").exists(), result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "chaos.json").read_text())
     print(json.dumps({k: v for k, v in report.items() if k != "lost_examples"}, indent=2))

@@ -42,7 +42,9 @@ RESULTS = ROOT / "runs" / "compose.json"
 
 def run(cmd: list[str], timeout: float = 1800, **kwargs) -> subprocess.CompletedProcess:
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kwargs)
-    assert out.returncode == 0, f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    assert out.returncode == 0, (
+        f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    )
     return out
 
 
@@ -70,7 +72,9 @@ def containers(service: str | None = None, all_states: bool = False) -> list[str
 
 
 def address(container: str) -> str:
-    return run(["docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", container]).stdout.strip()
+    return run(
+        ["docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", container]
+    ).stdout.strip()
 
 
 def health(container: str) -> str:
@@ -87,16 +91,19 @@ def project_leftovers() -> dict[str, list[str]]:
 
 
 def logs() -> str:
-    out = subprocess.run([*COMPOSE, "logs", "--no-color", "--tail", "40"], cwd=ROOT, env=COMPOSE_ENV,
-                         capture_output=True, text=True)  # fmt: skip
+    out = subprocess.run(
+        [*COMPOSE, "logs", "--no-color", "--tail", "40"], cwd=ROOT, env=COMPOSE_ENV, capture_output=True, text=True
+    )
     return out.stdout[-6000:]
 
 
 @pytest.fixture(scope="module")
 def compose_stack(image_build):
     if not port_free(8000):
-        pytest.fail("127.0.0.1:8000 is in use: the compose test publishes the proxy there (make compose-up); "
-                    "stop whatever listens on it and run again")  # fmt: skip
+        pytest.fail(
+            "127.0.0.1:8000 is in use: the compose test publishes the proxy there (make compose-up); "
+            "stop whatever listens on it and run again"
+        )
     # Docker's tools, its engine and `make images` ran in the background since collection
     # (tests/conftest.py: image_build); the engine is stopped at the session's end if it
     # was started for these tests.
@@ -108,7 +115,10 @@ def compose_stack(image_build):
         measured["image_bytes"] = int(run(["docker", "image", "inspect", "-f", "{{.Size}}", "pdspec:cpu"]).stdout)
         start = time.monotonic()
         try:
-            run(["make", "compose-up", *MAKE_VARS, f"COMPOSE_READY_TIMEOUT_S={READY_TIMEOUT_S}"], timeout=READY_TIMEOUT_S + 600)
+            run(
+                ["make", "compose-up", *MAKE_VARS, f"COMPOSE_READY_TIMEOUT_S={READY_TIMEOUT_S}"],
+                timeout=READY_TIMEOUT_S + 600,
+            )
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n--- compose logs ---\n{logs()}") from None
         measured["up_to_ready_s"] = round(time.monotonic() - start, 1)
@@ -129,9 +139,11 @@ def test_completion_and_streamed_chat_through_the_proxy(compose_stack):
         events = []
         with client.stream("POST", PROXY + "/v1/chat/completions", json=chat_body(CHAT_MESSAGES[0], stream=True)) as r:
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-            events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+            events = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
-    text = "".join(json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1] if json.loads(e)["choices"])
+    text = "".join(
+        json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1] if json.loads(e)["choices"]
+    )
     assert text
 
 
@@ -188,8 +200,11 @@ def test_a_crashed_prefill_container_restarts_and_takes_traffic_again(compose_st
     os.kill(int(inspect(crashed, ".State.Pid")), 9)
     deadline = time.monotonic() + READY_TIMEOUT_S
     ejected = False
-    while not (int(inspect(crashed, ".RestartCount")) > restarts_before and health(crashed) == "healthy"
-               and healthy_prefill_workers() == 2):  # fmt: skip
+    while not (
+        int(inspect(crashed, ".RestartCount")) > restarts_before
+        and health(crashed) == "healthy"
+        and healthy_prefill_workers() == 2
+    ):
         ejected = ejected or healthy_prefill_workers() < 2
         assert time.monotonic() < deadline, f"the crashed prefill container did not come back:\n{logs()}"
         time.sleep(2)

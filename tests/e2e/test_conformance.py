@@ -39,7 +39,9 @@ def test_an_output_limit_equal_to_the_context_is_served(stack, client, path, fie
 @pytest.mark.parametrize("path", ["/tokenize", "/detokenize"])
 @pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
 def test_tokenize_takes_json_bodies_only(stack, client, path, content_type):
-    body = {"model": "pdspec-tiny", "prompt": "hi"} if path == "/tokenize" else {"model": "pdspec-tiny", "tokens": [1, 2]}
+    body = (
+        {"model": "pdspec-tiny", "prompt": "hi"} if path == "/tokenize" else {"model": "pdspec-tiny", "tokens": [1, 2]}
+    )
     headers = {} if content_type is None else {"content-type": content_type}
     for url in (stack.decode_url, stack.proxy_url):
         response = client.post(url + path, content=json.dumps(body).encode(), headers=headers)
@@ -48,16 +50,27 @@ def test_tokenize_takes_json_bodies_only(stack, client, path, content_type):
 
 @pytest.mark.parametrize(
     "path, extra",
-    [(C, {"prompt": ["a b", "c d"]}), (C, {"prompt": "a b", "n": 2, "temperature": 1}),
-     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "n": 2, "temperature": 1})],
-)  # fmt: skip
+    [
+        (C, {"prompt": ["a b", "c d"]}),
+        (C, {"prompt": "a b", "n": 2, "temperature": 1}),
+        (CHAT, {"messages": [{"role": "user", "content": "hi"}], "n": 2, "temperature": 1}),
+    ],
+)
 def test_continuous_usage_stats_on_every_chunk_of_several_choices(stack, client, path, extra):
-    body = {"model": "pdspec-tiny", "max_tokens": 4, "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}, **extra}  # fmt: skip
+    body = {
+        "model": "pdspec-tiny",
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        **extra,
+    }
     for url in (stack.decode_url, stack.proxy_url):
         with client.stream("POST", url + path, json=body) as response:
-            chunks = [json.loads(line[6:]) for line in response.iter_lines()
-                      if line.startswith("data: ") and line != "data: [DONE]"]  # fmt: skip
+            chunks = [
+                json.loads(line[6:])
+                for line in response.iter_lines()
+                if line.startswith("data: ") and line != "data: [DONE]"
+            ]
         assert chunks and all(chunk.get("usage") for chunk in chunks), (url, chunks[:2])
 
 
@@ -75,8 +88,11 @@ def test_a_70_kb_head_is_431(stack):
     host, port = stack.proxy_url.removeprefix("http://").split(":")
     payload = json.dumps(completion_body("hi", max_tokens=2)).encode()
     with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\nX-Big: "
-                     + b"a" * (70 * 1024) + b"\r\ncontent-length: %d\r\n\r\n%s" % (len(payload), payload))
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\nX-Big: "
+            + b"a" * (70 * 1024)
+            + b"\r\ncontent-length: %d\r\n\r\n%s" % (len(payload), payload)
+        )
         reply = b""
         while chunk := sock.recv(65536):
             reply += chunk

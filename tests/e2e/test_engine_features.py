@@ -11,13 +11,23 @@ from tests import harness
 from tests.prompts import completion_body, unique_prompt
 
 ON_IN_MAKE_RUN = {
-    "prefill": {"k0_rule", "kv_only_pass", "nixl_progress_delay", "kv_core_pinning", "kv_hold_wait", "short_spin",
-                "prefill_reply_guard", "cpu_expand_fix"},
+    "prefill": {
+        "k0_rule",
+        "kv_only_pass",
+        "nixl_progress_delay",
+        "kv_core_pinning",
+        "kv_hold_wait",
+        "short_spin",
+        "prefill_reply_guard",
+        "cpu_expand_fix",
+    },
     "decode": {"k0_rule", "nixl_progress_delay", "kv_core_pinning", "stale_kv_guard", "short_spin", "cpu_expand_fix"},
 }
 # The one feature that cannot be on here, and why.
-OFF_IN_MAKE_RUN = {"prefill": {"dp_idle_rank_vote": "vLLM's V2 runner, where ranks vote, runs on GPUs only"},
-                   "decode": {}}  # fmt: skip
+OFF_IN_MAKE_RUN = {
+    "prefill": {"dp_idle_rank_vote": "vLLM's V2 runner, where ranks vote, runs on GPUs only"},
+    "decode": {},
+}
 
 
 def feature_states(url: str) -> dict[str, tuple[str, str]]:

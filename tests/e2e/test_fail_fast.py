@@ -20,10 +20,25 @@ PORT = 22900
 
 def test_a_dead_child_stops_a_fail_fast_stack_naming_it(tmp_path):
     up = subprocess.Popen(
-        [sys.executable, "-m", "pdspec.cli", "up", "--layout", "colocated", "--colocated.port", str(PORT),
-         "--restart", "never", "--run_dir", str(tmp_path)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pdspec.cli",
+            "up",
+            "--layout",
+            "colocated",
+            "--colocated.port",
+            str(PORT),
+            "--restart",
+            "never",
+            "--run_dir",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         lines = []
         for line in up.stdout:
@@ -47,4 +62,3 @@ def test_a_dead_child_stops_a_fail_fast_stack_naming_it(tmp_path):
     assert code != 0, output
     assert "colocated worker exited with code" in output, output
     assert "restarting" not in output  # fail-fast: no second start
-

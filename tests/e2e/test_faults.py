@@ -33,12 +33,24 @@ def cluster(fleet_2p1d, tmp_path_factory):
     user: it kills workers, so the fleet is stopped when the module ends."""
     run = tmp_path_factory.mktemp("faults")
     p1, p2, d = (fleet_2p1d[name] for name in ("p1", "p2", "d"))
-    common = {"decode_urls": [d.url], "health_interval_s": 0.5, "prefill_timeout_s": 30, "decode_timeout_s": 60,
-              "kv_source_ports": KV_SOURCE_PORTS}  # fmt: skip
-    single = harness.start_proxy(BASE, run / "single.log", prefill_urls=[p1.url], prefill_failure_policy="error",
-                                 **common)  # fmt: skip
-    double = harness.start_proxy(BASE + 1, run / "double.log", prefill_urls=[p1.url, p2.url],
-                                 prefill_failure_policy="retry", prefill_policy="round_robin", **common)  # fmt: skip
+    common = {
+        "decode_urls": [d.url],
+        "health_interval_s": 0.5,
+        "prefill_timeout_s": 30,
+        "decode_timeout_s": 60,
+        "kv_source_ports": KV_SOURCE_PORTS,
+    }
+    single = harness.start_proxy(
+        BASE, run / "single.log", prefill_urls=[p1.url], prefill_failure_policy="error", **common
+    )
+    double = harness.start_proxy(
+        BASE + 1,
+        run / "double.log",
+        prefill_urls=[p1.url, p2.url],
+        prefill_failure_policy="retry",
+        prefill_policy="round_robin",
+        **common,
+    )
     try:
         for proxy in (single, double):
             harness.wait_healthy(proxy.url, proxy.process, path="/ready")
@@ -82,8 +94,12 @@ def test_messages_cache_creation_is_the_prefill_workers(cluster, client):
     """A Messages prompt nobody has seen: the prefill worker computes and caches its whole
     blocks, as a colocated vLLM reports in `cache_creation_input_tokens`; the decode worker
     pulled them and created none (the proxy passed its 0 on before issue 39)."""
-    body = {"model": "pdspec-tiny", "max_tokens": 3, "temperature": 0,
-            "messages": [{"role": "user", "content": unique_prompt(150)}]}  # fmt: skip
+    body = {
+        "model": "pdspec-tiny",
+        "max_tokens": 3,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": unique_prompt(150)}],
+    }
     usage = client.post(cluster["single"].url + "/v1/messages", json=body).json()["usage"]
     created = usage["cache_creation_input_tokens"]
     assert created > 0 and created % 16 == 0, usage
@@ -102,9 +118,12 @@ def test_client_disconnect_mid_stream_frees_both_workers(cluster):
 
 
 def proxy_counts(url: str) -> dict:
-    return {"prefilled": sum(v for k, v in harness.scrape_labeled(url, "pdspec_proxy_prefill_outcomes_total").items()),
-            "gone": harness.scrape_labeled(url, "pdspec_proxy_requests_total").get(
-                (("endpoint", "completions"), ("status", "499")), 0)}  # fmt: skip
+    return {
+        "prefilled": sum(v for k, v in harness.scrape_labeled(url, "pdspec_proxy_prefill_outcomes_total").items()),
+        "gone": harness.scrape_labeled(url, "pdspec_proxy_requests_total").get(
+            (("endpoint", "completions"), ("status", "499")), 0
+        ),
+    }
 
 
 async def vanish_during_prefill(proxy_url: str, prefill_url: str) -> None:
@@ -113,9 +132,12 @@ async def vanish_during_prefill(proxy_url: str, prefill_url: str) -> None:
     prefill leg is then queued or running behind the others."""
     long_prompt = {"model": "pdspec-tiny", "max_tokens": 1}
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as client:
-        busy = [asyncio.create_task(client.post(prefill_url + "/v1/completions",
-                                                json={**long_prompt, "prompt": unique_prompt(420)}))
-                for _ in range(4)]  # fmt: skip
+        busy = [
+            asyncio.create_task(
+                client.post(prefill_url + "/v1/completions", json={**long_prompt, "prompt": unique_prompt(420)})
+            )
+            for _ in range(4)
+        ]
         target = asyncio.create_task(
             client.post(proxy_url + "/v1/completions", json=completion_body(unique_prompt(420), max_tokens=8))
         )
@@ -144,10 +166,15 @@ def test_client_gone_between_the_legs_frees_the_prefill_kv_before_its_lease_ends
     is idle within seconds."""
     with ThreadServer(create_standin(StandinBehaviour())) as standin:
         proxy = harness.start_proxy(
-            BASE + 2, prefill_urls=[cluster["p1"].url], decode_urls=[standin.url, cluster["d"].url],
-            decode_policy="round_robin", decode_retries=1, retry_backoff_s=5.0, health_interval_s=60,
+            BASE + 2,
+            prefill_urls=[cluster["p1"].url],
+            decode_urls=[standin.url, cluster["d"].url],
+            decode_policy="round_robin",
+            decode_retries=1,
+            retry_backoff_s=5.0,
+            health_interval_s=60,
             kv_source_ports=KV_SOURCE_PORTS,
-        )  # fmt: skip
+        )
         try:
             harness.wait_healthy(proxy.url, proxy.process, path="/ready")
             healthy = lambda: harness.scrape_labeled(proxy.url, "pdspec_proxy_healthy_workers")  # noqa: E731
@@ -205,9 +232,13 @@ def test_client_leaving_n_choices_frees_every_leg_and_all_kv(cluster):
     slow = StandinBehaviour(delay_s=120.0)
     with ThreadServer(create_standin(slow)) as standin:
         proxy = harness.start_proxy(
-            BASE + 3, prefill_urls=[cluster["p1"].url, standin.url], prefill_policy="round_robin",
-            decode_urls=[cluster["d"].url], health_interval_s=0.5, kv_source_ports=KV_SOURCE_PORTS,
-        )  # fmt: skip
+            BASE + 3,
+            prefill_urls=[cluster["p1"].url, standin.url],
+            prefill_policy="round_robin",
+            decode_urls=[cluster["d"].url],
+            health_interval_s=0.5,
+            kv_source_ports=KV_SOURCE_PORTS,
+        )
         try:
             harness.wait_healthy(proxy.url, proxy.process, path="/ready")
             began = asyncio.run(n_choices_then_vanish(proxy.url, cluster["d"].url))
@@ -244,9 +275,14 @@ def test_a_refused_decode_leg_gets_no_second_read_and_the_lease_frees_the_kv(clu
     decode_requests = harness.scrape(cluster["d"].url).get("vllm:request_success_total", 0.0)
     with ThreadServer(create_standin(refusing)) as standin:
         proxy = harness.start_proxy(
-            BASE + 4, prefill_urls=[cluster["p1"].url], decode_urls=[standin.url, cluster["d"].url],
-            decode_policy="round_robin", decode_retries=0, health_interval_s=0.5, kv_source_ports=KV_SOURCE_PORTS,
-        )  # fmt: skip
+            BASE + 4,
+            prefill_urls=[cluster["p1"].url],
+            decode_urls=[standin.url, cluster["d"].url],
+            decode_policy="round_robin",
+            decode_retries=0,
+            health_interval_s=0.5,
+            kv_source_ports=KV_SOURCE_PORTS,
+        )
         try:
             harness.wait_healthy(proxy.url, proxy.process, path="/ready")
             response = httpx.post(proxy.url + "/v1/completions", json=completion_body(unique_prompt(400)), timeout=60)

@@ -24,10 +24,29 @@ PDSPEC_POLICIES = list(fleet_bench.POLICIES)
 
 
 def test_every_policy_serves_every_request_and_the_report_has_its_fields(tmp_path, monkeypatch):
-    sc = shared_context(1, tenants=3, context=256, question=16, max_tokens=4, levels=[(4.0, 1.5)],
-                        warmup_requests=2, warmup_qps=8.0, vocab=4000)  # fmt: skip
-    mt = multi_turn(2, turns=2, start=128, answer=16, message=16, max_tokens=4, think_s=0.0,
-                    levels=[(4.0, 1.0)], warmup_sessions=0, vocab=4000)  # fmt: skip
+    sc = shared_context(
+        1,
+        tenants=3,
+        context=256,
+        question=16,
+        max_tokens=4,
+        levels=[(4.0, 1.5)],
+        warmup_requests=2,
+        warmup_qps=8.0,
+        vocab=4000,
+    )
+    mt = multi_turn(
+        2,
+        turns=2,
+        start=128,
+        answer=16,
+        message=16,
+        max_tokens=4,
+        think_s=0.0,
+        levels=[(4.0, 1.0)],
+        warmup_sessions=0,
+        vocab=4000,
+    )
     traces = {"sc": sc, "mt": mt}
     for name, trace in traces.items():
         trace.name = name
@@ -36,13 +55,40 @@ def test_every_policy_serves_every_request_and_the_report_has_its_fields(tmp_pat
     jobs = [f"sc:{p}" for p in policies] + ["mt:kv_aware_conditional"]
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")  # /reset_prefix_cache between jobs
     out = tmp_path / "out"
-    argv = ["--out", str(out), "--run-dir", str(tmp_path / "run"),
-            "--trace", str(tmp_path / "sc.json.gz"), "--trace", str(tmp_path / "mt.json.gz"), "--jobs", ",".join(jobs),
-            "--prefill-replicas", "1", "--decode-replicas", "1", "--base-port", str(BASE_PORT),
-            "--prefill-port", str(BASE_PORT + 100), "--decode-port", str(BASE_PORT + 200),
-            "--side-channel-port", str(BASE_PORT + 600), "--kv-events-port", str(BASE_PORT + 650),
-            "--kv-blocks", "66", "--block-size", "32", "--drain-s", "60",
-            "--up-args", f"--model.models_dir {harness.models_dir()} --restart never"]  # fmt: skip
+    argv = [
+        "--out",
+        str(out),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--trace",
+        str(tmp_path / "sc.json.gz"),
+        "--trace",
+        str(tmp_path / "mt.json.gz"),
+        "--jobs",
+        ",".join(jobs),
+        "--prefill-replicas",
+        "1",
+        "--decode-replicas",
+        "1",
+        "--base-port",
+        str(BASE_PORT),
+        "--prefill-port",
+        str(BASE_PORT + 100),
+        "--decode-port",
+        str(BASE_PORT + 200),
+        "--side-channel-port",
+        str(BASE_PORT + 600),
+        "--kv-events-port",
+        str(BASE_PORT + 650),
+        "--kv-blocks",
+        "66",
+        "--block-size",
+        "32",
+        "--drain-s",
+        "60",
+        "--up-args",
+        f"--model.models_dir {harness.models_dir()} --restart never",
+    ]
     if fleet_bench.VLLM_ROUTER in policies:
         argv += ["--vllm-router", "python -m vllm_router.launch_router"]
     report = fleet_bench.main(argv)
@@ -60,14 +106,17 @@ def test_every_policy_serves_every_request_and_the_report_has_its_fields(tmp_pat
         assert all(r["output_tokens"] == 4 and r["ttft_s"] > 0 for r in rows)
         level = job["levels"][0]
         assert level["requests"] == len(trace.phase("level-0")) and set(level["workers"]) == {
-            *report["workers"]["prefill"], *report["workers"]["decode"]}
+            *report["workers"]["prefill"],
+            *report["workers"]["decode"],
+        }
     # Every request's prompt tokens were counted by some worker: vLLM's by-source counters moved.
     kv = next(j for j in report["jobs"] if j["policy"] == "kv_aware")
     computed = sum(w.get("source:local_compute", 0.0) for w in kv["levels"][0]["workers"].values())
     assert computed > 0
 
-    built = fleet_report.main([str(out), "--trace", f"sc={tmp_path / 'sc.json.gz'}",
-                               "--trace", f"mt={tmp_path / 'mt.json.gz'}"])  # fmt: skip
+    built = fleet_report.main(
+        [str(out), "--trace", f"sc={tmp_path / 'sc.json.gz'}", "--trace", f"mt={tmp_path / 'mt.json.gz'}"]
+    )
     summaries = {(s["workload"], s["policy"]): s for s in built["summaries"]}
     assert set(summaries) == {tuple(j.split(":")) for j in jobs}
     for summary in summaries.values():

@@ -34,7 +34,9 @@ def thread_cores(pid: int) -> dict[str, set[int]]:
                     fields = dict(line.split(":", 1) for line in status if ":" in line)
             except FileNotFoundError:
                 continue  # the thread ended
-            out[f"{process.pid}/{thread.id} {fields['Name'].strip()}"] = parse_cores(fields["Cpus_allowed_list"].strip())
+            out[f"{process.pid}/{thread.id} {fields['Name'].strip()}"] = parse_cores(
+                fields["Cpus_allowed_list"].strip()
+            )
     return out
 
 

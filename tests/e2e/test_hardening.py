@@ -66,8 +66,13 @@ def test_structured_output_chat_is_served_through_pd(stack, client, attempt):
     it pulled (500: "grammar rejected tokens [0]"), when these were served decode-only;
     now they go through P/D, and their reply equals the decode worker's own."""
     before, bytes_before = decode_only_count(stack, "structured_output"), nixl_bytes(stack)
-    body = {"model": "pdspec-tiny", "messages": [{"role": "user", "content": f"Say hi {attempt}. " + "hello " * (attempt * 9)}],
-            "max_tokens": 24, "response_format": {"type": "json_object"}, "temperature": 0}  # fmt: skip
+    body = {
+        "model": "pdspec-tiny",
+        "messages": [{"role": "user", "content": f"Say hi {attempt}. " + "hello " * (attempt * 9)}],
+        "max_tokens": 24,
+        "response_format": {"type": "json_object"},
+        "temperature": 0,
+    }
     response = client.post(stack.proxy_url + CHAT, json=body)
     assert response.status_code == 200, response.text[:300]
     content = response.json()["choices"][0]["message"]["content"]

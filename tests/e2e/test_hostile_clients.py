@@ -7,13 +7,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-
 from loadtest.serving import hostile_clients
 
 
 def test_hostile_clients_leave_the_good_one_served(stack, tmp_path):
-    args = argparse.Namespace(url=stack.proxy_url, seconds=6, slow_heads=10, huge_headers=2, unfinished_bodies=10,
-                              idle=10, out=str(tmp_path))  # fmt: skip
+    args = argparse.Namespace(
+        url=stack.proxy_url, seconds=6, slow_heads=10, huge_headers=2, unfinished_bodies=10, idle=10, out=str(tmp_path)
+    )
     report = asyncio.run(hostile_clients.main_async(args))
     calm, attack = report["phases"]
     assert calm["good_failed"] == 0 and attack["good_failed"] == 0

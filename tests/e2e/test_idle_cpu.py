@@ -21,8 +21,9 @@ def wait_quiescent(stack, timeout_s: float = 30) -> None:
     while time.monotonic() < deadline:
         metrics = [harness.scrape(url) for url in (stack.prefill_url, stack.decode_url)]
         # A worker that has served nothing yet exports neither gauge.
-        if all(m.get("vllm:num_requests_running", 0) == 0 and m.get("vllm:num_requests_waiting", 0) == 0
-               for m in metrics):  # fmt: skip
+        if all(
+            m.get("vllm:num_requests_running", 0) == 0 and m.get("vllm:num_requests_waiting", 0) == 0 for m in metrics
+        ):
             return
         time.sleep(0.2)  # poll interval
     raise AssertionError("workers never became idle")
@@ -66,7 +67,9 @@ def test_a_prefill_worker_holding_kv_for_a_read_does_not_burn_a_core(stack, clie
     wait_quiescent(stack)
     body = completion_body(unique_prompt(60), max_tokens=1)
     with httpx.Client(timeout=120) as direct:
-        reply = direct.post(stack.prefill_url + "/v1/completions", json={**body, "kv_transfer_params": dict(PREFILL_KV_REQUEST)})
+        reply = direct.post(
+            stack.prefill_url + "/v1/completions", json={**body, "kv_transfer_params": dict(PREFILL_KV_REQUEST)}
+        )
         params = reply.json()["kv_transfer_params"]
         try:
             calm, history = calm_windows({"prefill": harness.worker_pids(stack)["prefill"]}, limit_cores=0.2)

@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 
-
 from tests import harness
 from tests.harness import REPO
 
@@ -14,10 +13,26 @@ from tests.harness import REPO
 def test_auto_and_always_give_equal_outputs_and_spec_counters(tmp_path):
     out = tmp_path / "equivalence.json"
     result = subprocess.run(
-        [sys.executable, "-m", "loadtest.k0_equivalence", "--models-dir", str(harness.models_dir()),
-         "--long", "6", "--short", "8", "--long-tokens", "1200", "--json", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "loadtest.k0_equivalence",
+            "--models-dir",
+            str(harness.models_dir()),
+            "--long",
+            "6",
+            "--short",
+            "8",
+            "--long-tokens",
+            "1200",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.exists(), result.stdout[-3000:] + result.stderr[-3000:]
     scenarios = json.loads(out.read_text())
     print("\n".join(line for line in result.stdout.splitlines() if line.startswith("|")))

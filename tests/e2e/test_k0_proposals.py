@@ -5,12 +5,14 @@
 import subprocess
 import sys
 
-
 from tests import harness
 from tests.prompts import completion_body, unique_prompt
 
-SPEC = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
-        "vllm:spec_decode_num_accepted_tokens_total")  # fmt: skip
+SPEC = (
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+)
 
 
 def counters(url: str) -> dict:
@@ -37,10 +39,22 @@ def test_prefill_worker_proposes_with_k0_in_every_step(stack, client):
 
 def set_policy(stack, role: str, policy: str) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pdspec.cli", "drafts", "--role", role, "--policy", policy,
-         "--run_dir", str(stack.run_dir)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pdspec.cli",
+            "drafts",
+            "--role",
+            role,
+            "--policy",
+            policy,
+            "--run_dir",
+            str(stack.run_dir),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
 
 
 def test_decode_worker_skips_only_unusable_drafts(stack, client):

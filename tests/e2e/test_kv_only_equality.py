@@ -10,7 +10,6 @@ import json
 import subprocess
 import sys
 
-
 from tests import harness
 from tests.harness import REPO
 
@@ -19,10 +18,23 @@ def run_equality(tmp_path, *args: str) -> tuple[dict, subprocess.CompletedProces
     """The equality tool's report on 4 prompts (and its process, for the exit status)."""
     out = tmp_path / "equality.json"
     result = subprocess.run(
-        [sys.executable, "-m", "loadtest.kv_only_equality", "--models-dir", str(harness.models_dir()),
-         "--prompts", "4", *args, "--json", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "loadtest.kv_only_equality",
+            "--models-dir",
+            str(harness.models_dir()),
+            "--prompts",
+            "4",
+            *args,
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.exists(), result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out.read_text())
     print(json.dumps(report, indent=2))
@@ -47,8 +59,9 @@ def test_dflash_kv_only_pass_writes_the_full_passs_context_kv(tmp_path):
     from pdspec.models.dflash import write_dflash_drafter
 
     drafter = write_dflash_drafter(tmp_path / "dflash", k=4)
-    report, result = run_equality(tmp_path, "--drafter", str(drafter), "--method", "dflash", "--k", "4",
-                                  "--blocks", "10", "25")  # fmt: skip
+    report, result = run_equality(
+        tmp_path, "--drafter", str(drafter), "--method", "dflash", "--k", "4", "--blocks", "10", "25"
+    )
     assert report["method"] == "dflash"
     assert report["k0_steps"] == report["steps"] > 0
     assert report["kv_only_calls_in_full_run"] == 0

@@ -49,11 +49,24 @@ NO_PREFIX_CACHE = "--no-enable-prefix-caching"  # freed blocks go back to the fr
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory):
     run = tmp_path_factory.mktemp("kv_pressure")
-    prefill = harness.start_worker("prefill", run / "p", BASE + 100, BASE + 300, cpu_omp_threads_bind="0",
-                                   kv_lease_s=LEASE_S,
-                                   extra_vllm_args=["--num-gpu-blocks-override", str(BLOCKS), NO_PREFIX_CACHE])
-    decode = harness.start_worker("decode", run / "d", BASE + 200, BASE + 400, cpu_omp_threads_bind="1",
-                                  kv_lease_s=LEASE_S, extra_vllm_args=["--max-num-seqs", "1", NO_PREFIX_CACHE])
+    prefill = harness.start_worker(
+        "prefill",
+        run / "p",
+        BASE + 100,
+        BASE + 300,
+        cpu_omp_threads_bind="0",
+        kv_lease_s=LEASE_S,
+        extra_vllm_args=["--num-gpu-blocks-override", str(BLOCKS), NO_PREFIX_CACHE],
+    )
+    decode = harness.start_worker(
+        "decode",
+        run / "d",
+        BASE + 200,
+        BASE + 400,
+        cpu_omp_threads_bind="1",
+        kv_lease_s=LEASE_S,
+        extra_vllm_args=["--max-num-seqs", "1", NO_PREFIX_CACHE],
+    )
     prefill.log = run / "p" / f"prefill-{BASE + 100}.log"
     try:
         harness.wait_healthy(prefill.url, prefill.process, prefill.log)
@@ -76,14 +89,22 @@ async def burst(url: str) -> list[int]:
 def through_proxy(workers, port: int, **settings) -> tuple[list[int], dict]:
     prefill, decode = workers
     assert harness.wait_idle(prefill.url, timeout_s=60) == (0, 0)  # the last run's KV gone
-    proxy = harness.start_proxy(port, prefill_urls=[prefill.url], decode_urls=[decode.url],
-                                prefill_timeout_s=PREFILL_TIMEOUT_S, queue_timeout_s=240,
-                                kv_source_ports=[str(BASE + 300)], **settings)  # fmt: skip
+    proxy = harness.start_proxy(
+        port,
+        prefill_urls=[prefill.url],
+        decode_urls=[decode.url],
+        prefill_timeout_s=PREFILL_TIMEOUT_S,
+        queue_timeout_s=240,
+        kv_source_ports=[str(BASE + 300)],
+        **settings,
+    )
     try:
         harness.wait_healthy(proxy.url, proxy.process, path="/ready")
         statuses = asyncio.run(burst(proxy.url))
-        return statuses, {name: harness.scrape_labeled(proxy.url, name)
-                          for name in ("pdspec_proxy_leg_failures_total", "pdspec_proxy_kv_room_waits_total")}
+        return statuses, {
+            name: harness.scrape_labeled(proxy.url, name)
+            for name in ("pdspec_proxy_leg_failures_total", "pdspec_proxy_kv_room_waits_total")
+        }
     finally:
         proxy.stop()
 
@@ -91,8 +112,9 @@ def through_proxy(workers, port: int, **settings) -> tuple[list[int], dict]:
 def test_the_prompts_fill_the_prefill_workers_kv_with_a_few(workers):
     """The premise: one prompt takes several of the prefill worker's 17 blocks."""
     prefill, _ = workers
-    reply = httpx.post(prefill.url + "/v1/completions", json=completion_body(unique_prompt(150), max_tokens=1),
-                       timeout=60).json()  # fmt: skip
+    reply = httpx.post(
+        prefill.url + "/v1/completions", json=completion_body(unique_prompt(150), max_tokens=1), timeout=60
+    ).json()
     assert 4 * 128 <= reply["usage"]["prompt_tokens"] <= 6 * 128, reply["usage"]
 
 
@@ -113,8 +135,11 @@ def test_with_admission_every_request_waits_for_room_and_is_served(workers):
 
 def engine_core(server: harness.Server) -> psutil.Process:
     """The decode worker's engine-core process (its scheduler), a child of its API server."""
-    (core,) = [p for p in psutil.Process(server.process.pid).children(recursive=True)
-               if "EngineCore" in " ".join(p.cmdline()) or p.name().startswith("VLLM::EngineCore")]  # fmt: skip
+    (core,) = [
+        p
+        for p in psutil.Process(server.process.pid).children(recursive=True)
+        if "EngineCore" in " ".join(p.cmdline()) or p.name().startswith("VLLM::EngineCore")
+    ]
     return core
 
 
@@ -133,9 +158,15 @@ def test_a_decode_leg_past_its_prefill_workers_lease_is_prefilled_on_the_decode_
         core.send_signal(signal.SIGSTOP)
         reply: dict = {}
         try:
-            leg = threading.Thread(target=lambda: reply.update(r=httpx.post(
-                decode.url + "/v1/completions", json={**body, "kv_transfer_params": params}, timeout=300)))
+            leg = threading.Thread(
+                target=lambda: reply.update(
+                    r=httpx.post(
+                        decode.url + "/v1/completions", json={**body, "kv_transfer_params": params}, timeout=300
+                    )
+                )
+            )
             leg.start()
+
             # The lease runs out on the prefill worker (it reaps on its steps: keep it stepping) ...
             def lease_ran_out() -> bool:
                 if "Releasing expired KV blocks" in prefill_log.read_text():

@@ -58,8 +58,11 @@ def test_the_decode_worker_receives_the_prompt_rather_than_computing_it(push_sta
 
 
 def test_the_kv_only_drafter_pass_stays_on_with_push(push_stack):
-    (state,) = [dict(labels)["state"] for labels in harness.scrape_labeled(push_stack.prefill_url, "pdspec_engine_feature")
-                if dict(labels)["feature"] == "kv_only_pass"]  # fmt: skip
+    (state,) = [
+        dict(labels)["state"]
+        for labels in harness.scrape_labeled(push_stack.prefill_url, "pdspec_engine_feature")
+        if dict(labels)["feature"] == "kv_only_pass"
+    ]
     assert state == "on"
 
 
@@ -67,15 +70,23 @@ def test_the_kv_only_drafter_pass_stays_on_with_push(push_stack):
 
 
 def early_proxy(stack, port: int, **settings) -> harness.Server:
-    proxy = harness.start_proxy(port, prefill_urls=[stack.prefill_url], decode_urls=[stack.decode_url],
-                                early_decode=True, kv_source_ports=["25300"], **settings)  # fmt: skip
+    proxy = harness.start_proxy(
+        port,
+        prefill_urls=[stack.prefill_url],
+        decode_urls=[stack.decode_url],
+        early_decode=True,
+        kv_source_ports=["25300"],
+        **settings,
+    )
     harness.wait_healthy(proxy.url, proxy.process, path="/ready")
     return proxy
 
 
 def early_outcomes(proxy_url: str) -> dict[str, float]:
-    return {dict(labels)["outcome"]: value
-            for labels, value in harness.scrape_labeled(proxy_url, "pdspec_proxy_early_decodes_total").items()}  # fmt: skip
+    return {
+        dict(labels)["outcome"]: value
+        for labels, value in harness.scrape_labeled(proxy_url, "pdspec_proxy_early_decodes_total").items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +120,10 @@ async def behind_a_busy_prefill_worker(stack, send):
     async with httpx.AsyncClient(timeout=120) as http:
         body = {**completion_body(unique_prompt(450)), "max_tokens": 1}  # about 1,900 tokens each
         direct = [asyncio.ensure_future(http.post(stack.prefill_url + "/v1/completions", json=body)) for _ in range(3)]
-        while not all(leg.done() for leg in direct) and ((await asyncio.to_thread(harness.gauges,
-                                                                                  stack.prefill_url))[0] or 0) < 3:
+        while (
+            not all(leg.done() for leg in direct)
+            and ((await asyncio.to_thread(harness.gauges, stack.prefill_url))[0] or 0) < 3
+        ):
             await asyncio.sleep(0.01)  # poll interval
         try:
             return await send()
@@ -145,7 +158,9 @@ def test_a_timed_out_early_prefill_is_completed_and_leaves_no_blocks_held(push_s
 
         async def request():
             async with httpx.AsyncClient(timeout=120) as http:
-                return (await http.post(proxy.url + "/v1/completions", json=completion_body(unique_prompt(40)))).status_code
+                return (
+                    await http.post(proxy.url + "/v1/completions", json=completion_body(unique_prompt(40)))
+                ).status_code
 
         assert asyncio.run(behind_a_busy_prefill_worker(push_stack, request)) == 200
         assert harness.wait_for(lambda: early_outcomes(proxy.url).get("completed", 0) == 1, timeout_s=60)

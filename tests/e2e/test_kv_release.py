@@ -61,7 +61,9 @@ def test_the_corpora_park_no_kv(stack, client):
 
 
 def rescued(stack) -> float:
-    return harness.scrape_labeled(stack.prefill_url, "pdspec_prefill_replies_rescued_total").get((("api", "messages"),), 0.0)
+    return harness.scrape_labeled(stack.prefill_url, "pdspec_prefill_replies_rescued_total").get(
+        (("api", "messages"),), 0.0
+    )
 
 
 def test_a_messages_named_tool_call_is_served_as_the_decode_worker_serves_it(stack, client):

@@ -22,18 +22,32 @@ CONTEXT = "".join(f"def helper_{i}(value):\n    return value * {i} + {i % 7}\n\n
 # The local model's tokenizer makes CONTEXT about 720 tokens: 5 KV blocks of 128 on the CPU.
 # A follow-up turn adds about 110 uncached tokens (under local_prefill_max_tokens: prefilled
 # on the decode worker); a question repeated 12 times adds about 220 (disaggregated).
-QUESTIONS = ["# What does helper_3 return?\n", "# Which helper is the largest?\n", "# Rewrite helper_5.\n",
-             "# Is helper_9 pure?\n"]  # fmt: skip
-ROUTING = {"prefill_policy": "kv_aware", "decode_policy": "kv_aware", "disaggregation": "conditional",
-           "local_prefill_max_tokens": 160, "served_by_headers": True}  # fmt: skip
+QUESTIONS = [
+    "# What does helper_3 return?\n",
+    "# Which helper is the largest?\n",
+    "# Rewrite helper_5.\n",
+    "# Is helper_9 pure?\n",
+]
+ROUTING = {
+    "prefill_policy": "kv_aware",
+    "decode_policy": "kv_aware",
+    "disaggregation": "conditional",
+    "local_prefill_max_tokens": 160,
+    "served_by_headers": True,
+}
 
 
 @pytest.fixture(scope="module")
 def fleet(fleet_2p1d):
     """The shared 2P1D fleet (tests/fleet.py) behind this module's two proxies."""
-    common = {"prefill_urls": fleet_2p1d.prefill_urls, "decode_urls": fleet_2p1d.decode_urls,
-              "health_interval_s": 0.5, "kv_source_ports": fleet_2p1d.kv_source_ports, "prefill_timeout_s": 60,
-              "decode_timeout_s": 120}  # fmt: skip
+    common = {
+        "prefill_urls": fleet_2p1d.prefill_urls,
+        "decode_urls": fleet_2p1d.decode_urls,
+        "health_interval_s": 0.5,
+        "kv_source_ports": fleet_2p1d.kv_source_ports,
+        "prefill_timeout_s": 60,
+        "decode_timeout_s": 120,
+    }
     routed = harness.start_proxy(BASE, **common, **ROUTING)
     # The reference: every request disaggregated, routed by the prompt's hash.
     plain = harness.start_proxy(BASE + 1, **common, prefill_policy="prefix_affinity")
@@ -48,15 +62,17 @@ def fleet(fleet_2p1d):
 
 
 def complete(proxy: str, prompt: str, client: httpx.Client) -> httpx.Response:
-    response = client.post(proxy + "/v1/completions", json={"model": "pdspec-tiny", "prompt": prompt,
-                                                            "max_tokens": 8, "temperature": 0})  # fmt: skip
+    response = client.post(
+        proxy + "/v1/completions", json={"model": "pdspec-tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0}
+    )
     assert response.status_code == 200, response.text
     return response
 
 
 def index_blocks(proxy: str) -> dict[str, float]:
-    return {dict(labels)["worker"]: v for labels, v in
-            harness.scrape_labeled(proxy, "pdspec_proxy_kv_index_blocks").items()}  # fmt: skip
+    return {
+        dict(labels)["worker"]: v for labels, v in harness.scrape_labeled(proxy, "pdspec_proxy_kv_index_blocks").items()
+    }
 
 
 def wait_for(condition, what: str, timeout_s: float = 30) -> None:
@@ -99,14 +115,18 @@ def test_shared_prefix_lands_where_it_is_cached_and_follow_ups_prefill_locally(f
         assert follow_up.json()["choices"][0]["text"] == reference.json()["choices"][0]["text"]
     local = harness.scrape_labeled(routed, "pdspec_proxy_local_prefills_total")
     assert local[(("reason", "cached_on_decode"),)] >= 1
-    events = {dict(labels)["kind"]: v for labels, v in harness.scrape_labeled(routed, "pdspec_proxy_kv_events_total").items()}
+    events = {
+        dict(labels)["kind"]: v for labels, v in harness.scrape_labeled(routed, "pdspec_proxy_kv_events_total").items()
+    }
     assert events.get("stored", 0) > 0 and events.get("bad_messages", 0) == 0 and events.get("orphans", 0) == 0
 
 
 def predicted_hits(proxy: str) -> dict[str, float]:
-    return {dict(labels)["worker"]: v for labels, v in
-            harness.scrape_labeled(proxy, "pdspec_proxy_predicted_hit_tokens_total").items()
-            if dict(labels)["pool"] == "prefill"}  # fmt: skip
+    return {
+        dict(labels)["worker"]: v
+        for labels, v in harness.scrape_labeled(proxy, "pdspec_proxy_predicted_hit_tokens_total").items()
+        if dict(labels)["pool"] == "prefill"
+    }
 
 
 def healthy_prefill(proxy: str) -> float:
@@ -152,8 +172,13 @@ def test_the_dashboards_routing_row_on_a_real_prometheus(fleet, tmp_path_factory
     """The "Cache-aware routing" row (which the shared stack cannot fill) over this fleet."""
     host = lambda server: server.url.removeprefix("http://")  # noqa: E731
     prometheus = PrometheusServer(tmp_path_factory.mktemp("prometheus"), free_port(18971, 18990))
-    prometheus.start({"pdspec-proxy": [host(fleet["routed"])], "pdspec-prefill": [host(fleet["p1"]), host(fleet["p2"])],
-                      "pdspec-decode": [host(fleet["d"])]})  # fmt: skip
+    prometheus.start(
+        {
+            "pdspec-proxy": [host(fleet["routed"])],
+            "pdspec-prefill": [host(fleet["p1"]), host(fleet["p2"])],
+            "pdspec-decode": [host(fleet["d"])],
+        }
+    )
     try:
         with httpx.Client(timeout=180) as client:
             for question in QUESTIONS:  # traffic inside Prometheus's window
@@ -164,9 +189,13 @@ def test_the_dashboards_routing_row_on_a_real_prometheus(fleet, tmp_path_factory
         # Rates need two samples of a counter after it moved, from each target: scraped every
         # second, but a busy worker's first scrapes can lag the proxy's (CI once queried the
         # vLLM-hits panel a moment too early), so each panel gets its own wait.
-        empty = [q.name for q in row
-                 if not harness.wait_for(lambda q=q: bool(prometheus.api.query(substitute(q.expr, "2m", "10m"))),
-                                         timeout_s=60)]  # fmt: skip
+        empty = [
+            q.name
+            for q in row
+            if not harness.wait_for(
+                lambda q=q: bool(prometheus.api.query(substitute(q.expr, "2m", "10m"))), timeout_s=60
+            )
+        ]
         assert not empty, f"routing panels with no data: {empty}"
     finally:
         prometheus.stop()

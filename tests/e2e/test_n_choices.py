@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-
 from tests import harness
 from tests.prompts import completion_body, unique_prompt
 
@@ -22,9 +21,16 @@ def test_n_choices_whole(stack, client):
 
 
 def test_n_choices_streamed_chat(stack, client):
-    body = {"model": "pdspec-tiny", "messages": [{"role": "user", "content": "import json"}], "n": 2,
-            "temperature": 0.8, "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": "pdspec-tiny",
+        "messages": [{"role": "user", "content": "import json"}],
+        "n": 2,
+        "temperature": 0.8,
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with client.stream("POST", stack.proxy_url + "/v1/chat/completions", json=body) as response:
         events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
     assert events.count("[DONE]") == 1 and events[-1] == "[DONE]"

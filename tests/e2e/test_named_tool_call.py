@@ -59,8 +59,14 @@ def test_a_named_tool_call_through_pd_whole(oai, stack):
     assert harness.wait_idle(stack.prefill_url, timeout_s=10) == (0, 0)
 
     # The same request prefilled by the decode worker itself writes the same call.
-    body = {"model": "pdspec-tiny", "messages": messages, "tools": TOOLS, "tool_choice": NAMED, "max_tokens": 60,
-            "temperature": 0}  # fmt: skip
+    body = {
+        "model": "pdspec-tiny",
+        "messages": messages,
+        "tools": TOOLS,
+        "tool_choice": NAMED,
+        "max_tokens": 60,
+        "temperature": 0,
+    }
     direct = httpx.post(stack.decode_url + "/v1/chat/completions", json=body, timeout=120)
     assert direct.status_code == 200, direct.text[:300]
     assert direct.json()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] == call.function.arguments
@@ -73,9 +79,14 @@ def test_a_named_tool_call_through_pd_streamed(oai, stack):
         model="pdspec-tiny", messages=messages, tools=TOOLS, tool_choice=NAMED, max_tokens=60, temperature=0
     )
     stream = oai.chat.completions.create(
-        model="pdspec-tiny", messages=messages, tools=TOOLS, tool_choice=NAMED, max_tokens=60, temperature=0,
+        model="pdspec-tiny",
+        messages=messages,
+        tools=TOOLS,
+        tool_choice=NAMED,
+        max_tokens=60,
+        temperature=0,
         stream=True,
-    )  # fmt: skip
+    )
     deltas = [d for chunk in stream if chunk.choices for d in chunk.choices[0].delta.tool_calls or ()]
     assert nixl_bytes(stack) > before
     assert {d.index for d in deltas} == {0}

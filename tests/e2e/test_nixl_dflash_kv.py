@@ -30,8 +30,10 @@ def test_dflash_context_kv_over_nixl_equals_the_full_passs(tmp_path_factory, cli
     drafter = write_dflash_drafter(tmp_path_factory.mktemp("dflash") / "drafter", k=4)
     dflash = ["--model.method", "dflash", "--model.drafter", str(drafter), "--model.num_speculative_tokens", "4"]
     dumps, counts = {}, {}
-    for name, port, extra in (("kv_only", KV_ONLY_BASE_PORT, []),
-                              ("full", FULL_PASS_BASE_PORT, ["--no-prefill.kv_only_drafter"])):  # fmt: skip
+    for name, port, extra in (
+        ("kv_only", KV_ONLY_BASE_PORT, []),
+        ("full", FULL_PASS_BASE_PORT, ["--no-prefill.kv_only_drafter"]),
+    ):
         stack = harness.start_stack(tmp_path_factory.mktemp(name), port, [*harness.TEST_STACK_ARGS, *dflash, *extra])
         try:
             assert feature_state(stack.prefill_url, "kv_only_pass") == ("on" if name == "kv_only" else "off")

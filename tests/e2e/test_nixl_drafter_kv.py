@@ -36,16 +36,20 @@ pytestmark = pytest.mark.e2e
 REFERENCE_BASE_PORT = 19500
 # Distinct from their first token; about 280 to 1,000 tokens (2 to 7 full blocks of 128 on the
 # CPU build), the last two longer than the prefill worker's 512-token chunk.
-PROMPTS = [f"item_{i}_0 = " + " ".join(f"item_{i}_{j}" for j in range(1, words)) for i, words in
-           enumerate((50, 75, 116, 180))]  # fmt: skip
+PROMPTS = [
+    f"item_{i}_0 = " + " ".join(f"item_{i}_{j}" for j in range(1, words)) for i, words in enumerate((50, 75, 116, 180))
+]
 ATOL = 0.0
 
 _RUNS: dict = {}  # the shared stack and its dumps, from the first test to the second
 
 
 def feature_state(url: str, feature: str) -> str:
-    states = {dict(labels)["state"] for labels, value in harness.scrape_labeled(url, "pdspec_engine_feature").items()
-              if dict(labels)["feature"] == feature and value == 1}  # fmt: skip
+    states = {
+        dict(labels)["state"]
+        for labels, value in harness.scrape_labeled(url, "pdspec_engine_feature").items()
+        if dict(labels)["feature"] == feature and value == 1
+    }
     assert len(states) == 1, states
     return states.pop()
 
@@ -67,8 +71,10 @@ def serve_and_dump(stack, client, prompts: list[str]) -> tuple[dict, dict]:
     finally:
         shutil.rmtree(dump_dir, ignore_errors=True)  # the dump is off again
     after = harness.scrape(stack.prefill_url)
-    counts = {name: after.get(name, 0) - before.get(name, 0)
-              for name in ("pdspec_k0_proposals_total", "pdspec_kv_only_passes_total")}  # fmt: skip
+    counts = {
+        name: after.get(name, 0) - before.get(name, 0)
+        for name in ("pdspec_k0_proposals_total", "pdspec_kv_only_passes_total")
+    }
     assert len(dumps) == len(prompts), f"{len(dumps)} dumps for {len(prompts)} prompts"
     return {tuple(d["prompt_token_ids"]): d for d in dumps}, counts
 
@@ -119,8 +125,11 @@ def test_received_drafter_kv_equals_the_full_passs(tmp_path_factory, client):
     if kv_only is None:
         pytest.fail("needs the dumps of test_kv_only_stack_transfers_the_drafter_kv (run the module)")
     _RUNS["stack"].stop()  # already stopped in a full run (stops_stack tests); never two stacks
-    reference = harness.start_stack(tmp_path_factory.mktemp("full-pass-stack"), REFERENCE_BASE_PORT,
-                                    [*harness.TEST_STACK_ARGS, "--no-prefill.kv_only_drafter"])  # fmt: skip
+    reference = harness.start_stack(
+        tmp_path_factory.mktemp("full-pass-stack"),
+        REFERENCE_BASE_PORT,
+        [*harness.TEST_STACK_ARGS, "--no-prefill.kv_only_drafter"],
+    )
     try:
         assert feature_state(reference.prefill_url, "kv_only_pass") == "off"
         full, counts = serve_and_dump(reference, client, PROMPTS)
@@ -137,6 +146,7 @@ def test_received_drafter_kv_equals_the_full_passs(tmp_path_factory, client):
         max_abs = max(max_abs, (a.float() - b.float()).abs().max().item())
         assert torch.allclose(a, b, rtol=0, atol=ATOL), (len(ids), max_abs)
         compared += a.shape[0]
-    print(f"drafter KV over NIXL, KV-only vs full pass: {compared} blocks of {len(full)} prompts, "
-          f"max abs diff {max_abs}")
+    print(
+        f"drafter KV over NIXL, KV-only vs full pass: {compared} blocks of {len(full)} prompts, max abs diff {max_abs}"
+    )
     assert compared > 0

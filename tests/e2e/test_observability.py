@@ -36,18 +36,29 @@ FAULT_ONLY_PANELS = {
     "KV read once: re-prefills and stale KV recomputed [A]",  # tests/unit/proxy/flow/test_disagg_leaving.py
     # Only a proxy with prefill_kv_admission exports these: tests/e2e/test_prefill_admission.py
     # queries them on a real Prometheus scraping one.
-    "Prefill KV room (admission) [A]", "Prefill KV room (admission) [B]", "Prefill queue (admission) [A]",
+    "Prefill KV room (admission) [A]",
+    "Prefill KV room (admission) [B]",
+    "Prefill queue (admission) [A]",
 }
-FAULT_ONLY_METRICS = {"pdspec_proxy_leg_failures_total", "pdspec_proxy_kv_releases_total",
-                      "pdspec_proxy_kv_reprefills_total", "pdspec_proxy_prefill_kv_free_tokens",
-                      "pdspec_proxy_kv_room_waits_total", "pdspec_proxy_prefill_queued_seconds"}  # fmt: skip
+FAULT_ONLY_METRICS = {
+    "pdspec_proxy_leg_failures_total",
+    "pdspec_proxy_kv_releases_total",
+    "pdspec_proxy_kv_reprefills_total",
+    "pdspec_proxy_prefill_kv_free_tokens",
+    "pdspec_proxy_kv_room_waits_total",
+    "pdspec_proxy_prefill_queued_seconds",
+}
 # The cache-aware routing row reads what only a proxy with kv_aware routing exports (the
 # shared stack routes by prefix affinity, prefix caching off): tests/e2e/test_kv_routing.py
 # runs that row on a real Prometheus scraping a 2P1D fleet that routes kv_aware.
 KV_ROUTING_ROW = "Cache-aware routing"
-KV_ROUTING_METRICS = {"pdspec_proxy_predicted_hit_tokens_total", "pdspec_proxy_routing_decisions_total",
-                      "pdspec_proxy_kv_index_blocks", "pdspec_proxy_kv_event_lag_seconds",
-                      "pdspec_proxy_kv_events_total"}  # fmt: skip
+KV_ROUTING_METRICS = {
+    "pdspec_proxy_predicted_hit_tokens_total",
+    "pdspec_proxy_routing_decisions_total",
+    "pdspec_proxy_kv_index_blocks",
+    "pdspec_proxy_kv_event_lag_seconds",
+    "pdspec_proxy_kv_events_total",
+}
 # Alerts provoked below (the rest: promtool test rules, see the README's alert table):
 # NIXL transfer failures (would need a broken NIXL link), the acceptance drop (needs an
 # hour of history), a P/D config mismatch (NIXL refuses such a pair at its handshake).
@@ -60,20 +71,31 @@ def prometheus(stack, tmp_path_factory):
     # real alert); a server scraping since the first test would still hold those rates.
     server = PrometheusServer(tmp_path_factory.mktemp("prometheus"), free_port(18950, 18970))
     host = lambda url: url.removeprefix("http://")  # noqa: E731
-    server.start({"pdspec-proxy": [host(stack.proxy_url)], "pdspec-prefill": [host(stack.prefill_url)],
-                  "pdspec-decode": [host(stack.decode_url)]})  # fmt: skip
-    server.wait_for('count(up{job=~"pdspec-.*"} == 1)', lambda r: r and float(r[0]["value"][1]) == 3,
-                    what="all three targets scraped")  # fmt: skip
+    server.start(
+        {
+            "pdspec-proxy": [host(stack.proxy_url)],
+            "pdspec-prefill": [host(stack.prefill_url)],
+            "pdspec-decode": [host(stack.decode_url)],
+        }
+    )
+    server.wait_for(
+        'count(up{job=~"pdspec-.*"} == 1)',
+        lambda r: r and float(r[0]["value"][1]) == 3,
+        what="all three targets scraped",
+    )
     yield server
     server.stop()
 
 
 def send_traffic(stack, client) -> int:
     """Long prompts (several prefill chunks: K=0 steps) and short ones, whole and streamed."""
-    bodies = [completion_body(unique_prompt(400), max_tokens=32), completion_body(unique_prompt(60), max_tokens=48),
-              completion_body(unique_prompt(200), stream=True, max_tokens=32),
-              chat_body([{"role": "user", "content": unique_prompt(80)}], max_tokens=32),
-              completion_body(unique_prompt(150), max_tokens=64, ignore_eos=True)]  # fmt: skip
+    bodies = [
+        completion_body(unique_prompt(400), max_tokens=32),
+        completion_body(unique_prompt(60), max_tokens=48),
+        completion_body(unique_prompt(200), stream=True, max_tokens=32),
+        chat_body([{"role": "user", "content": unique_prompt(80)}], max_tokens=32),
+        completion_body(unique_prompt(150), max_tokens=64, ignore_eos=True),
+    ]
     for body in bodies:
         path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
         with client.stream("POST", stack.proxy_url + path, json=body) as response:
@@ -95,8 +117,11 @@ def test_every_dashboard_and_rule_expression_returns_data(stack, client, prometh
     before = sum(values(api.query("sum(pdspec_proxy_requests_total)")).values() or [0])
     sent = send_traffic(stack, client)
     # Scraped after the traffic, and the recording rules evaluated on it.
-    prometheus.wait_for("sum(pdspec_proxy_requests_total)",
-                        lambda r: r and float(r[0]["value"][1]) >= before + sent, what="the traffic scraped")
+    prometheus.wait_for(
+        "sum(pdspec_proxy_requests_total)",
+        lambda r: r and float(r[0]["value"][1]) >= before + sent,
+        what="the traffic scraped",
+    )
     prometheus.wait_for("instance:vllm_spec_decode_acceptance_length:rate5m", bool, what="recording rules")
 
     # Each worker tells its role: the dashboard's variables and joins need it.
@@ -120,17 +145,28 @@ def test_every_dashboard_and_rule_expression_returns_data(stack, client, prometh
     names = set()
     for q in panel_queries(load_dashboard()) + rule_queries():
         names |= metric_names(substitute(q.expr)) - recorded
-    missing = [n for n in sorted(names - FAULT_ONLY_METRICS - KV_ROUTING_METRICS)
-               if not api.query(f'count({{__name__="{n}"}})')]  # fmt: skip
+    missing = [
+        n
+        for n in sorted(names - FAULT_ONLY_METRICS - KV_ROUTING_METRICS)
+        if not api.query(f'count({{__name__="{n}"}})')
+    ]
     assert not missing, f"metrics nobody exports: {missing}"
 
     # What the panels show is right: the prefill worker proposed with K=0 in every step,
     # the decode worker drafted and had drafts accepted, KV came over NIXL.
     window = f"[{TIME_RANGE}]"
-    share = by_label(api.query(substitute(
-        "(sum by (instance) (increase(pdspec_k0_proposals_total[$__range])) / "
-        "(sum by (instance) (increase(pdspec_proposals_total[$__range])) > 0)) "
-        "* on (instance) group_left (role) instance:pdspec_worker_info:role", RATE_INTERVAL, TIME_RANGE)), "role")
+    share = by_label(
+        api.query(
+            substitute(
+                "(sum by (instance) (increase(pdspec_k0_proposals_total[$__range])) / "
+                "(sum by (instance) (increase(pdspec_proposals_total[$__range])) > 0)) "
+                "* on (instance) group_left (role) instance:pdspec_worker_info:role",
+                RATE_INTERVAL,
+                TIME_RANGE,
+            )
+        ),
+        "role",
+    )
     assert share["prefill"] == pytest.approx(1.0)
     assert share["decode"] < 0.5
     length = by_label(api.query("instance:vllm_spec_decode_acceptance_length:rate5m"), "instance")
@@ -144,17 +180,37 @@ def test_every_dashboard_and_rule_expression_returns_data(stack, client, prometh
     png = (out / "dashboard.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 50_000
     drawn = {p["title"]: p["series"] for p in json.loads((out / "dashboard.json").read_text())["panels"]}
-    for title in ("Drafter steps per second: all and K=0", "Mean acceptance length", "NIXL bytes pulled per second",
-                  "Proxy hand-off time p50 / p99", "Client requests by status", "KV cache usage"):
+    for title in (
+        "Drafter steps per second: all and K=0",
+        "Mean acceptance length",
+        "NIXL bytes pulled per second",
+        "Proxy hand-off time p50 / p99",
+        "Client requests by status",
+        "KV cache usage",
+    ):
         assert drawn[title], f"snapshot panel without data: {title}"
 
 
 def snapshot(prometheus, out: Path, minutes: float = 3) -> Path:
     done = subprocess.run(
-        [sys.executable, "-m", "deploy.grafana.snapshot", "--prometheus", prometheus.url, "--out", str(out),
-         "--minutes", str(minutes), "--scrape-interval", "1"],
-        cwd=harness.REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "deploy.grafana.snapshot",
+            "--prometheus",
+            prometheus.url,
+            "--out",
+            str(out),
+            "--minutes",
+            str(minutes),
+            "--scrape-interval",
+            "1",
+        ],
+        cwd=harness.REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return out
 
@@ -166,8 +222,11 @@ def wait_for_alerts(prometheus, expected: dict[str, list[dict]], timeout_s: floa
     firing: dict = {}
     while time.monotonic() < deadline:
         firing = prometheus.api.firing()
-        if all(any(all(f.get(k) == v for k, v in want.items()) for f in firing.get(name, []))
-               for name, wants in expected.items() for want in wants):  # fmt: skip
+        if all(
+            any(all(f.get(k) == v for k, v in want.items()) for f in firing.get(name, []))
+            for name, wants in expected.items()
+            for want in wants
+        ):
             return firing
         keep_busy()
         time.sleep(1)  # poll interval
@@ -178,23 +237,43 @@ def wait_for_alerts(prometheus, expected: dict[str, list[dict]], timeout_s: floa
 # counters: drafting on the prefill worker and expired KV are what they check is absent.
 @pytest.mark.stops_stack
 def test_faults_fire_their_alerts(stack, client, prometheus, tmp_path):
-    watched = {"PdspecPrefillDraftingWithAutoPolicy", "PdspecDecodeOnlyFallback", "PdspecNoHealthyWorker",
-               "PdspecProxyErrors", "PdspecTargetDown", "PdspecPrefillKvExpired", "PdspecPrefillDraftsAlways",
-               "PdspecPrefillKvOnlyPassOff", "PdspecProxyInternalError"}
+    watched = {
+        "PdspecPrefillDraftingWithAutoPolicy",
+        "PdspecDecodeOnlyFallback",
+        "PdspecNoHealthyWorker",
+        "PdspecProxyErrors",
+        "PdspecTargetDown",
+        "PdspecPrefillKvExpired",
+        "PdspecPrefillDraftsAlways",
+        "PdspecPrefillKvOnlyPassOff",
+        "PdspecProxyInternalError",
+    }
     assert not watched & set(prometheus.api.firing()), prometheus.api.firing()
 
     host = lambda url: url.removeprefix("http://")  # noqa: E731
-    gone_prefill, gone_decode = (f"http://127.0.0.1:{free_port(18971, 18980)}",
-                                 f"http://127.0.0.1:{free_port(18981, 18990)}")  # fmt: skip
+    gone_prefill, gone_decode = (
+        f"http://127.0.0.1:{free_port(18971, 18980)}",
+        f"http://127.0.0.1:{free_port(18981, 18990)}",
+    )
     common = {"health_interval_s": 0.5, "prefill_timeout_s": 30, "decode_timeout_s": 60}
     # A: its only prefill worker is gone and its policy is fallback: decode-only on the
     # real decode worker.
-    fallback = harness.start_proxy(free_port(18991, 18995), prefill_urls=[gone_prefill],
-                                   decode_urls=[stack.decode_url], prefill_failure_policy="fallback", **common)
+    fallback = harness.start_proxy(
+        free_port(18991, 18995),
+        prefill_urls=[gone_prefill],
+        decode_urls=[stack.decode_url],
+        prefill_failure_policy="fallback",
+        **common,
+    )
     # B: its only decode worker is gone: the real prefill worker prefills, nobody reads
     # the KV (it expires after its lease), and the client gets a 5xx.
-    no_decode = harness.start_proxy(free_port(18996, 18999), prefill_urls=[stack.prefill_url],
-                                    decode_urls=[gone_decode], prefill_failure_policy="error", **common)
+    no_decode = harness.start_proxy(
+        free_port(18996, 18999),
+        prefill_urls=[stack.prefill_url],
+        decode_urls=[gone_decode],
+        prefill_failure_policy="error",
+        **common,
+    )
     try:
         for proxy in (fallback, no_decode):
             harness.wait_healthy(proxy.url, proxy.process)
@@ -203,8 +282,11 @@ def test_faults_fire_their_alerts(stack, client, prometheus, tmp_path):
         # Traffic only once both new proxies were scraped: a counter's first sample is where
         # its rate starts, so fallbacks made before it would never show as a rate.
         new_proxies = f'up{{job="pdspec-proxy", instance=~"{host(fallback.url)}|{host(no_decode.url)}"}}'
-        prometheus.wait_for(new_proxies, lambda r: len(r) == 2 and all(x["value"][1] == "1" for x in r),
-                            what="the new proxies' first scrape")  # fmt: skip
+        prometheus.wait_for(
+            new_proxies,
+            lambda r: len(r) == 2 and all(x["value"][1] == "1" for x in r),
+            what="the new proxies' first scrape",
+        )
         # The prefill worker asked to generate (a client bypassing the proxy): it drafts with K>0.
         for _ in range(2):
             body = completion_body(unique_prompt(40), max_tokens=32, ignore_eos=True)
@@ -230,20 +312,26 @@ def test_faults_fire_their_alerts(stack, client, prometheus, tmp_path):
             client.post(stack.proxy_url + "/v1/completions", json=completion_body(unique_prompt(20), max_tokens=2))
 
         fallback_at, no_decode_at, prefill_at = host(fallback.url), host(no_decode.url), host(stack.prefill_url)
-        wait_for_alerts(prometheus, {
-            "PdspecPrefillDraftingWithAutoPolicy": [{"instance": prefill_at, "role": "prefill"}],
-            "PdspecDecodeOnlyFallback": [{"instance": fallback_at}],
-            "PdspecNoHealthyWorker": [{"instance": no_decode_at, "pool": "decode"}],
-            "PdspecProxyErrors": [{"instance": no_decode_at}],
-            "PdspecTargetDown": [{"instance": host(gone_decode), "job": "pdspec-decode"}],
-            # The shared stack's KV lease is 30 s (harness.TEST_STACK_ARGS).
-            "PdspecPrefillKvExpired": [{"instance": prefill_at}],
-        }, timeout_s=150, keep_busy=keep_busy)  # fmt: skip
+        wait_for_alerts(
+            prometheus,
+            {
+                "PdspecPrefillDraftingWithAutoPolicy": [{"instance": prefill_at, "role": "prefill"}],
+                "PdspecDecodeOnlyFallback": [{"instance": fallback_at}],
+                "PdspecNoHealthyWorker": [{"instance": no_decode_at, "pool": "decode"}],
+                "PdspecProxyErrors": [{"instance": no_decode_at}],
+                "PdspecTargetDown": [{"instance": host(gone_decode), "job": "pdspec-decode"}],
+                # The shared stack's KV lease is 30 s (harness.TEST_STACK_ARGS).
+                "PdspecPrefillKvExpired": [{"instance": prefill_at}],
+            },
+            timeout_s=150,
+            keep_busy=keep_busy,
+        )
         firing = prometheus.api.firing()
         # Switched to `always` on purpose: the info alert, not the `auto` one.
         set_prefill_policy(stack, "always")
-        wait_for_alerts(prometheus, {"PdspecPrefillDraftsAlways": [{"instance": prefill_at}]}, timeout_s=30,
-                        keep_busy=lambda: None)  # fmt: skip
+        wait_for_alerts(
+            prometheus, {"PdspecPrefillDraftsAlways": [{"instance": prefill_at}]}, timeout_s=30, keep_busy=lambda: None
+        )
         # Nothing fired for what is healthy.
         assert {a["instance"] for a in firing["PdspecProxyErrors"]} == {no_decode_at}
         assert {a["instance"] for a in firing["PdspecDecodeOnlyFallback"]} == {fallback_at}
@@ -262,5 +350,20 @@ def test_faults_fire_their_alerts(stack, client, prometheus, tmp_path):
 
 
 def set_prefill_policy(stack, policy: str) -> None:
-    subprocess.run([sys.executable, "-m", "pdspec.cli", "drafts", "--role", "prefill", "--policy", policy,
-                    "--run_dir", str(stack.run_dir)], check=True, capture_output=True, timeout=60)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pdspec.cli",
+            "drafts",
+            "--role",
+            "prefill",
+            "--policy",
+            policy,
+            "--run_dir",
+            str(stack.run_dir),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )

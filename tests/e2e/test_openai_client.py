@@ -17,9 +17,13 @@ def oai(stack):
 def test_completions_plain_and_streamed_agree(oai):
     plain = oai.completions.create(model="pdspec-tiny", prompt=COMPLETION_PROMPTS[0], max_tokens=16, temperature=0)
     streamed = oai.completions.create(
-        model="pdspec-tiny", prompt=COMPLETION_PROMPTS[0], max_tokens=16, temperature=0, stream=True,
+        model="pdspec-tiny",
+        prompt=COMPLETION_PROMPTS[0],
+        max_tokens=16,
+        temperature=0,
+        stream=True,
         stream_options={"include_usage": True},
-    )  # fmt: skip
+    )
     chunks = list(streamed)
     assert plain.choices[0].text and plain.usage.completion_tokens == 16
     assert "".join(c.choices[0].text for c in chunks if c.choices) == plain.choices[0].text
@@ -49,9 +53,14 @@ def test_a_large_non_streamed_reply_comes_back_and_its_worker_stays_in_service(o
     paused reading at 256 KiB and never resumed), and a paused connection put back in
     the pool timed out the next legs and health checks on that worker."""
     reply = oai.with_options(timeout=120).chat.completions.create(
-        model="pdspec-tiny", messages=[{"role": "user", "content": "Count to a thousand."}], max_tokens=700,
-        temperature=0, logprobs=True, top_logprobs=20, extra_body={"ignore_eos": True},
-    )  # fmt: skip
+        model="pdspec-tiny",
+        messages=[{"role": "user", "content": "Count to a thousand."}],
+        max_tokens=700,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=20,
+        extra_body={"ignore_eos": True},
+    )
     tokens = reply.choices[0].logprobs.content
     assert len(tokens) == 700 and all(len(t.top_logprobs) == 20 for t in tokens)
     assert len(reply.model_dump_json()) > 512 * 1024  # well past the client's read-ahead limit

@@ -31,8 +31,10 @@ def vllm_block_size(url: str) -> str:
 def set_policy(run_dir, role: str, policy: str) -> None:
     subprocess.run(
         [sys.executable, "-m", "pdspec.cli", "drafts", "--role", role, "--policy", policy, "--run_dir", str(run_dir)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
 
 
 def test_both_workers_export_the_config_they_run(stack):
@@ -44,15 +46,24 @@ def test_both_workers_export_the_config_they_run(stack):
     for role, url in (("prefill", stack.prefill_url), ("decode", stack.decode_url)):
         info = worker_info(url)
         assert info == {
-            "role": role, "model": str(models / "target"), "drafter": str(models / "eagle3"), "method": "eagle3",
-            "num_speculative_tokens": "3", "block_size": vllm_block_size(url), "kv_connector": "pull",
+            "role": role,
+            "model": str(models / "target"),
+            "drafter": str(models / "eagle3"),
+            "method": "eagle3",
+            "num_speculative_tokens": "3",
+            "block_size": vllm_block_size(url),
+            "kv_connector": "pull",
             "vllm_version": vllm.__version__,
-            "drafts_policy": "auto", "kv_events_endpoint": f"tcp://*:{kv_ports[role]}",
-            "kv_events_replay_endpoint": f"tcp://*:{kv_ports[role] + 1}", "kv_events_topic": "kv",
-        }  # fmt: skip
+            "drafts_policy": "auto",
+            "kv_events_endpoint": f"tcp://*:{kv_ports[role]}",
+            "kv_events_replay_endpoint": f"tcp://*:{kv_ports[role] + 1}",
+            "kv_events_topic": "kv",
+        }
     ready = httpx.get(stack.proxy_url + "/ready").json()
     assert ready["pairing"]["refused"] == [] and ready["pairing"]["unverified"] == []
-    assert ready["pairing"]["reference"] == {k: info[k] for k in ("model", "drafter", "method", "block_size", "kv_connector")}
+    assert ready["pairing"]["reference"] == {
+        k: info[k] for k in ("model", "drafter", "method", "block_size", "kv_connector")
+    }
 
 
 def test_drafts_policy_label_follows_pdspec_drafts(stack):
@@ -68,9 +79,13 @@ def test_drafts_policy_label_follows_pdspec_drafts(stack):
 def mismatched_decode(stack, tmp_path):
     """A real decode worker beside the stack, with another KV block size."""
     server = harness.start_worker(
-        "decode", tmp_path, MISMATCHED_PORT, MISMATCHED_SIDE_CHANNEL, cpu_omp_threads_bind="1",
+        "decode",
+        tmp_path,
+        MISMATCHED_PORT,
+        MISMATCHED_SIDE_CHANNEL,
+        cpu_omp_threads_bind="1",
         extra_vllm_args=["--block-size", "64"],
-    )  # fmt: skip
+    )
     try:
         harness.wait_healthy(server.url, server.process, tmp_path / f"decode-{MISMATCHED_PORT}.log")
         yield server
@@ -82,10 +97,13 @@ def test_proxy_refuses_a_decode_worker_with_another_block_size(stack, mismatched
     assert worker_info(mismatched_decode.url)["block_size"] == vllm_block_size(mismatched_decode.url) == "64"
     good_block_size = worker_info(stack.prefill_url)["block_size"]
     proxy = harness.start_proxy(
-        PROXY_PORT, prefill_urls=[stack.prefill_url], decode_urls=[mismatched_decode.url, stack.decode_url],
-        decode_policy="round_robin", health_interval_s=0.5,
+        PROXY_PORT,
+        prefill_urls=[stack.prefill_url],
+        decode_urls=[mismatched_decode.url, stack.decode_url],
+        decode_policy="round_robin",
+        health_interval_s=0.5,
         kv_source_ports=[str(harness.STACK_BASE_PORT + 300)],  # the stack's prefill side channel (tests/harness.py)
-    )  # fmt: skip
+    )
     try:
         harness.wait_healthy(proxy.url, proxy.process, path="/ready")  # the stack's own pair serves
         ready = client.get(proxy.url + "/ready").json()
@@ -99,10 +117,14 @@ def test_proxy_refuses_a_decode_worker_with_another_block_size(stack, mismatched
     finally:
         proxy.stop()
     assert ready["healthy_workers"] == {"prefill": 1, "decode": 1}
-    assert ready["pairing"]["refused"] == [{
-        "pool": "decode", "worker": mismatched_decode.url, "against": f"prefill worker {stack.prefill_url}",
-        "fields": {"block_size": {"worker": "64", "reference": good_block_size}},
-    }]  # fmt: skip
+    assert ready["pairing"]["refused"] == [
+        {
+            "pool": "decode",
+            "worker": mismatched_decode.url,
+            "against": f"prefill worker {stack.prefill_url}",
+            "fields": {"block_size": {"worker": "64", "reference": good_block_size}},
+        }
+    ]
     # Counted once per refusal (more only if a failed health check made it re-join).
     assert list(metrics) == [(("field", "block_size"), ("pool", "decode"))]
     assert metrics[(("field", "block_size"), ("pool", "decode"))] >= 1.0

@@ -30,8 +30,7 @@ def test_completions_match_colocated(stack, reference_outputs, client, stream):
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_chat_matches_colocated(stack, reference_outputs, client, stream):
     outputs = [
-        complete(client, stack.proxy_url, "/v1/chat/completions", chat_body(m, stream=stream))
-        for m in CHAT_MESSAGES
+        complete(client, stack.proxy_url, "/v1/chat/completions", chat_body(m, stream=stream)) for m in CHAT_MESSAGES
     ]
     assert all(outputs), "empty chat reply"
     assert outputs == reference_outputs["chat"]

@@ -24,9 +24,25 @@ def answers(port: int) -> bool:
 
 def test_pdspec_bench_starts_benchmarks_and_stops_its_stack(tmp_path):
     out = tmp_path / "out"
-    argv = [sys.executable, "-m", "pdspec.cli", "bench", "--workload", "cpu-tiny", "--out", str(out),
-            "--run-root", str(tmp_path / "runs"), "--base-port", str(BASE_PORT), "--no-progress",
-            "--set", "prefill.kv_transfer=push", "decode.kv_transfer=push", "proxy.early_decode=true"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pdspec.cli",
+        "bench",
+        "--workload",
+        "cpu-tiny",
+        "--out",
+        str(out),
+        "--run-root",
+        str(tmp_path / "runs"),
+        "--base-port",
+        str(BASE_PORT),
+        "--no-progress",
+        "--set",
+        "prefill.kv_transfer=push",
+        "decode.kv_transfer=push",
+        "proxy.early_decode=true",
+    ]
     done = subprocess.run(argv, cwd=harness.REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 

@@ -44,8 +44,9 @@ def load(stack) -> tuple[float, int]:
     with httpx.Client(timeout=60) as client:
         for _ in range(3):
             started = time.perf_counter()
-            reply = client.post(stack.prefill_url + "/v1/completions",
-                                json=completion_body(unique_prompt(WORDS), max_tokens=1)).json()  # fmt: skip
+            reply = client.post(
+                stack.prefill_url + "/v1/completions", json=completion_body(unique_prompt(WORDS), max_tokens=1)
+            ).json()
             seconds.append(time.perf_counter() - started)
     assert 1000 <= reply["usage"]["prompt_tokens"] <= 1600, reply["usage"]
     one = statistics.median(seconds)
@@ -68,14 +69,22 @@ def through_proxy(stack, load: tuple[float, int], port: int, while_up=None, **se
     prefill_timeout_s, size = load
     assert harness.wait_idle(stack.prefill_url, timeout_s=60) == (0, 0)  # nothing left from the tests before
     proxy = harness.start_proxy(
-        port, prefill_urls=[stack.prefill_url], decode_urls=[stack.decode_url], prefill_timeout_s=prefill_timeout_s,
-        queue_timeout_s=240, kv_source_ports=[str(harness.STACK_BASE_PORT + 300)], **settings,
-    )  # fmt: skip
+        port,
+        prefill_urls=[stack.prefill_url],
+        decode_urls=[stack.decode_url],
+        prefill_timeout_s=prefill_timeout_s,
+        queue_timeout_s=240,
+        kv_source_ports=[str(harness.STACK_BASE_PORT + 300)],
+        **settings,
+    )
     try:
         harness.wait_healthy(proxy.url, proxy.process, path="/ready")
         statuses = asyncio.run(burst(proxy.url, size))
-        names = ("pdspec_proxy_leg_failures_total", "pdspec_proxy_kv_room_waits_total",
-                 "pdspec_proxy_prefill_rate_tokens_per_second")  # fmt: skip
+        names = (
+            "pdspec_proxy_leg_failures_total",
+            "pdspec_proxy_kv_room_waits_total",
+            "pdspec_proxy_prefill_rate_tokens_per_second",
+        )
         metrics = {name: harness.scrape_labeled(proxy.url, name) for name in names}
         if while_up is not None:
             while_up()
@@ -92,8 +101,11 @@ def test_without_admission_the_legs_at_the_back_of_the_prefill_queue_time_out(st
     assert failures.get((("leg", "prefill"), ("reason", "timeout")), 0) >= 1, failures
 
 
-ADMISSION_PANELS = ["Prefill KV room (admission) [A]", "Prefill KV room (admission) [B]",
-                    "Prefill queue (admission) [A]"]  # fmt: skip
+ADMISSION_PANELS = [
+    "Prefill KV room (admission) [A]",
+    "Prefill KV room (admission) [B]",
+    "Prefill queue (admission) [A]",
+]
 
 
 def test_with_admission_the_burst_waits_in_the_proxy_and_every_request_is_served(stack, load, tmp_path_factory):
@@ -103,13 +115,18 @@ def test_with_admission_the_burst_waits_in_the_proxy_and_every_request_is_served
     empty: list[str] = []
 
     def panels_have_data():
-        empty.extend(name for name, q in panels.items()
-                     if not harness.wait_for(lambda q=q: bool(prometheus.api.query(substitute(q.expr, "2m", "10m"))),
-                                             timeout_s=60))  # fmt: skip
+        empty.extend(
+            name
+            for name, q in panels.items()
+            if not harness.wait_for(
+                lambda q=q: bool(prometheus.api.query(substitute(q.expr, "2m", "10m"))), timeout_s=60
+            )
+        )
 
     try:
-        statuses, metrics = through_proxy(stack, load, PORT + 1, while_up=panels_have_data, prefill_kv_admission=True,
-                                          prefill_kv_read_interval_s=0.25)  # fmt: skip
+        statuses, metrics = through_proxy(
+            stack, load, PORT + 1, while_up=panels_have_data, prefill_kv_admission=True, prefill_kv_read_interval_s=0.25
+        )
     finally:
         prometheus.stop()
     assert sorted(panels) == sorted(ADMISSION_PANELS) and not empty, f"admission panels with no data: {empty}"

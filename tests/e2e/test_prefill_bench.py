@@ -17,11 +17,34 @@ from tests.harness import REPO
 
 def test_prefill_worker_benchmark_counts_each_engines_own_steps(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "loadtest.prefill_bench", "--models-dir", str(harness.models_dir()),
-         "--as-prefill-worker", "--baseline", "--modes", "auto", "full", "--prompts", "2",
-         "--prompt-tokens", "512", "--mbt", "128", "--reps", "1", "--eager", "--out", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "loadtest.prefill_bench",
+            "--models-dir",
+            str(harness.models_dir()),
+            "--as-prefill-worker",
+            "--baseline",
+            "--modes",
+            "auto",
+            "full",
+            "--prompts",
+            "2",
+            "--prompt-tokens",
+            "512",
+            "--mbt",
+            "128",
+            "--reps",
+            "1",
+            "--eager",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     report_file = tmp_path / "prefill_bench.json"
     assert report_file.exists(), result.stdout[-3000:] + result.stderr[-3000:]
     [run] = json.loads(report_file.read_text())

@@ -32,20 +32,34 @@ INSTRUCTIONS = "You review code. The module under review:\n" + "".join(
 SYSTEM = "You answer questions about this table:\n" + "".join(
     f"| row {i} | {i * 3} apples | {i % 5} pears |\n" for i in range(60)
 )
-QUESTIONS = ["What does helper_3 return?", "Which entry is the largest?", "Rewrite the third one.",
-             "Is the last one pure?"]  # fmt: skip
-ROUTING = {"prefill_policy": "kv_aware", "decode_policy": "kv_aware", "served_by_headers": True,
-           # A render of ~750 tokens on two busy cores can take longer than the default 0.5 s.
-           "routing_tokenize_timeout_s": 10}  # fmt: skip
+QUESTIONS = [
+    "What does helper_3 return?",
+    "Which entry is the largest?",
+    "Rewrite the third one.",
+    "Is the last one pure?",
+]
+ROUTING = {
+    "prefill_policy": "kv_aware",
+    "decode_policy": "kv_aware",
+    "served_by_headers": True,
+    # A render of ~750 tokens on two busy cores can take longer than the default 0.5 s.
+    "routing_tokenize_timeout_s": 10,
+}
 
 
 @pytest.fixture(scope="module")
 def fleet(fleet_2p1d):
     """The shared 2P1D fleet (tests/fleet.py) behind a kv_aware proxy of this module's own."""
     proxy = harness.start_proxy(
-        BASE, prefill_urls=fleet_2p1d.prefill_urls, decode_urls=fleet_2p1d.decode_urls, health_interval_s=0.5,
-        kv_source_ports=fleet_2p1d.kv_source_ports, prefill_timeout_s=60, decode_timeout_s=120, **ROUTING,
-    )  # fmt: skip
+        BASE,
+        prefill_urls=fleet_2p1d.prefill_urls,
+        decode_urls=fleet_2p1d.decode_urls,
+        health_interval_s=0.5,
+        kv_source_ports=fleet_2p1d.kv_source_ports,
+        prefill_timeout_s=60,
+        decode_timeout_s=120,
+        **ROUTING,
+    )
     try:
         harness.wait_healthy(proxy.url, proxy.process, path="/ready")
         yield {**fleet_2p1d.servers, "proxy": proxy}
@@ -56,8 +70,9 @@ def fleet(fleet_2p1d):
 def chat_ids(client: httpx.Client, worker: str, system: str, user: str | list) -> list[int]:
     """What /tokenize gives for the chat a Responses or Messages request stands for."""
     messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    response = client.post(worker + "/tokenize", json={"model": MODEL, "messages": messages,
-                                                       "add_generation_prompt": True})  # fmt: skip
+    response = client.post(
+        worker + "/tokenize", json={"model": MODEL, "messages": messages, "add_generation_prompt": True}
+    )
     assert response.status_code == 200, response.text
     return response.json()["tokens"]
 
@@ -69,13 +84,17 @@ def render(client: httpx.Client, worker: str, path: str, body: dict) -> list[int
 
 
 def responses_body(question: str) -> dict:
-    return {"model": MODEL, "instructions": INSTRUCTIONS, "input": question, "max_output_tokens": 4,
-            "temperature": 0}  # fmt: skip
+    return {"model": MODEL, "instructions": INSTRUCTIONS, "input": question, "max_output_tokens": 4, "temperature": 0}
 
 
 def messages_body(question: str) -> dict:
-    return {"model": MODEL, "system": SYSTEM, "max_tokens": 4, "temperature": 0,
-            "messages": [{"role": "user", "content": question}]}  # fmt: skip
+    return {
+        "model": MODEL,
+        "system": SYSTEM,
+        "max_tokens": 4,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": question}],
+    }
 
 
 def test_render_gives_the_ids_of_the_equivalent_chat(fleet):
@@ -91,10 +110,14 @@ def test_render_gives_the_ids_of_the_equivalent_chat(fleet):
         # Input items and content blocks render as their plain-text forms do.
         item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTIONS[0]}]}
         items = {**responses_body("x"), "input": [item]}
-        assert render(client, decode, "/v1/responses/render", items) == chat_ids(client, decode, INSTRUCTIONS,
-                                                                                 QUESTIONS[0])  # fmt: skip
-        blocks = {**messages_body("x"), "system": [{"type": "text", "text": SYSTEM}],
-                  "messages": [{"role": "user", "content": [{"type": "text", "text": QUESTIONS[0]}]}]}  # fmt: skip
+        assert render(client, decode, "/v1/responses/render", items) == chat_ids(
+            client, decode, INSTRUCTIONS, QUESTIONS[0]
+        )
+        blocks = {
+            **messages_body("x"),
+            "system": [{"type": "text", "text": SYSTEM}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": QUESTIONS[0]}]}],
+        }
         assert render(client, decode, "/v1/messages/render", blocks) == chat_ids(client, decode, SYSTEM, QUESTIONS[0])
         # The proxy itself serves none of the scale-out endpoints.
         assert client.post(fleet["proxy"].url + "/v1/responses/render", json=responses_body("x")).status_code == 404
@@ -106,8 +129,10 @@ def block_size(worker: str) -> int:
 
 
 def decisions(proxy: str) -> dict[tuple[str, str], float]:
-    return {(dict(labels)["pool"], dict(labels)["reason"]): value for labels, value in
-            harness.scrape_labeled(proxy, "pdspec_proxy_routing_decisions_total").items()}  # fmt: skip
+    return {
+        (dict(labels)["pool"], dict(labels)["reason"]): value
+        for labels, value in harness.scrape_labeled(proxy, "pdspec_proxy_routing_decisions_total").items()
+    }
 
 
 def warm_where_the_hash_would_not_go(fleet, client: httpx.Client, ids: list[int], system: str) -> tuple[str, str]:
@@ -120,10 +145,15 @@ def warm_where_the_hash_would_not_go(fleet, client: httpx.Client, ids: list[int]
     holder = min(prefills, key=lambda url: rendezvous(key, url))
     other = next(url for url in prefills if url != holder)
     before = index_blocks(fleet["proxy"].url).get(holder, 0)
-    warm = client.post(holder + "/v1/chat/completions", json={
-        "model": MODEL, "max_tokens": 1, "temperature": 0,
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "Hello."}],
-    })  # fmt: skip
+    warm = client.post(
+        holder + "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "max_tokens": 1,
+            "temperature": 0,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": "Hello."}],
+        },
+    )
     assert warm.status_code == 200, warm.text
     wait_for(lambda: index_blocks(fleet["proxy"].url).get(holder, 0) > before, "the warmed worker's KV events", 60)
     return holder, other
@@ -132,8 +162,11 @@ def warm_where_the_hash_would_not_go(fleet, client: httpx.Client, ids: list[int]
 @pytest.mark.parametrize("api", ["responses", "messages"])
 def test_a_shared_context_lands_on_the_prefill_worker_that_holds_it(fleet, api):
     proxy, decode = fleet["proxy"].url, fleet["d"].url
-    path, body_of, context = (("/v1/responses", responses_body, INSTRUCTIONS) if api == "responses"
-                              else ("/v1/messages", messages_body, SYSTEM))  # fmt: skip
+    path, body_of, context = (
+        ("/v1/responses", responses_body, INSTRUCTIONS)
+        if api == "responses"
+        else ("/v1/messages", messages_body, SYSTEM)
+    )
     with httpx.Client(timeout=180) as client:
         ids = render(client, decode, f"{path}/render", body_of(QUESTIONS[1]))
         holder, other = warm_where_the_hash_would_not_go(fleet, client, ids, context)

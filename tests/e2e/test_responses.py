@@ -26,9 +26,14 @@ def handoffs(stack) -> float:
 
 def create(oai, prompt: str, stream: bool):
     return oai.with_options(timeout=120).responses.create(
-        model="pdspec-tiny", input=prompt, instructions="Answer briefly.", max_output_tokens=16, temperature=0,
-        stream=stream, extra_body={"ignore_eos": True},
-    )  # fmt: skip
+        model="pdspec-tiny",
+        input=prompt,
+        instructions="Answer briefly.",
+        max_output_tokens=16,
+        temperature=0,
+        stream=stream,
+        extra_body={"ignore_eos": True},
+    )
 
 
 def test_plain_and_streamed_responses_through_pd(oai, stack):

@@ -10,15 +10,18 @@ from hypothesis import strategies as st
 from proxy.routing.tokens import tokenize_body
 
 text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=120)
-messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system"]),
-                                           "content": text}), min_size=1, max_size=4)  # fmt: skip
-EXAMPLES = settings(max_examples=25, derandomize=True, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+messages = st.lists(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system"]), "content": text}),
+    min_size=1,
+    max_size=4,
+)
+EXAMPLES = settings(
+    max_examples=25, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def served_ids(stack, path: str, body: dict) -> list[int]:
-    response = httpx.post(stack.proxy_url + path, json={**body, "max_tokens": 1, "return_token_ids": True},
-                          timeout=120)  # fmt: skip
+    response = httpx.post(stack.proxy_url + path, json={**body, "max_tokens": 1, "return_token_ids": True}, timeout=120)
     assert response.status_code == 200, response.text
     data = response.json()
     return data["choices"][0].get("prompt_token_ids") or data.get("prompt_token_ids")

@@ -12,11 +12,20 @@ import subprocess
 import sys
 from urllib.parse import urlparse
 
-
 from tests import harness
 
-PHASE_FIELDS = ("policy", "requests", "failed", "ttft_ms", "itl_ms", "output_tokens_per_s", "prefill_tokens_per_s",
-                "prefill_proposals", "prefill_k0_proposals", "decode_acceptance_length")  # fmt: skip
+PHASE_FIELDS = (
+    "policy",
+    "requests",
+    "failed",
+    "ttft_ms",
+    "itl_ms",
+    "output_tokens_per_s",
+    "prefill_tokens_per_s",
+    "prefill_proposals",
+    "prefill_k0_proposals",
+    "decode_acceptance_length",
+)
 
 
 def test_serve_bench_ab_through_the_proxy(stack, tmp_path):
@@ -26,9 +35,29 @@ def test_serve_bench_ab_through_the_proxy(stack, tmp_path):
         "PDSPEC_DECODE__PORT": str(urlparse(stack.decode_url).port),
         "PDSPEC_RUN_DIR": str(stack.run_dir),
     }
-    argv = [sys.executable, "-m", "loadtest.serve_bench", "--url", stack.proxy_url, "--ab", "--phases", "1",
-            "--num-prompts", "4", "--concurrency", "2", "--input-len", "600", "--output-len", "4",
-            "--goodput", "ttft:600000", "--no-progress", "--out", str(tmp_path)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "loadtest.serve_bench",
+        "--url",
+        stack.proxy_url,
+        "--ab",
+        "--phases",
+        "1",
+        "--num-prompts",
+        "4",
+        "--concurrency",
+        "2",
+        "--input-len",
+        "600",
+        "--output-len",
+        "4",
+        "--goodput",
+        "ttft:600000",
+        "--no-progress",
+        "--out",
+        str(tmp_path),
+    ]
     done = subprocess.run(argv, cwd=harness.REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-
 from loadtest.serving.soak import run_soak
 from tests import harness
 

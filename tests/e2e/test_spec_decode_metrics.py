@@ -1,7 +1,6 @@
 """Speculative decoding runs on the decode worker; the prefill worker's drafts are never
 verified, so none of them is accepted."""
 
-
 from tests import harness
 from tests.prompts import completion_body, unique_prompt
 
@@ -9,7 +8,9 @@ from tests.prompts import completion_body, unique_prompt
 def test_decode_drafts_and_prefill_accepts_nothing(stack, client):
     d_before = harness.scrape(stack.decode_url)
     for _ in range(3):
-        assert client.post(stack.proxy_url + "/v1/completions", json=completion_body(unique_prompt())).status_code == 200
+        assert (
+            client.post(stack.proxy_url + "/v1/completions", json=completion_body(unique_prompt())).status_code == 200
+        )
     d_after = harness.scrape(stack.decode_url)
     p_after = harness.scrape(stack.prefill_url)
 

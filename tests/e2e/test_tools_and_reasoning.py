@@ -47,11 +47,15 @@ ANSWER = r"[a-z]{3,12}\."
 def tool_stack(tmp_path_factory):
     run = tmp_path_factory.mktemp("tools-and-reasoning")
     extra = [
-        "--model.models_dir", str(run / "models"),  # its own copy: installing never touches the shared one
-        "--model.reasoning_parser", "granite",
-        "--prefill.extra_vllm_args", STRUCTURED_OUTPUTS,
-        "--decode.extra_vllm_args", STRUCTURED_OUTPUTS,
-    ]  # fmt: skip
+        "--model.models_dir",
+        str(run / "models"),  # its own copy: installing never touches the shared one
+        "--model.reasoning_parser",
+        "granite",
+        "--prefill.extra_vllm_args",
+        STRUCTURED_OUTPUTS,
+        "--decode.extra_vllm_args",
+        STRUCTURED_OUTPUTS,
+    ]
     stack = harness.start_stack(run / "run", base_port=BASE, extra_args=extra)
     try:
         # One request through P/D first: the prefill worker's KV gauges exist only once its
@@ -109,8 +113,13 @@ def test_reasoning_and_answer_are_split(tool_stack, oai, stream):
     import re
 
     route = Route(tool_stack)
-    kwargs = dict(model="pdspec-tiny", messages=[{"role": "user", "content": f"Think, then answer {int(stream)}."}],
-                  max_tokens=80, temperature=0, extra_body={"structured_outputs": {"regex": REASONED}})  # fmt: skip
+    kwargs = dict(
+        model="pdspec-tiny",
+        messages=[{"role": "user", "content": f"Think, then answer {int(stream)}."}],
+        max_tokens=80,
+        temperature=0,
+        extra_body={"structured_outputs": {"regex": REASONED}},
+    )
     if stream:
         reasoning, content = "", ""
         for chunk in oai.chat.completions.create(stream=True, **kwargs):
@@ -133,9 +142,13 @@ def test_a_named_tool_call_with_a_reasoning_parser_on(tool_stack, oai):
 
     route = Route(tool_stack)
     reply = oai.chat.completions.create(
-        model="pdspec-tiny", messages=weather_question(3), tools=TOOLS, max_tokens=60, temperature=0,
+        model="pdspec-tiny",
+        messages=weather_question(3),
+        tools=TOOLS,
+        max_tokens=60,
+        temperature=0,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
-    )  # fmt: skip
+    )
     (call,) = reply.choices[0].message.tool_calls
     assert call.function.name == "get_weather" and not reply.choices[0].message.reasoning
     assert set(json.loads(call.function.arguments)) == {"city", "unit"}
@@ -149,14 +162,25 @@ def test_tool_results_conversation_goes_through_pd_with_tools_rendered(tool_stac
     from transformers import AutoTokenizer
 
     messages = weather_question(2) + [
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
-         "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "clear", "temperature": 21}'},
-    ]  # fmt: skip
+    ]
     route = Route(tool_stack)
-    reply = oai.chat.completions.create(model="pdspec-tiny", messages=messages, tools=TOOLS, tool_choice="auto",
-                                        max_tokens=16, temperature=0)  # fmt: skip
+    reply = oai.chat.completions.create(
+        model="pdspec-tiny", messages=messages, tools=TOOLS, tool_choice="auto", max_tokens=16, temperature=0
+    )
     tokenizer = AutoTokenizer.from_pretrained(tool_stack.run_dir.parent / "models" / "target")
+
     def tokens(*args, **kwargs) -> int:
         text = tokenizer.apply_chat_template(*args, add_generation_prompt=True, tokenize=False, **kwargs)
         return len(tokenizer.encode(text, add_special_tokens=False))
@@ -172,8 +196,12 @@ def test_plain_chat_through_pd_is_all_content_with_a_reasoning_parser_on(tool_st
     """Unmarked text is content, none of it reasoning: the parser changes no plain reply,
     and the stream's content equals the whole reply's (greedy, the same prompt)."""
     route = Route(tool_stack)
-    kwargs = dict(model="pdspec-tiny", messages=[{"role": "user", "content": "Tell me about the sea."}],
-                  max_tokens=12, temperature=0)  # fmt: skip
+    kwargs = dict(
+        model="pdspec-tiny",
+        messages=[{"role": "user", "content": "Tell me about the sea."}],
+        max_tokens=12,
+        temperature=0,
+    )
     whole = oai.chat.completions.create(**kwargs).choices[0].message
     assert whole.content and not whole.reasoning
     if stream:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-
 from tests.prompts import completion_body, unique_prompt
 
 

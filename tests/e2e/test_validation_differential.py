@@ -26,8 +26,9 @@ def real(fields: dict, required: str, path: str):
     return st.tuples(st.just(path), st.builds(lambda short, body: {**short, **body}, SHORT, bodies(fields, required)))
 
 
-CASES = st.one_of(real(COMPLETION_FIELDS, "prompt", "/v1/completions"), real(CHAT_FIELDS, "messages",
-                                                                              "/v1/chat/completions"))  # fmt: skip
+CASES = st.one_of(
+    real(COMPLETION_FIELDS, "prompt", "/v1/completions"), real(CHAT_FIELDS, "messages", "/v1/chat/completions")
+)
 
 
 def status_class(status: int) -> int:
@@ -47,8 +48,12 @@ def test_the_proxy_answers_as_the_worker_does(stack, case):
         assert through.status_code >= 400
         return
     assert status_class(through.status_code) == status_class(direct.status_code), (
-        body, direct.status_code, direct.text[:200], through.status_code, through.text[:200],
-    )  # fmt: skip
+        body,
+        direct.status_code,
+        direct.text[:200],
+        through.status_code,
+        through.text[:200],
+    )
     if through.status_code >= 400:
         error = through.json()["error"]
         assert error["message"] and error["type"] and "param" in error and "code" in error

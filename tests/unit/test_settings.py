@@ -42,7 +42,9 @@ def test_toml_file(monkeypatch, tmp_path):
 def test_invalid_values_are_rejected_by_the_cli_with_the_option_named():
     result = subprocess.run(
         [sys.executable, "-m", "pdspec.cli", "up", "--prefill.drafts", "sometimes"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
     assert "--prefill.drafts" in result.stderr

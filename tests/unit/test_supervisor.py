@@ -11,8 +11,6 @@ from pdspec.settings import PrefillWorkerSettings, UpCommand
 from pdspec.supervisor import plan_children, proxy_settings_for, replica_run_dir, replica_settings, start_waves
 
 
-
-
 def test_one_worker_per_role_by_default(tmp_path):
     children = plan_children(UpCommand(run_dir=tmp_path))
     assert [c.name for c in children] == ["prefill worker", "decode worker", "proxy"]
@@ -22,12 +20,21 @@ def test_one_worker_per_role_by_default(tmp_path):
 def test_xpyd_fleet(tmp_path):
     up = UpCommand(run_dir=tmp_path, prefill={"replicas": 2, "cpu_omp_threads_bind": "0-3"}, decode={"replicas": 3})
     children = plan_children(up)
-    assert [c.name for c in children] == ["prefill-0 worker", "prefill-1 worker", "decode-0 worker",
-                                          "decode-1 worker", "decode-2 worker", "proxy"]  # fmt: skip
+    assert [c.name for c in children] == [
+        "prefill-0 worker",
+        "prefill-1 worker",
+        "decode-0 worker",
+        "decode-1 worker",
+        "decode-2 worker",
+        "proxy",
+    ]
     assert [c.health_url for c in children[:5]] == [
-        "http://127.0.0.1:8100/health", "http://127.0.0.1:8101/health",
-        "http://127.0.0.1:8200/health", "http://127.0.0.1:8201/health", "http://127.0.0.1:8202/health",
-    ]  # fmt: skip
+        "http://127.0.0.1:8100/health",
+        "http://127.0.0.1:8101/health",
+        "http://127.0.0.1:8200/health",
+        "http://127.0.0.1:8201/health",
+        "http://127.0.0.1:8202/health",
+    ]
     assert len({c.log_path for c in children}) == len(children)
     proxy = proxy_settings_for(up)
     assert proxy.prefill_urls == ["http://127.0.0.1:8100", "http://127.0.0.1:8101"]
@@ -38,19 +45,23 @@ def test_xpyd_fleet(tmp_path):
     assert (tmp_path / "replicas" / "prefill-1" / "prefill" / "prometheus").is_dir()
 
 
-@pytest.mark.parametrize("cores, gpus, expected", [
-    ("0-3", "0,1,2,3", [("0-1", "0,1"), ("2-3", "2,3")]),
-    ("0,2", None, [("0", None), ("2", None)]),
-    ("0,2,4,6", None, [("0,2", None), ("4,6", None)]),  # not a range: core 1 is the decode worker's
-    ("0", None, [("0", None), ("0", None)]),  # fewer cores than replicas: shared
-    ("0-3|4-7", None, [("0-3|4-7", None)] * 2),  # vLLM's per-rank form: left alone
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "cores, gpus, expected",
+    [
+        ("0-3", "0,1,2,3", [("0-1", "0,1"), ("2-3", "2,3")]),
+        ("0,2", None, [("0", None), ("2", None)]),
+        ("0,2,4,6", None, [("0,2", None), ("4,6", None)]),  # not a range: core 1 is the decode worker's
+        ("0", None, [("0", None), ("0", None)]),  # fewer cores than replicas: shared
+        ("0-3|4-7", None, [("0-3|4-7", None)] * 2),  # vLLM's per-rank form: left alone
+    ],
+)
 def test_replicas_split_cores_and_gpus(cores, gpus, expected):
     base = PrefillWorkerSettings(replicas=2, cpu_omp_threads_bind=cores, cuda_visible_devices=gpus)
     replicas = replica_settings(base)
     assert [(w.cpu_omp_threads_bind, w.cuda_visible_devices) for w in replicas] == expected
-    ports = {(w.port, w.side_channel_port, w.kv_events_port, w.kv_events_port + w.kv_events_replay_offset)
-             for w in replicas}  # fmt: skip
+    ports = {
+        (w.port, w.side_channel_port, w.kv_events_port, w.kv_events_port + w.kv_events_replay_offset) for w in replicas
+    }
     assert ports == {(8100, 5600, 5650, 5651), (8101, 5604, 5652, 5653)}
     assert all(w.replicas == 1 for w in replicas)
 
@@ -81,30 +92,43 @@ def test_workers_with_a_given_kv_size_share_a_gpu_and_start_together(tmp_path, m
     sized = {"replicas": 2, "extra_vllm_args": ["--kv-cache-memory-bytes", "5000000000"]}
     fleet = UpCommand(run_dir=tmp_path, prefill=sized, decode=sized)
     assert names(start_waves(gpu_children(tmp_path, fleet, monkeypatch))) == [
-        ["prefill-0 worker", "prefill-1 worker", "decode-0 worker", "decode-1 worker", "proxy"]]
+        ["prefill-0 worker", "prefill-1 worker", "decode-0 worker", "decode-1 worker", "proxy"]
+    ]
     mixed = UpCommand(run_dir=tmp_path, prefill=sized, decode={"replicas": 2})
     assert names(start_waves(gpu_children(tmp_path, mixed, monkeypatch))) == [
-        ["prefill-0 worker", "prefill-1 worker"], ["decode-0 worker"], ["decode-1 worker", "proxy"]]
-    flag_form = UpCommand(run_dir=tmp_path, prefill={"extra_vllm_args": ["--kv-cache-memory-bytes=5000000000"]},
-                          decode={"extra_vllm_args": ["--kv-cache-memory-bytes=5000000000"]})  # fmt: skip
+        ["prefill-0 worker", "prefill-1 worker"],
+        ["decode-0 worker"],
+        ["decode-1 worker", "proxy"],
+    ]
+    flag_form = UpCommand(
+        run_dir=tmp_path,
+        prefill={"extra_vllm_args": ["--kv-cache-memory-bytes=5000000000"]},
+        decode={"extra_vllm_args": ["--kv-cache-memory-bytes=5000000000"]},
+    )
     assert names(start_waves(gpu_children(tmp_path, flag_form, monkeypatch))) == [
-        ["prefill worker", "decode worker", "proxy"]]
+        ["prefill worker", "decode worker", "proxy"]
+    ]
 
 
 def test_workers_on_their_own_gpus_start_together(tmp_path, monkeypatch):
-    up = UpCommand(run_dir=tmp_path, prefill={"replicas": 2, "cuda_visible_devices": "0,1"},
-                   decode={"replicas": 2, "cuda_visible_devices": "2,3"})  # fmt: skip
+    up = UpCommand(
+        run_dir=tmp_path,
+        prefill={"replicas": 2, "cuda_visible_devices": "0,1"},
+        decode={"replicas": 2, "cuda_visible_devices": "2,3"},
+    )
     assert names(start_waves(gpu_children(tmp_path, up, monkeypatch))) == [
-        ["prefill-0 worker", "prefill-1 worker", "decode-0 worker", "decode-1 worker", "proxy"]]
+        ["prefill-0 worker", "prefill-1 worker", "decode-0 worker", "decode-1 worker", "proxy"]
+    ]
     shared = UpCommand(run_dir=tmp_path, prefill={"cuda_visible_devices": "0,1"}, decode={"cuda_visible_devices": "1"})
     assert names(start_waves(gpu_children(tmp_path, shared, monkeypatch))) == [
-        ["prefill worker"], ["decode worker", "proxy"]]  # GPU 1 is in both
+        ["prefill worker"],
+        ["decode worker", "proxy"],
+    ]  # GPU 1 is in both
 
 
 def test_workers_sharing_a_gpu_and_pulling_are_warned(tmp_path, monkeypatch):
-    from pdspec.supervisor import kv_transfer_advice
-
     import pdspec.worker.launch as launch
+    from pdspec.supervisor import kv_transfer_advice
 
     shared = UpCommand(run_dir=tmp_path)  # both on GPU 0
     monkeypatch.setattr(launch, "is_cpu_build", lambda: True)
@@ -128,7 +152,8 @@ def test_prefill_and_decode_moving_kv_differently_are_refused():
 def test_on_the_cpu_build_everything_starts_at_once(tmp_path):
     # This machine's build: cores are split, not measured, so nothing waits.
     assert names(start_waves(plan_children(UpCommand(run_dir=tmp_path)))) == [
-        ["prefill worker", "decode worker", "proxy"]]
+        ["prefill worker", "decode worker", "proxy"]
+    ]
 
 
 class Clock:
@@ -212,8 +237,10 @@ def test_too_many_exits_or_fail_fast_stop_the_stack_naming_the_child(tmp_path):
     from pdspec.restarts import RestartPolicy
     from pdspec.supervisor import StartupError
 
-    for policy, expected in ((RestartPolicy(max_restarts=1, window_s=1000, backoff_s=1), "2 times in 1000s"),
-                             (RestartPolicy(enabled=False), "exited with code 4:")):  # fmt: skip
+    for policy, expected in (
+        (RestartPolicy(max_restarts=1, window_s=1000, backoff_s=1), "2 times in 1000s"),
+        (RestartPolicy(enabled=False), "exited with code 4:"),
+    ):
         child = fake_child(tmp_path, "prefill worker", "print('boom'); raise SystemExit(4)")
         child.start()
         try:

@@ -10,6 +10,7 @@ from typing import Any
 
 SUPPORTED_VLLM = ("0.32.", "0.33.")
 
+
 class UnsupportedVllmError(RuntimeError):
     pass
 

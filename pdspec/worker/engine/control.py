@@ -37,6 +37,7 @@ KV_ONLY_FILE_ENV = "PDSPEC_KV_ONLY_DRAFTER_FILE"  # live switch ("on"/"off"), fo
 TEST_SKIP_DRAFTER_FILE_ENV = "PDSPEC_TEST_SKIP_DRAFTER_PREFILL_FILE"
 TEST_DUMP_DRAFTER_KV_DIR_ENV = "PDSPEC_TEST_DUMP_DRAFTER_KV_DIR"  # decode worker, tests only
 
+
 class WatchedFile:
     """A small settings file, read again only when it changes (one stat per call)."""
 
@@ -92,6 +93,7 @@ def write_policy(path: Path, policy: DraftsPolicy) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(policy)
     os.replace(tmp, path)
+
 
 class LiveFlag:
     """An on/off setting: the file named by `path` when it exists ("on"/"off"), else the

@@ -17,6 +17,7 @@ log = logging.getLogger("pdspec.engine")
 # The wrapper that limits vLLM's NUMA view (and so the KV core) to this process's cores.
 KV_CORE_MARKER = "cpu_affinity_kv_core"
 
+
 def cores_within(nodes: list[list[int]], allowed: set[int]) -> list[list[int]]:
     """Each NUMA node's cores that this process may run on; nodes left empty are dropped.
     If none is allowed (should not happen), vLLM's own answer is kept."""

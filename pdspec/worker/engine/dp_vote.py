@@ -133,4 +133,6 @@ def install_dp_vote() -> None:
         return
     vote = os.environ.get(DP_IDLE_RANK_VOTE_ENV, "1") != "0"
     install_idle_rank_vote(Worker, V2Runner, vote=vote)
-    features.report(features.DP_IDLE_RANK_VOTE, vote, "" if vote else "turned off by its setting (dp_idle_rank_vote false)")
+    features.report(
+        features.DP_IDLE_RANK_VOTE, vote, "" if vote else "turned off by its setting (dp_idle_rank_vote false)"
+    )

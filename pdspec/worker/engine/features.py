@@ -40,8 +40,18 @@ SHORT_SPIN = "short_spin"  # CPU: vLLM's shared-memory readers spin milliseconds
 CPU_EXPAND_FIX = "cpu_expand_fix"  # CPU: the rejection sampler's per-draft temperature is the request's (issue 39)
 # prefill, API server: a prefill leg's reply never fails after its engine parked the KV
 PREFILL_REPLY_GUARD = "prefill_reply_guard"
-FEATURES = (K0_RULE, KV_ONLY_PASS, NIXL_PROGRESS_DELAY, KV_CORE_PINNING, DP_IDLE_RANK_VOTE, STALE_KV_GUARD,
-            KV_HOLD_WAIT, SHORT_SPIN, CPU_EXPAND_FIX, PREFILL_REPLY_GUARD)  # fmt: skip
+FEATURES = (
+    K0_RULE,
+    KV_ONLY_PASS,
+    NIXL_PROGRESS_DELAY,
+    KV_CORE_PINNING,
+    DP_IDLE_RANK_VOTE,
+    STALE_KV_GUARD,
+    KV_HOLD_WAIT,
+    SHORT_SPIN,
+    CPU_EXPAND_FIX,
+    PREFILL_REPLY_GUARD,
+)
 
 ENGINE_FEATURE = Gauge(
     ENGINE_FEATURE_METRIC,

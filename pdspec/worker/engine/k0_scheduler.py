@@ -34,6 +34,7 @@ from pdspec.worker.worker_info import WorkerInfo
 
 log = logging.getLogger("pdspec.engine")
 
+
 def scheduled_requests(scheduler: Any, scheduler_output: Any) -> list[ScheduledRequest]:
     """The rule's view of each request in this step (before vLLM advances its counts)."""
     views = []

@@ -43,7 +43,8 @@ STALE_KV_RECOMPUTED = Counter(
 # stops the scheduler and the model runner alike; a count that grows from rep to rep of a
 # benchmark (objects piling up) shows here first (loadtest.prefill_bench prints it a rep).
 GC_PAUSE_SECONDS = Counter(
-    "pdspec_engine_gc_pause_seconds", "Seconds this engine process spent in Python's garbage collector.",
+    "pdspec_engine_gc_pause_seconds",
+    "Seconds this engine process spent in Python's garbage collector.",
     ["generation"],
 )
 GC_FLUSH_INTERVAL_S = 1.0

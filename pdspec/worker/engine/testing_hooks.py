@@ -28,8 +28,12 @@ def install_skip_drafter_prefill(runner_cls: type, switch_file: Path) -> None:
     the switch turned on, so the decode worker pulls zeros instead of drafter KV (not a
     stale copy of an earlier request's). Installed only when the test-only environment
     variable names a file."""
-    wrap_once(runner_cls, "propose_draft_token_ids", "skip_drafter_prefill",
-              lambda original: _skipping_drafter(original, switch_file))  # fmt: skip
+    wrap_once(
+        runner_cls,
+        "propose_draft_token_ids",
+        "skip_drafter_prefill",
+        lambda original: _skipping_drafter(original, switch_file),
+    )
 
 
 def _skipping_drafter(original: Any, switch_file: Path) -> Any:
@@ -113,8 +117,12 @@ def _dump_received_drafter_kv(runner: Any, scheduler_output: Any, dump_dir: Path
             layers[name] = cache.index_select(0, torch.tensor(new.block_ids[group][:full], dtype=torch.long))
         if not layers:
             continue  # no drafter
-        dump = {"prompt_token_ids": list(new.prompt_token_ids), "num_computed_tokens": new.num_computed_tokens,
-                "block_size": block_size, "layers": layers}  # fmt: skip
+        dump = {
+            "prompt_token_ids": list(new.prompt_token_ids),
+            "num_computed_tokens": new.num_computed_tokens,
+            "block_size": block_size,
+            "layers": layers,
+        }
         path = dump_dir / f"{prompt_key(new.prompt_token_ids)}.pt"
         tmp = path.with_suffix(".tmp")
         torch.save(dump, tmp)

@@ -12,7 +12,8 @@ The markers travel on the wrapper in one attribute, and a wrapper made with
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 MARKERS_ATTR = "_pdspec_wraps"
 

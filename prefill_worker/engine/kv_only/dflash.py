@@ -82,8 +82,14 @@ def _dflash_v1_blocker(proposer: Any) -> str | None:
 
 def install_kv_only_dflash_v1(proposer_cls: type, flag: LiveFlag | None = None) -> None:
     """V1 runner: DFlash proposals with K=0 write the context K/V and skip the query pass."""
-    wrap_once(proposer_cls, "propose", "kv_only_dflash_v1", lambda original: v1_k0_wrapper(
-        original, flag, _dflash_v1_blocker, _build_dflash_pass, _dflash_v1_kv_only_propose))  # fmt: skip
+    wrap_once(
+        proposer_cls,
+        "propose",
+        "kv_only_dflash_v1",
+        lambda original: v1_k0_wrapper(
+            original, flag, _dflash_v1_blocker, _build_dflash_pass, _dflash_v1_kv_only_propose
+        ),
+    )
     decide_at_load(proposer_cls, _dflash_v1_blocker, _build_dflash_pass)
 
 
@@ -119,11 +125,13 @@ def install_dflash_v2(speculator_cls: type, flag: LiveFlag | None = None) -> Non
 def _counting_v2(original: Any, flag: LiveFlag | None) -> Any:
     @functools.wraps(original)
     def propose(self, *args, **kwargs):
-        k0_step = kwargs.get("num_speculative_tokens") == 0 and not kwargs.get("dummy_run") \
-            and not kwargs.get("is_profile")  # fmt: skip
+        k0_step = (
+            kwargs.get("num_speculative_tokens") == 0 and not kwargs.get("dummy_run") and not kwargs.get("is_profile")
+        )
         # The two wrappers below take the step to the graph while this is set.
-        self._pdspec_graph_step = k0_step and getattr(self, "_pdspec_context_graphs", None) is not None \
-            and (flag or kv_only_flag()).current()  # fmt: skip
+        self._pdspec_graph_step = (
+            k0_step and getattr(self, "_pdspec_context_graphs", None) is not None and (flag or kv_only_flag()).current()
+        )
         self._pdspec_staged = None
         try:
             result = original(self, *args, **kwargs)
@@ -181,8 +189,11 @@ def _capturing_context_graphs(original: Any) -> Any:
             if getattr(self, "_pdspec_profile_capture", False):
                 return result  # measured with vLLM's graphs; captured again for real
             self._pdspec_context_graphs = graphs
-            log.warning("pdspec: DFlash K=0 context step captured as CUDA graphs for %d batch sizes (up to %d)",
-                        len(sizes), sizes[0])  # fmt: skip
+            log.warning(
+                "pdspec: DFlash K=0 context step captured as CUDA graphs for %d batch sizes (up to %d)",
+                len(sizes),
+                sizes[0],
+            )
         except Exception:  # noqa: BLE001 (a vLLM whose internals differ: vLLM's eager path stays)
             log.exception("pdspec: DFlash context graphs not captured; K=0 steps run vLLM's eager path")
         return result

@@ -66,9 +66,11 @@ class DFlashContextGraphs:
         inner = getattr(model, "model", model)
         width = inner.fc.input_size  # the aux hidden states, concatenated
         self.staging = torch.zeros(
-            speculator.max_num_tokens, width, dtype=speculator.hidden_states.dtype,
+            speculator.max_num_tokens,
+            width,
+            dtype=speculator.hidden_states.dtype,
             device=speculator.hidden_states.device,
-        )  # fmt: skip
+        )
         self.graphs: dict[int, Any] = {}
         self.verify_left = verify_steps
 
@@ -125,8 +127,11 @@ class DFlashContextGraphs:
         equal = all(torch.equal(a, b) for a, b in zip(after_graph, caches))
         del after_graph
         GRAPH_VERIFIED.labels("equal" if equal else "differ").inc()
-        (log.info if equal else log.error)("pdspec: DFlash context graph, %d tokens: drafter KV %s the eager path's",
-                                           num_tokens, "equals" if equal else "DIFFERS FROM")  # fmt: skip
+        (log.info if equal else log.error)(
+            "pdspec: DFlash context graph, %d tokens: drafter KV %s the eager path's",
+            num_tokens,
+            "equals" if equal else "DIFFERS FROM",
+        )
 
 
 def verify_steps_from_env() -> int:

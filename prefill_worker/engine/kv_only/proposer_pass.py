@@ -65,8 +65,7 @@ def decide_at_load(cls: type, blocker, build) -> None:
     """Decide (and report) the pass when the drafter is loaded, not at the first K=0 step,
     so a worker shows whether it is on before any traffic. A failure here leaves the
     decision to the first K=0 step."""
-    wrap_once(cls, "load_model", "kv_only_decide_at_load",
-              lambda original: _deciding_at_load(original, blocker, build))  # fmt: skip
+    wrap_once(cls, "load_model", "kv_only_decide_at_load", lambda original: _deciding_at_load(original, blocker, build))
 
 
 def _deciding_at_load(original: Any, blocker, build) -> Any:
@@ -102,9 +101,12 @@ def kv_only_flag() -> LiveFlag:
 
 
 def v1_k0_wrapper(
-    original: Any, flag: LiveFlag | None, blocker: Callable[[Any], str | None],
-    build: Callable[[Any, Any], Any], kv_only_propose: Callable[..., Any],
-) -> Any:  # fmt: skip
+    original: Any,
+    flag: LiveFlag | None,
+    blocker: Callable[[Any], str | None],
+    build: Callable[[Any, Any], Any],
+    kv_only_propose: Callable[..., Any],
+) -> Any:
     """A V1 proposer's `propose` whose K=0 calls go to `kv_only_propose(self, model, ...)`
     while the switch is on and the pass could be built (`blocker`, `build`); everything
     else, and a pass that fails, goes to vLLM's own `original`."""

@@ -55,7 +55,11 @@ class KvAware:
         self.churn_weight = churn_weight  # what storing an uncached token costs, at an even share of churn
 
     def pick(
-        self, candidates: list[Worker], key: str | None, cached: dict[str, int], building: dict[str, int],
+        self,
+        candidates: list[Worker],
+        key: str | None,
+        cached: dict[str, int],
+        building: dict[str, int],
         prompt_tokens: int,
     ) -> Worker:
         """Compares `cached - max(0, pending_tokens - building) - load_tokens * outstanding -
@@ -70,8 +74,11 @@ class KvAware:
             # n * share is 1 at an even share (and while nothing has churned).
             pressure = len(candidates) * churn[w.url] / total if total else 1.0
             stored = max(0, prompt_tokens - cached.get(w.url, 0))
-            return (cached.get(w.url, 0) - work_ahead - self.churn_weight * stored * pressure, -w.outstanding,
-                    rendezvous(key, w.url))  # fmt: skip
+            return (
+                cached.get(w.url, 0) - work_ahead - self.churn_weight * stored * pressure,
+                -w.outstanding,
+                rendezvous(key, w.url),
+            )
 
         best = max(candidates, key=score)
         least = min(candidates, key=lambda w: w.outstanding)

@@ -23,12 +23,15 @@ def config(*profiles: str) -> dict:
     dockerhost.ensure_tools("docker-compose")
     args = [a for p in profiles for a in ("--profile", p)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PDSPEC_")}
-    out = subprocess.run(["docker-compose", "-p", "pdspec", *args, "config"], cwd=ROOT, env=env,
-                         capture_output=True, text=True)  # fmt: skip
+    out = subprocess.run(
+        ["docker-compose", "-p", "pdspec", *args, "config"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
     assert out.returncode == 0, f"docker-compose --profile {profiles} config:\n{out.stderr}"
     resolved = yaml.safe_load(out.stdout)
     # docker-compose 1.29 prints every service whatever the profiles; keep the profiles' own.
-    resolved["services"] = {n: svc for n, svc in resolved["services"].items() if set(svc.get("profiles", [])) & set(profiles)}
+    resolved["services"] = {
+        n: svc for n, svc in resolved["services"].items() if set(svc.get("profiles", [])) & set(profiles)
+    }
     return resolved
 
 
@@ -51,8 +54,10 @@ def test_services_are_wired(profile):
     services = config(profile)["services"]
     prefill, decode, proxy = (services[name] for name in WORKERS[profile])
     proxy_env = proxy["environment"]
-    for name, service, variable in (("prefill", prefill, "PDSPEC_PROXY__PREFILL_URLS"),
-                                    ("decode", decode, "PDSPEC_PROXY__DECODE_URLS")):  # fmt: skip
+    for name, service, variable in (
+        ("prefill", prefill, "PDSPEC_PROXY__PREFILL_URLS"),
+        ("decode", decode, "PDSPEC_PROXY__DECODE_URLS"),
+    ):
         port = int(service["environment"]["PDSPEC_WORKER__PORT"])
         side = int(service["environment"]["PDSPEC_WORKER__SIDE_CHANNEL_PORT"])
         assert dns_port(proxy_env[variable], name) == port
@@ -64,10 +69,14 @@ def test_services_are_wired(profile):
         assert name in {*(aliases.get("aliases") or []), *[k for k, v in services.items() if v is service]}
         assert service["init"] is True and service["shm_size"]
     assert {dep: cond["condition"] for dep, cond in proxy["depends_on"].items()} == {
-        WORKERS[profile][0]: "service_healthy", WORKERS[profile][1]: "service_healthy"}
+        WORKERS[profile][0]: "service_healthy",
+        WORKERS[profile][1]: "service_healthy",
+    }
     # Published on the loopback interface only (1.29 prints the short form, v2 the long one).
-    assert proxy["ports"] in (["127.0.0.1:8000:8000/tcp"], [{"host_ip": "127.0.0.1", "published": "8000",
-                              "target": 8000, "mode": "ingress", "protocol": "tcp"}])  # fmt: skip
+    assert proxy["ports"] in (
+        ["127.0.0.1:8000:8000/tcp"],
+        [{"host_ip": "127.0.0.1", "published": "8000", "target": 8000, "mode": "ingress", "protocol": "tcp"}],
+    )
     assert proxy["healthcheck"]["test"] == ["CMD", "pdspec-healthcheck", "http://127.0.0.1:8000/ready"]
 
 
@@ -80,13 +89,20 @@ def test_gpu_workers_each_get_their_own_gpu():
 @pytest.mark.parametrize("profile", ["cpu", "gpu"])
 def test_every_pdspec_variable_and_command_is_accepted_by_pdspec(profile):
     for name, service in config(profile)["services"].items():
-        assert settings_problems(service["command"] if isinstance(service["command"], str) else service["command"][0],
-                                 service["environment"]) == [], name  # fmt: skip
+        assert (
+            settings_problems(
+                service["command"] if isinstance(service["command"], str) else service["command"][0],
+                service["environment"],
+            )
+            == []
+        ), name
 
 
 def test_monitoring_mounts_files_that_exist_or_are_expected():
     services = config("monitoring")["services"]
-    mounts = [v["source"] if isinstance(v, dict) else v.split(":")[0] for s in services.values() for v in s.get("volumes", [])]
+    mounts = [
+        v["source"] if isinstance(v, dict) else v.split(":")[0] for s in services.values() for v in s.get("volumes", [])
+    ]
     local = [m for m in mounts if m.startswith(str(ROOT))]
     assert str(ROOT / "deploy/compose/prometheus.yml") in local
     assert (ROOT / "deploy/compose/prometheus.yml").is_file()

@@ -82,21 +82,30 @@ def selects(selector: dict, labels: dict) -> bool:
 
 def deployments_selected(overlay: str, selector: dict) -> set[str]:
     return {
-        name for name, d in objects(overlay, "Deployment").items()
+        name
+        for name, d in objects(overlay, "Deployment").items()
         if selects(selector, d["spec"]["template"]["metadata"]["labels"])
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_renders_the_whole_deployment(overlay):
     kinds = {(o["kind"], o["metadata"]["name"]) for o in render(overlay)}
     for expected in [
-        ("Deployment", "prefill"), ("Deployment", "decode"), ("Deployment", "proxy"),
-        ("Service", "prefill"), ("Service", "decode"), ("Service", "proxy"),
-        ("PodDisruptionBudget", "prefill"), ("PodDisruptionBudget", "decode"), ("PodDisruptionBudget", "proxy"),
-        ("NetworkPolicy", "pdspec-workers"), ("PodMonitor", "pdspec"), ("PrometheusRule", "pdspec"),
+        ("Deployment", "prefill"),
+        ("Deployment", "decode"),
+        ("Deployment", "proxy"),
+        ("Service", "prefill"),
+        ("Service", "decode"),
+        ("Service", "proxy"),
+        ("PodDisruptionBudget", "prefill"),
+        ("PodDisruptionBudget", "decode"),
+        ("PodDisruptionBudget", "proxy"),
+        ("NetworkPolicy", "pdspec-workers"),
+        ("PodMonitor", "pdspec"),
+        ("PrometheusRule", "pdspec"),
         ("ConfigMap", "pdspec-dashboard"),
-    ]:  # fmt: skip
+    ]:
         assert expected in kinds, f"{overlay}: {expected} missing"
     assert all(o["metadata"].get("namespace") == "pdspec" for o in render(overlay) if o["kind"] != "Namespace")
 
@@ -115,10 +124,14 @@ def test_objects_validate_against_the_kubernetes_schemas(overlay):
 def _unknown_keys(given, parsed, path="") -> list[str]:
     if isinstance(given, dict):
         return [
-            p for key, value in given.items()
-            for p in ([f"{path}.{key}"] if not isinstance(parsed, dict) or key not in parsed
-                      else _unknown_keys(value, parsed[key], f"{path}.{key}"))
-        ]  # fmt: skip
+            p
+            for key, value in given.items()
+            for p in (
+                [f"{path}.{key}"]
+                if not isinstance(parsed, dict) or key not in parsed
+                else _unknown_keys(value, parsed[key], f"{path}.{key}")
+            )
+        ]
     if isinstance(given, list) and isinstance(parsed, list):
         return [p for i, (g, q) in enumerate(zip(given, parsed)) for p in _unknown_keys(g, q, f"{path}[{i}]")]
     return []
@@ -223,7 +236,9 @@ def test_every_pdspec_variable_and_command_is_accepted_by_pdspec(overlay):
 def test_a_renamed_setting_is_caught():
     env = container_env("cpu", objects("cpu", "Deployment")["prefill"])
     env["PDSPEC_WORKER__SIDECHANNEL_PORT"] = env.pop("PDSPEC_WORKER__SIDE_CHANNEL_PORT")
-    assert settings_problems("prefill", env) == ["PDSPEC_WORKER__SIDECHANNEL_PORT: no such setting for `pdspec prefill`"]
+    assert settings_problems("prefill", env) == [
+        "PDSPEC_WORKER__SIDECHANNEL_PORT: no such setting for `pdspec prefill`"
+    ]
     assert settings_problems("serve", {}) == ["`pdspec serve` is not a pdspec command"]
 
 
@@ -233,7 +248,9 @@ def test_xpyd_differs_from_1p1d_only_in_replica_counts():
     for a, b in zip(one, many, strict=True):
         if a != b:
             assert a["kind"] == "Deployment" and {**a, "spec": {**a["spec"], "replicas": 0}} == {
-                **b, "spec": {**b["spec"], "replicas": 0}}
+                **b,
+                "spec": {**b["spec"], "replicas": 0},
+            }
             replicas[a["metadata"]["name"]] = (a["spec"]["replicas"], b["spec"]["replicas"])
     assert replicas == {"prefill": (1, 2), "decode": (1, 2)}
 
@@ -263,9 +280,10 @@ def allowed(overlay: str, source: str, dest: str, port: int) -> bool:
     src_labels = deployments[source]["spec"]["template"]["metadata"]["labels"]
     dst_labels = deployments[dest]["spec"]["template"]["metadata"]["labels"]
     policies = [
-        p for p in objects(overlay, "NetworkPolicy").values()
+        p
+        for p in objects(overlay, "NetworkPolicy").values()
         if "Ingress" in p["spec"]["policyTypes"] and selects(p["spec"]["podSelector"], dst_labels)
-    ]  # fmt: skip
+    ]
     if not policies:
         return True
     for policy in policies:
@@ -282,7 +300,9 @@ def allowed(overlay: str, source: str, dest: str, port: int) -> bool:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_network_policy_only_proxy_reaches_worker_http_and_only_workers_reach_nixl(overlay):
     deployments = objects(overlay, "Deployment")
-    ucx_low, ucx_high = (int(x) for x in container_env(overlay, deployments["prefill"])["UCX_TCP_PORT_RANGE"].split("-"))
+    ucx_low, ucx_high = (
+        int(x) for x in container_env(overlay, deployments["prefill"])["UCX_TCP_PORT_RANGE"].split("-")
+    )
     for dest in WORKERS:
         ports = named_ports(container(deployments[dest]))
         assert allowed(overlay, "proxy", dest, ports["http"])

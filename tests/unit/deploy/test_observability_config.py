@@ -14,17 +14,33 @@ import pytest
 import yaml
 
 from deploy.prometheus.promql import (
-    DASHBOARD, REPO, RULES_DIR, load_dashboard, metric_names, panel_queries, rule_queries, substitute,
-)  # fmt: skip
+    DASHBOARD,
+    REPO,
+    RULES_DIR,
+    load_dashboard,
+    metric_names,
+    panel_queries,
+    rule_queries,
+    substitute,
+)
 from tests.prometheus_server import binary, fast_rules
 
 PROM_DIR = REPO / "deploy" / "prometheus"
 ROWS = ("K=0 proposals", "Speculative decoding", "P/D hand-off", "Latency and load")
 ALERTS = {
-    "PdspecPrefillDraftingWithAutoPolicy", "PdspecDecodeOnlyFallback", "PdspecNixlTransferFailures",
-    "PdspecPrefillKvExpired", "PdspecPrefillKvOnlyPassOff", "PdspecDecodeAcceptanceDrop", "PdspecTargetDown", "PdspecNoHealthyWorker",
-    "PdspecProxyErrors", "PdspecProxyInternalError", "PdspecPDConfigMismatch", "PdspecPrefillDraftsAlways",
-}  # fmt: skip
+    "PdspecPrefillDraftingWithAutoPolicy",
+    "PdspecDecodeOnlyFallback",
+    "PdspecNixlTransferFailures",
+    "PdspecPrefillKvExpired",
+    "PdspecPrefillKvOnlyPassOff",
+    "PdspecDecodeAcceptanceDrop",
+    "PdspecTargetDown",
+    "PdspecNoHealthyWorker",
+    "PdspecProxyErrors",
+    "PdspecProxyInternalError",
+    "PdspecPDConfigMismatch",
+    "PdspecPrefillDraftsAlways",
+}
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:
@@ -137,13 +153,20 @@ def test_expressions_name_only_known_metrics():
     for q in queries:
         for name in metric_names(substitute(q.expr)):
             seen.add(name)
-            assert (name in recorded or name == "up" or re.match(r"(pdspec_|vllm:)", name)), (q.name, name)
-    assert {"pdspec_worker_info", "pdspec_k0_proposals_total", "vllm:nixl_bytes_transferred_sum",
-            "vllm:spec_decode_num_accepted_tokens_per_pos_total", "pdspec_proxy_leg_seconds_bucket"} <= seen
+            assert name in recorded or name == "up" or re.match(r"(pdspec_|vllm:)", name), (q.name, name)
+    assert {
+        "pdspec_worker_info",
+        "pdspec_k0_proposals_total",
+        "vllm:nixl_bytes_transferred_sum",
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+        "pdspec_proxy_leg_seconds_bucket",
+    } <= seen
 
 
 def test_metric_names_of_an_expression():
-    expr = ('sum by (instance) (rate(vllm:spec_decode_num_drafts_total{job="x"}[5m])) * on (instance) '
-            'group_left (role) max by (instance, role) (pdspec_worker_info{role=~"$role"}) > 0 or up == 0')
+    expr = (
+        'sum by (instance) (rate(vllm:spec_decode_num_drafts_total{job="x"}[5m])) * on (instance) '
+        'group_left (role) max by (instance, role) (pdspec_worker_info{role=~"$role"}) > 0 or up == 0'
+    )
     assert metric_names(expr) == {"vllm:spec_decode_num_drafts_total", "pdspec_worker_info", "up"}
     assert json.loads(json.dumps(substitute('a{role=~"$role"}[$__rate_interval]'))) == 'a{role=~".*"}[1m]'

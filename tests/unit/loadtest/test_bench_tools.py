@@ -8,15 +8,24 @@ def figures(scale: float) -> dict:
 
 
 def test_ratios_are_serve_bench_over_vllm_per_round_and_their_median():
-    rounds = [{"serve_bench": figures(1.2), "vllm_bench_serve": figures(1.0)},
-              {"serve_bench": figures(1.0), "vllm_bench_serve": figures(1.0)},
-              {"serve_bench": figures(0.9), "vllm_bench_serve": figures(1.0)}]  # fmt: skip
+    rounds = [
+        {"serve_bench": figures(1.2), "vllm_bench_serve": figures(1.0)},
+        {"serve_bench": figures(1.0), "vllm_bench_serve": figures(1.0)},
+        {"serve_bench": figures(0.9), "vllm_bench_serve": figures(1.0)},
+    ]
     summary = compare(rounds)
     row = summary["output_tokens_per_s"]
     assert [round(r, 3) for r in row["ratios"]] == [1.2, 1.0, 0.9]
     assert row["ratio_median"] == 1.0 and row["serve_bench"] == 10.0
-    report = {"command": "c", "num_prompts": 8, "input_len": 128, "output_len": 16, "concurrency": 2,
-              "rounds": rounds, "summary": summary}  # fmt: skip
+    report = {
+        "command": "c",
+        "num_prompts": 8,
+        "input_len": 128,
+        "output_len": 16,
+        "concurrency": 2,
+        "rounds": rounds,
+        "summary": summary,
+    }
     assert "| output_tokens_per_s | 10 | 10 | 1.000 | 1.200, 1.000, 0.900 |" in markdown(report)
 
 

@@ -59,10 +59,26 @@ def paced_server() -> FastAPI:
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("paced")
     with ThreadServer(paced_server()) as server:
-        return bench_tools.main(["--url", server.url, "--tokenizer", str(models_dir() / "target"),
-                                 "--input-len", "32", "--output-len", str(OUTPUT_LEN),
-                                 "--num-prompts", str(NUM_PROMPTS), "--concurrency", str(CONCURRENCY),
-                                 "--rounds", "1", "--out", str(out)])  # fmt: skip
+        return bench_tools.main(
+            [
+                "--url",
+                server.url,
+                "--tokenizer",
+                str(models_dir() / "target"),
+                "--input-len",
+                "32",
+                "--output-len",
+                str(OUTPUT_LEN),
+                "--num-prompts",
+                str(NUM_PROMPTS),
+                "--concurrency",
+                str(CONCURRENCY),
+                "--rounds",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
 
 
 def test_both_tools_count_every_request_and_token(report):
@@ -72,8 +88,9 @@ def test_both_tools_count_every_request_and_token(report):
         assert round_[tool]["output_tokens"] == NUM_PROMPTS * OUTPUT_LEN, tool
 
 
-@pytest.mark.parametrize("figure", ["ttft_ms_median", "itl_ms_median", "tpot_ms_median", "output_tokens_per_s",
-                                    "duration_s"])  # fmt: skip
+@pytest.mark.parametrize(
+    "figure", ["ttft_ms_median", "itl_ms_median", "tpot_ms_median", "output_tokens_per_s", "duration_s"]
+)
 def test_the_tools_agree_on_each_timed_figure(report, figure):
     for key in ("summary", "summary_vllm_prompts"):
         ratio = report[key][figure]["ratio_median"]
@@ -94,6 +111,10 @@ def test_the_timed_figures_are_the_servers_pacing(report):
         for figure, value in expected.items():
             # Above the pacing by the machine's overhead (loopback, event loops), never below it.
             assert 0.97 * value <= round_[tool][figure] <= 1.3 * value or figure == "output_tokens_per_s", (
-                tool, figure, round_[tool][figure], value)  # fmt: skip
+                tool,
+                figure,
+                round_[tool][figure],
+                value,
+            )
         throughput = round_[tool]["output_tokens_per_s"]
         assert 0.75 * expected["output_tokens_per_s"] <= throughput <= 1.03 * expected["output_tokens_per_s"], tool

@@ -59,20 +59,45 @@ def test_the_proxys_internal_error_is_a_bug_lost_whatever_the_health():
 
 def test_a_fault_is_recovered_when_its_worker_answers_and_the_pool_is_whole_again():
     fault = Fault(10.0, "prefill-1", "kill")
-    up = [(9.5, {"prefill-0": True, "prefill-1": True}), (10.5, {"prefill-0": True, "prefill-1": False}),
-          (70.0, {"prefill-0": True, "prefill-1": True})]  # fmt: skip
-    health = [(9.0, {"prefill": 2, "decode": 1}), (12.0, {"prefill": 1, "decode": 1}),
-              (71.0, {"prefill": 1, "decode": 1}), (74.0, {"prefill": 2, "decode": 1})]  # fmt: skip
+    up = [
+        (9.5, {"prefill-0": True, "prefill-1": True}),
+        (10.5, {"prefill-0": True, "prefill-1": False}),
+        (70.0, {"prefill-0": True, "prefill-1": True}),
+    ]
+    health = [
+        (9.0, {"prefill": 2, "decode": 1}),
+        (12.0, {"prefill": 1, "decode": 1}),
+        (71.0, {"prefill": 1, "decode": 1}),
+        (74.0, {"prefill": 2, "decode": 1}),
+    ]
     assert fault_recovery(fault, up, health) == {"back_s": 60.0, "readmitted_s": 64.0}
     never = [(10.5, {"prefill-0": True, "prefill-1": False})]
     assert fault_recovery(fault, never, health) == {"back_s": None, "readmitted_s": None}
 
 
 def test_the_table_lists_every_fault_with_its_recovery():
-    report = {"command": "c", "fleet": "2P2D", **{k: 0 for k in ("requests", "ok", "failed_clean", "lost", "left", "restarts",
-              "readmissions", "nixl_bytes_after_last_restart", "prefill_kv_blocks_left", "proxy_rss_mb_start",
-              "proxy_rss_mb_end")}, "faults_recovered": 1,
-              "faults": [{"kind": "kill", "worker": "decode", "at": 30.0, "back_s": 61.0, "readmitted_s": 63.5}]}  # fmt: skip
+    report = {
+        "command": "c",
+        "fleet": "2P2D",
+        **{
+            k: 0
+            for k in (
+                "requests",
+                "ok",
+                "failed_clean",
+                "lost",
+                "left",
+                "restarts",
+                "readmissions",
+                "nixl_bytes_after_last_restart",
+                "prefill_kv_blocks_left",
+                "proxy_rss_mb_start",
+                "proxy_rss_mb_end",
+            )
+        },
+        "faults_recovered": 1,
+        "faults": [{"kind": "kill", "worker": "decode", "at": 30.0, "back_s": 61.0, "readmitted_s": 63.5}],
+    }
     table = markdown(report)
     assert "| faults_recovered | 1 of 1 |" in table and "| kill | decode | 30.0 | 61.0 | 63.5 |" in table
     assert "| fleet | 2P2D |" in table
@@ -93,8 +118,11 @@ def test_a_decode_fault_is_clean_only_for_the_requests_of_the_faulted_worker():
 
 
 def test_workers_are_named_and_placed_as_pdspec_up_does():
-    assert worker_urls(8600, 2, 1) == {"prefill-0": "http://127.0.0.1:8700", "prefill-1": "http://127.0.0.1:8701",
-                                       "decode": "http://127.0.0.1:8800"}  # fmt: skip
+    assert worker_urls(8600, 2, 1) == {
+        "prefill-0": "http://127.0.0.1:8700",
+        "prefill-1": "http://127.0.0.1:8701",
+        "decode": "http://127.0.0.1:8800",
+    }
     assert list(worker_urls(8600, 2, 2)) == ["prefill-0", "prefill-1", "decode-0", "decode-1"]
 
 

@@ -15,8 +15,18 @@ from loadtest.serving.fleet_trace import (
 
 
 def small_shared(seed: int = 7, system: int = 0):
-    return shared_context(seed, tenants=5, context=64, question=8, max_tokens=4, levels=[(2.0, 5.0), (6.0, 3.0)],
-                          warmup_requests=4, warmup_qps=4.0, vocab=500, system=system)  # fmt: skip
+    return shared_context(
+        seed,
+        tenants=5,
+        context=64,
+        question=8,
+        max_tokens=4,
+        levels=[(2.0, 5.0), (6.0, 3.0)],
+        warmup_requests=4,
+        warmup_qps=4.0,
+        vocab=500,
+        system=system,
+    )
 
 
 def test_shared_context_has_the_asked_shape():
@@ -40,8 +50,17 @@ def test_shared_context_has_the_asked_shape():
 
 
 def test_poisson_levels_have_about_the_asked_rate():
-    trace = shared_context(3, tenants=4, context=16, question=4, max_tokens=2, levels=[(10.0, 200.0)],
-                           warmup_requests=0, warmup_qps=1.0, vocab=100)  # fmt: skip
+    trace = shared_context(
+        3,
+        tenants=4,
+        context=16,
+        question=4,
+        max_tokens=2,
+        levels=[(10.0, 200.0)],
+        warmup_requests=0,
+        warmup_qps=1.0,
+        vocab=100,
+    )
     assert trace.phases() == ["level-0"]
     assert 1800 <= len(trace.requests) <= 2200  # 2,000 expected; a Poisson count's spread is about 45
     tenants = [r.group for r in trace.requests]
@@ -55,8 +74,18 @@ def test_same_seed_same_trace_other_seed_other_trace():
 
 
 def test_multi_turn_sessions_grow_by_answer_and_message_and_chain_their_turns():
-    trace = multi_turn(5, turns=3, start=32, answer=8, message=4, max_tokens=2, think_s=0.5,
-                       levels=[(3.0, 4.0)], warmup_sessions=2, vocab=300)  # fmt: skip
+    trace = multi_turn(
+        5,
+        turns=3,
+        start=32,
+        answer=8,
+        message=4,
+        max_tokens=2,
+        think_s=0.5,
+        levels=[(3.0, 4.0)],
+        warmup_sessions=2,
+        vocab=300,
+    )
     warmup = trace.phase("warmup")
     assert len(warmup) == 2 * 3
     by_session: dict[int, list] = {}

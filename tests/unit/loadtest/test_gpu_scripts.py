@@ -35,10 +35,17 @@ def test_paths_the_script_names_exist(script):
 def gpu_args(*call: str, dry_run: bool) -> list[str]:
     """GPU_ARGS after `one_gpu_pair *call` (device_env.sh sourced as a dry run, which is
     all this machine can do, then the dry run left on or switched off)."""
-    script = (f"source loadtest/gpu/device_env.sh 1 dry-run-ok && DRY_RUN={'1' if dry_run else ''} && "
-              f"one_gpu_pair {' '.join(call)} && printf '%s\\n' \"${{GPU_ARGS[@]}}\"")  # fmt: skip
-    result = subprocess.run(["bash", "-uc", script], cwd=ROOT, env={"DRY_RUN_CPU": "1", "PATH": "/usr/bin:/bin"},
-                            capture_output=True, text=True)  # fmt: skip
+    script = (
+        f"source loadtest/gpu/device_env.sh 1 dry-run-ok && DRY_RUN={'1' if dry_run else ''} && "
+        f"one_gpu_pair {' '.join(call)} && printf '%s\\n' \"${{GPU_ARGS[@]}}\""
+    )
+    result = subprocess.run(
+        ["bash", "-uc", script],
+        cwd=ROOT,
+        env={"DRY_RUN_CPU": "1", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout.split()
 
@@ -46,9 +53,15 @@ def gpu_args(*call: str, dry_run: bool) -> list[str]:
 def test_one_gpu_pair_puts_both_workers_on_gpu_0_and_nothing_on_a_dry_run():
     assert gpu_args("0.4", dry_run=True) == []
     assert gpu_args("0.4", dry_run=False) == [
-        "--prefill.cuda_visible_devices", "0", "--decode.cuda_visible_devices", "0",
-        "--prefill.gpu_memory_utilization", "0.4", "--decode.gpu_memory_utilization", "0.4",
-    ]  # fmt: skip
+        "--prefill.cuda_visible_devices",
+        "0",
+        "--decode.cuda_visible_devices",
+        "0",
+        "--prefill.gpu_memory_utilization",
+        "0.4",
+        "--decode.gpu_memory_utilization",
+        "0.4",
+    ]
     eager = gpu_args("0.1", "eager", dry_run=False)
     assert eager[-2:] == ["--prefill.enforce_eager", "--decode.enforce_eager"] and "0.1" in eager
 
@@ -56,6 +69,7 @@ def test_one_gpu_pair_puts_both_workers_on_gpu_0_and_nothing_on_a_dry_run():
 def test_a_stray_dry_run_cpu_does_not_skip_the_gpu_check_of_a_script_without_a_dry_run():
     """Sourced without `dry-run-ok`, device_env.sh checks for vLLM and GPUs whatever
     DRY_RUN_CPU says: here, with neither, it stops the script."""
+
     def source(*args: str) -> subprocess.CompletedProcess:
         script = f"source loadtest/gpu/device_env.sh {' '.join(args)} && echo past-the-check"
         env = {"DRY_RUN_CPU": "1", "PATH": "/usr/bin:/bin"}

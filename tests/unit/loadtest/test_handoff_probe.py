@@ -4,17 +4,22 @@ from loadtest.serving.handoff_probe import medians, metric_means
 
 
 def test_medians_per_stage():
-    rows = [{"proxy_ttft_ms": 100.0, "prefill_leg_ms": 50.0}, {"proxy_ttft_ms": 300.0, "prefill_leg_ms": 70.0},
-            {"proxy_ttft_ms": 200.0, "prefill_leg_ms": 60.0}]  # fmt: skip
+    rows = [
+        {"proxy_ttft_ms": 100.0, "prefill_leg_ms": 50.0},
+        {"proxy_ttft_ms": 300.0, "prefill_leg_ms": 70.0},
+        {"proxy_ttft_ms": 200.0, "prefill_leg_ms": 60.0},
+    ]
     assert medians(rows) == {"proxy_ttft_ms": 200.0, "prefill_leg_ms": 60.0}
 
 
 def test_decode_metric_means_are_deltas_over_the_run():
     before = {"vllm:nixl_xfer_time_seconds_sum": 1.0, "vllm:nixl_xfer_time_seconds_count": 4.0}
     after = {
-        "vllm:nixl_xfer_time_seconds_sum": 1.03, "vllm:nixl_xfer_time_seconds_count": 7.0,
-        "vllm:request_queue_time_seconds_sum": 0.6, "vllm:request_queue_time_seconds_count": 3.0,
-    }  # fmt: skip
+        "vllm:nixl_xfer_time_seconds_sum": 1.03,
+        "vllm:nixl_xfer_time_seconds_count": 7.0,
+        "vllm:request_queue_time_seconds_sum": 0.6,
+        "vllm:request_queue_time_seconds_count": 3.0,
+    }
     means = metric_means(before, after)
     assert means["nixl_xfer_time_mean_ms"] == 10.0 and means["request_queue_time_mean_ms"] == 200.0
     assert means["request_prefill_time_mean_ms"] is None  # nothing recorded: no mean, not 0
@@ -32,7 +37,14 @@ def test_runs_plot_side_by_side(tmp_path):
 
     for name, ms in (("pull", 1500.0), ("push", 120.0)):
         (tmp_path / f"{name}.json").write_text(json.dumps({"median": {stage: ms for stage in STAGES}}))
-    runs = main(["--plot", f"pull={tmp_path / 'pull.json'}", f"push={tmp_path / 'push.json'}",
-                 "--plot-out", str(tmp_path / "stages.png")])  # fmt: skip
+    runs = main(
+        [
+            "--plot",
+            f"pull={tmp_path / 'pull.json'}",
+            f"push={tmp_path / 'push.json'}",
+            "--plot-out",
+            str(tmp_path / "stages.png"),
+        ]
+    )
     assert list(runs) == ["pull", "push"] and runs["push"]["median"]["proxy_ttft_ms"] == 120.0
     assert (tmp_path / "stages.png").stat().st_size > 0

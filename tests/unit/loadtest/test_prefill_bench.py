@@ -7,15 +7,21 @@ from loadtest.engine_bench.prefill_bench import BenchResult, baseline_lines, ren
 
 def test_reps_alternate_the_order_of_modes():
     assert rep_orders(["auto", "full", "none"], 3) == [
-        ["auto", "full", "none"], ["none", "full", "auto"], ["auto", "full", "none"]
-    ]  # fmt: skip
+        ["auto", "full", "none"],
+        ["none", "full", "auto"],
+        ["auto", "full", "none"],
+    ]
 
 
 def test_baseline_line_is_the_ratio_of_medians():
     counters = {"pdspec_k0_proposals_total": 4.0, "pdspec_proposals_total": 4.0}
-    r = BenchResult(512, 32, 2048, tokens_per_s={"auto": [90.0, 95.0, 80.0], "full": [70.0] * 3,
-                                                  "none": [100.0, 100.0, 120.0]},
-                    counters={"auto": counters, "full": counters, "none": {}})  # fmt: skip
+    r = BenchResult(
+        512,
+        32,
+        2048,
+        tokens_per_s={"auto": [90.0, 95.0, 80.0], "full": [70.0] * 3, "none": [100.0, 100.0, 120.0]},
+        counters={"auto": counters, "full": counters, "none": {}},
+    )
     assert baseline_lines([r]) == ["mbt 512: k0/no-drafter: 0.900"]
     table = render([r])
     assert "| 512 | 90 | 70 | 100 |" in table
@@ -24,9 +30,16 @@ def test_baseline_line_is_the_ratio_of_medians():
 
 
 def test_no_baseline_line_without_the_plain_engine():
-    r = BenchResult(512, 1, 1, tokens_per_s={"auto": [1.0], "always": [1.0]},
-                    counters={"auto": {"pdspec_k0_proposals_total": 1, "pdspec_proposals_total": 1},
-                              "always": {"pdspec_k0_proposals_total": 0, "pdspec_proposals_total": 1}})  # fmt: skip
+    r = BenchResult(
+        512,
+        1,
+        1,
+        tokens_per_s={"auto": [1.0], "always": [1.0]},
+        counters={
+            "auto": {"pdspec_k0_proposals_total": 1, "pdspec_proposals_total": 1},
+            "always": {"pdspec_k0_proposals_total": 0, "pdspec_proposals_total": 1},
+        },
+    )
     assert baseline_lines([r]) == []
     assert r.ratio == 1.0
 
@@ -36,8 +49,16 @@ def bench_args(**overrides):
 
     from pdspec.settings import ModelSettings
 
-    args = dict(models_dir=ModelSettings().models_dir, target=None, drafter=None, method="eagle3", k=3,
-                gpu_memory_utilization=None, dummy=False, eager=False)  # fmt: skip
+    args = dict(
+        models_dir=ModelSettings().models_dir,
+        target=None,
+        drafter=None,
+        method="eagle3",
+        k=3,
+        gpu_memory_utilization=None,
+        dummy=False,
+        eager=False,
+    )
     return argparse.Namespace(**{**args, **overrides})
 
 
@@ -79,7 +100,12 @@ def test_the_prefill_worker_mode_builds_the_engine_pdspec_prefill_runs(tmp_path)
     assert served_transfer.pop("kv_connector_extra_config") == {"kv_lease_duration": worker.kv_lease_s}
     without_server[at] = json.dumps(served_transfer)
     assert option_flags(options) == without_server
-    for name in ("VLLM_NIXL_SIDE_CHANNEL_PORT", "PDSPEC_NIXL_PROGRESS_DELAY_US", "PDSPEC_KV_ONLY_DRAFTER", "PDSPEC_ROLE"):
+    for name in (
+        "VLLM_NIXL_SIDE_CHANNEL_PORT",
+        "PDSPEC_NIXL_PROGRESS_DELAY_US",
+        "PDSPEC_KV_ONLY_DRAFTER",
+        "PDSPEC_ROLE",
+    ):
         assert bench["env"][name] == spec.env[name], name
     assert bench["kv_transfer_params"]["do_remote_decode"] is True
 
@@ -145,11 +171,16 @@ def test_every_mode_is_warmed_up_before_the_timed_reps(monkeypatch):
             self.policy = policy
 
         def generate(self, inputs, params, use_tqdm):
-            mode = "none" if self.plain else ("always" if self.policy == "always" else "auto" if self.kv_only else "full")
+            mode = (
+                "none" if self.plain else ("always" if self.policy == "always" else "auto" if self.kv_only else "full")
+            )
             runs.append((mode, len(inputs)))
 
         def counters(self):
-            return {"pdspec_kv_only_graph_verified_total{equal}": 0.0, "pdspec_kv_only_graph_verified_total{differ}": 0.0}
+            return {
+                "pdspec_kv_only_graph_verified_total{equal}": 0.0,
+                "pdspec_kv_only_graph_verified_total{differ}": 0.0,
+            }
 
         def collect(self):
             return []
@@ -162,8 +193,9 @@ def test_every_mode_is_warmed_up_before_the_timed_reps(monkeypatch):
         yield Engine(plain=args.get("method") == "none")
 
     monkeypatch.setattr(prefill_bench, "plugin_engine", plugin_engine)
-    prefill_bench.bench({}, mbt=512, num_prompts=8, prompt_tokens=4, reps=2, vocab=100,
-                        modes=["auto", "full", "always", "none"])  # fmt: skip
+    prefill_bench.bench(
+        {}, mbt=512, num_prompts=8, prompt_tokens=4, reps=2, vocab=100, modes=["auto", "full", "always", "none"]
+    )
     warm_ups, timed = runs[:4], runs[4:]
     assert warm_ups == [("none", 8), ("auto", 8), ("full", 4), ("always", 4)]
     assert sorted(timed) == sorted([(m, 8) for m in ("auto", "full", "always", "none")] * 2)

@@ -36,8 +36,12 @@ def test_no_interval_with_requests_waiting_gives_no_rate():
     assert summary["saturation_share"] == 0.0
     assert summary["saturated_prefill_tokens_per_s"] is None
     # A last reading with requests waiting starts no interval: still no rate.
-    assert summarize([*samples, QueueSample(4.0, waiting=5, running=1, prompt_tokens=400)])[
-        "saturated_prefill_tokens_per_s"] is None  # fmt: skip
+    assert (
+        summarize([*samples, QueueSample(4.0, waiting=5, running=1, prompt_tokens=400)])[
+            "saturated_prefill_tokens_per_s"
+        ]
+        is None
+    )
     assert summarize([]) == {"samples": 0, "gaps": 0, "saturation_share": None, "saturated_prefill_tokens_per_s": None}
 
 

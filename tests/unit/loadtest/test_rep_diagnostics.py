@@ -91,7 +91,13 @@ def test_the_gpu_sampler_reports_clock_power_and_how_busy_the_gpu_was(monkeypatc
     sampler.start()
     sampler._thread.join(timeout=5)  # the stand-in runs out after two samples, which ends the thread
     reading = sampler.stop()
-    assert reading == {"sm_clock_mhz_mean": 1600, "sm_clock_mhz_min": 1400, "power_w_mean": 650,
-                       "temp_c_max": 70, "throttle_reasons": 4.0, "gpu_busy_pct_mean": 69,
-                       "gpu_busy_pct_min": 40}  # fmt: skip
+    assert reading == {
+        "sm_clock_mhz_mean": 1600,
+        "sm_clock_mhz_min": 1400,
+        "power_w_mean": 650,
+        "temp_c_max": 70,
+        "throttle_reasons": 4.0,
+        "gpu_busy_pct_mean": 69,
+        "gpu_busy_pct_min": 40,
+    }
     assert "gpu busy 69% (min 40%)" in describe(reading) and "throttle 0x4" in describe(reading)

@@ -101,18 +101,32 @@ def test_policies_default_to_all_and_a_subset_is_checked():
 
 
 def test_table_has_the_bound_column():
-    run = {"workload": "w", "policy": "p", "failed": 0, "requests": 1, "prefill_hit_rate": 0.5,
-           "decode_hit_rate": 0.1, "ideal_hit_rate": 0.7, "affinity_lru_hit_rate": 0.45,
-           "ttft_ms": {"median": 1, "p90": 2}, "itl_ms": {"median": 3, "p90": 4}, "output_tokens_per_s": 1.0,
-           "local_prefills": 0}  # fmt: skip
+    run = {
+        "workload": "w",
+        "policy": "p",
+        "failed": 0,
+        "requests": 1,
+        "prefill_hit_rate": 0.5,
+        "decode_hit_rate": 0.1,
+        "ideal_hit_rate": 0.7,
+        "affinity_lru_hit_rate": 0.45,
+        "ttft_ms": {"median": 1, "p90": 2},
+        "itl_ms": {"median": 3, "p90": 4},
+        "output_tokens_per_s": 1.0,
+        "local_prefills": 0,
+    }
     table = markdown({"command": "c", "runs": [run]})
     assert "balanced affinity (sim.)" in table and "| 0.70 | 0.45 |" in table
 
 
 def test_table_says_whether_the_decode_workers_report_their_pulled_blocks():
-    events = {"vllm_version": "0.33.0", "wire_form": {"p": "tagged maps", "d": "tagged maps"}, "malformed": 0,
-              "decode_reports_received_blocks": False,
-              "prompts": [{"full_blocks": 31, "decode": {"d0": 0, "d1": 31}}, {"full_blocks": 31, "decode": {"d0": 0}}]}
+    events = {
+        "vllm_version": "0.33.0",
+        "wire_form": {"p": "tagged maps", "d": "tagged maps"},
+        "malformed": 0,
+        "decode_reports_received_blocks": False,
+        "prompts": [{"full_blocks": 31, "decode": {"d0": 0, "d1": 31}}, {"full_blocks": 31, "decode": {"d0": 0}}],
+    }
     table = markdown({"command": "c", "runs": [], "kv_events": events})
     assert "vLLM 0.33.0, tagged maps" in table and "pulled over NIXL: NO" in table and "31/31, 0/31" in table
     failed = markdown({"command": "c", "runs": [], "kv_events": {"error": "SystemExit: no replay endpoint"}})
@@ -128,9 +142,16 @@ def test_rounds_pool_into_one_row_per_workload_and_policy():
     acc: dict = {}
     for ttfts, hits in (([0.1] * 9 + [1.0], (10, 100)), ([0.2] * 10, (90, 100))):
         results = [RequestResult(ok=True, output_tokens=2, ttft_s=t, itl_s=[0.01]) for t in ttfts]
-        row = {**summarize(results, 2.0), "prefill_hit_rate": 0, "decode_hit_rate": 0, "ideal_hit_rate": 0.5,
-               "affinity_lru_hit_rate": 0.25, "local_prefills": 1.0, "window_s": 2.0,
-               "hits": {"prefill": hits, "decode": (0, 50)}}  # fmt: skip
+        row = {
+            **summarize(results, 2.0),
+            "prefill_hit_rate": 0,
+            "decode_hit_rate": 0,
+            "ideal_hit_rate": 0.5,
+            "affinity_lru_hit_rate": 0.25,
+            "local_prefills": 1.0,
+            "window_s": 2.0,
+            "hits": {"prefill": hits, "decode": (0, 50)},
+        }
         pool_run(acc, row, results)
     pooled = pooled_summary(acc)
     assert pooled["requests"] == 20 and pooled["failed"] == 0
@@ -160,7 +181,7 @@ def test_every_policy_of_a_round_gets_the_same_groups_and_arrivals_with_fresh_id
     # The same group structure: requests i and j share a context in one run iff they do in the other.
     same_context = [[a[:16] == b[:16] for b in prompts_a] for a in prompts_a]
     assert same_context == [[a[:16] == b[:16] for b in prompts_b] for a in prompts_b]
-    assert [len(set(order_a[:i + 1])) for i in range(20)][-1] > 1
+    assert [len(set(order_a[: i + 1])) for i in range(20)][-1] > 1
     assert run(1, seed=1)[:2] != (order_a, gaps_a)  # another round, another draw
 
 
@@ -168,21 +189,42 @@ def test_ttft_breakdown_splits_ttft_into_the_proxys_phases_and_the_tail():
     from loadtest.serving.routing_report import prefill_share, ttft_breakdown
     from loadtest.serving.serve_stats import RequestResult
 
-    fast = [RequestResult(True, ttft_s=0.1, phases_ms={"route": 1.0, "prefill": 60.0, "decode": 4.0},
-                          served_by={"prefill": "http://p0"}) for _ in range(9)]  # fmt: skip
-    slow = RequestResult(True, ttft_s=1.0, phases_ms={"route": 1.0, "prefill": 900.0, "decode": 4.0},
-                         served_by={"prefill": "http://p1"})  # fmt: skip
-    local = RequestResult(True, ttft_s=0.05, phases_ms={"route": 1.0, "prefill": 0.0, "decode": 4.0},
-                          served_by={"prefill": "local"})  # fmt: skip
+    fast = [
+        RequestResult(
+            True,
+            ttft_s=0.1,
+            phases_ms={"route": 1.0, "prefill": 60.0, "decode": 4.0},
+            served_by={"prefill": "http://p0"},
+        )
+        for _ in range(9)
+    ]
+    slow = RequestResult(
+        True, ttft_s=1.0, phases_ms={"route": 1.0, "prefill": 900.0, "decode": 4.0}, served_by={"prefill": "http://p1"}
+    )
+    local = RequestResult(
+        True, ttft_s=0.05, phases_ms={"route": 1.0, "prefill": 0.0, "decode": 4.0}, served_by={"prefill": "local"}
+    )
     breakdown = ttft_breakdown([*fast, slow])
     assert breakdown["median"] == {"route": 1.0, "prefill": 60.0, "decode": 4.0, "first_token": 35.0}
     assert breakdown["slowest_tenth"]["prefill"] == 900.0 and breakdown["slowest_tenth"]["first_token"] == 95.0
     assert prefill_share([*fast, slow, local]) == 0.9
     assert ttft_breakdown([RequestResult(True, ttft_s=0.1)]) is None and prefill_share([]) is None
-    run = {"workload": "w", "policy": "p", "failed": 0, "requests": 10, "prefill_hit_rate": 0.5,
-           "decode_hit_rate": 0.1, "ideal_hit_rate": 0.7, "affinity_lru_hit_rate": 0.45,
-           "ttft_ms": {"median": 1, "p90": 2}, "itl_ms": {"median": 3, "p90": 4}, "output_tokens_per_s": 1.0,
-           "local_prefills": 0, "ttft_breakdown": breakdown, "prefill_share": 0.9}  # fmt: skip
+    run = {
+        "workload": "w",
+        "policy": "p",
+        "failed": 0,
+        "requests": 10,
+        "prefill_hit_rate": 0.5,
+        "decode_hit_rate": 0.1,
+        "ideal_hit_rate": 0.7,
+        "affinity_lru_hit_rate": 0.45,
+        "ttft_ms": {"median": 1, "p90": 2},
+        "itl_ms": {"median": 3, "p90": 4},
+        "output_tokens_per_s": 1.0,
+        "local_prefills": 0,
+        "ttft_breakdown": breakdown,
+        "prefill_share": 0.9,
+    }
     assert "| w | p | 1 / 1 | 60 / 900 | 4 / 4 | 35 / 95 | 0.90 |" in markdown({"command": "c", "runs": [run]})
 
 
@@ -202,7 +244,8 @@ def test_warm_up_sends_both_workloads_shapes_before_the_rounds(monkeypatch):
 
     monkeypatch.setattr(routing_bench, "run_shared_prefix", shared)
     monkeypatch.setattr(routing_bench, "run_multi_turn", turns)
-    args = argparse.Namespace(system=128, context=768, question=64, sessions=4, turns=4, start=256, step=128,
-                              max_tokens=8)  # fmt: skip
+    args = argparse.Namespace(
+        system=128, context=768, question=64, sessions=4, turns=4, start=256, step=128, max_tokens=8
+    )
     asyncio.run(routing_bench.warm_up(args, "http://rr"))
     assert sent == [("shared_prefix", "http://rr", [960] * 4), ("multi_turn", "http://rr", (4, 4, 256, 128))]

@@ -8,8 +8,13 @@ from loadtest.serving.routing_compare import load, main, rows
 
 
 def report(command: str, *runs: tuple[str, str, float, float]) -> dict:
-    return {"command": command, "runs": [{"workload": w, "policy": p, "prefill_hit_rate": 0.5,
-                                          "ttft_ms": {"median": p50, "p90": p90}} for w, p, p50, p90 in runs]}
+    return {
+        "command": command,
+        "runs": [
+            {"workload": w, "policy": p, "prefill_hit_rate": 0.5, "ttft_ms": {"median": p50, "p90": p90}}
+            for w, p, p50, p90 in runs
+        ],
+    }
 
 
 def test_every_pair_of_any_run_gets_a_row_and_a_missing_one_a_dash(tmp_path):
@@ -19,7 +24,10 @@ def test_every_pair_of_any_run_gets_a_row_and_a_missing_one_a_dash(tmp_path):
     after.write_text(json.dumps(report("y", ("shared", "kv", 180, 310), ("multi", "kv", 150, 450))))
     runs = load([f"before={before}", f"after={after}"])
     assert [(w, p, sorted(by)) for w, p, by in rows(runs)] == [
-        ("shared", "rr", ["before"]), ("shared", "kv", ["after", "before"]), ("multi", "kv", ["after"])]
+        ("shared", "rr", ["before"]),
+        ("shared", "kv", ["after", "before"]),
+        ("multi", "kv", ["after"]),
+    ]
     out = tmp_path / "cmp.png"
     text = main(["--out", str(out), f"before={before}", f"after={after}"])
     assert "| shared | kv | 300 / 1800, 0.50 | 180 / 310, 0.50 |" in text

@@ -10,9 +10,16 @@ def test_chats_are_seeded_and_sized():
 
 def test_table_names_every_call_and_the_agreement():
     ms = {name: {"median": 1.0, "p90": 2.0} for name in ("tokenize", "render", "chat", "generate")}
-    report = {"command": "c", "prompts": 4, "prompt_tokens_median": 100, "max_tokens": 8, "ids_agree": 4,
-              "outputs_agree": 3, "ms": ms, "answer_fields": {"chat": ["choices"], "generate": ["choices"],
-                                                              "generate_choice": ["token_ids"]}}  # fmt: skip
+    report = {
+        "command": "c",
+        "prompts": 4,
+        "prompt_tokens_median": 100,
+        "max_tokens": 8,
+        "ids_agree": 4,
+        "outputs_agree": 3,
+        "ms": ms,
+        "answer_fields": {"chat": ["choices"], "generate": ["choices"], "generate_choice": ["token_ids"]},
+    }
     table = markdown(report)
     assert "prompt ids agree 4/4, output tokens agree 3/4" in table
     assert all(f"| {name} | 1.0 | 2.0 |" in table for name in ms)

@@ -12,11 +12,7 @@ import pytest
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from loadtest.serving import serve_bench
-
-from loadtest.serving import serve_report
-
-from loadtest.serving import worker_metrics
+from loadtest.serving import serve_bench, serve_report, worker_metrics
 from loadtest.serving.queue_sampler import QueueSample
 from loadtest.serving.serve_client import completion_body, random_prompts, run_load
 from loadtest.serving.serve_stats import RequestResult, distribution_ms, meets_slos, parse_slos, summarize
@@ -105,10 +101,13 @@ vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 50.0
 
 
 def _after(prompt: int, proposals: int, k0: int, drafts: int, accepted: int) -> str:
-    return (METRICS_BEFORE.replace("1000.0", f"{prompt}.0").replace("pdspec_proposals_total 10.0", f"pdspec_proposals_total {proposals}.0")
-            .replace("pdspec_k0_proposals_total 10.0", f"pdspec_k0_proposals_total {k0}.0")
-            .replace('model_name="m"} 100.0', f'model_name="m"}} {drafts}.0')
-            .replace('model_name="m"} 50.0', f'model_name="m"}} {accepted}.0'))  # fmt: skip
+    return (
+        METRICS_BEFORE.replace("1000.0", f"{prompt}.0")
+        .replace("pdspec_proposals_total 10.0", f"pdspec_proposals_total {proposals}.0")
+        .replace("pdspec_k0_proposals_total 10.0", f"pdspec_k0_proposals_total {k0}.0")
+        .replace('model_name="m"} 100.0', f'model_name="m"}} {drafts}.0')
+        .replace('model_name="m"} 50.0', f'model_name="m"}} {accepted}.0')
+    )
 
 
 def test_worker_figures_from_metric_deltas():
@@ -125,25 +124,51 @@ def test_worker_figures_from_metric_deltas():
     assert worker_metrics.acceptance_length(worker_metrics.deltas(before, before)) is None
 
 
-def _phase(index: int, policy: str | None, prefill_rate: float, k0: int, proposals: int,
-           share: float | None = None, saturated_rate: float | None = None) -> dict:  # fmt: skip
+def _phase(
+    index: int,
+    policy: str | None,
+    prefill_rate: float,
+    k0: int,
+    proposals: int,
+    share: float | None = None,
+    saturated_rate: float | None = None,
+) -> dict:
     """A phase as run_benchmark writes one; with `share`, as if its queue had been sampled."""
     results = [RequestResult(True, 64, 4, 0.1, 0.4, [0.1, 0.1, 0.1])]
-    prefill = {worker_metrics.PROMPT_TOKENS: prefill_rate, worker_metrics.PROPOSALS: proposals,
-               worker_metrics.K0_PROPOSALS: k0}  # fmt: skip
+    prefill = {
+        worker_metrics.PROMPT_TOKENS: prefill_rate,
+        worker_metrics.PROPOSALS: proposals,
+        worker_metrics.K0_PROPOSALS: k0,
+    }
     queue = dict.fromkeys(serve_bench.SATURATION_FIELDS)
     if share is not None:
-        queue = {"prefill_saturation_share": share, "prefill_tokens_per_s_saturated": saturated_rate,
-                 "prefill_queue_samples": 40, "prefill_queue_gaps": 0,
-                 "saturated": share >= serve_bench.DEFAULT_SATURATION_MIN}  # fmt: skip
-    return {"index": index, "repetition": index // 2, "policy": policy, "concurrency": 2, "request_rate": None,
-            "load": "concurrency 2", **summarize(results, 1.0),
-            **worker_metrics.worker_figures(prefill, None, 1.0), **queue}  # fmt: skip
+        queue = {
+            "prefill_saturation_share": share,
+            "prefill_tokens_per_s_saturated": saturated_rate,
+            "prefill_queue_samples": 40,
+            "prefill_queue_gaps": 0,
+            "saturated": share >= serve_bench.DEFAULT_SATURATION_MIN,
+        }
+    return {
+        "index": index,
+        "repetition": index // 2,
+        "policy": policy,
+        "concurrency": 2,
+        "request_rate": None,
+        "load": "concurrency 2",
+        **summarize(results, 1.0),
+        **worker_metrics.worker_figures(prefill, None, 1.0),
+        **queue,
+    }
 
 
 def test_ab_summary_table_and_files(tmp_path):
-    phases = [_phase(0, "auto", 1100, 8, 8), _phase(1, "always", 1000, 0, 8),
-              _phase(2, "always", 1000, 0, 8), _phase(3, "auto", 1050, 8, 8)]  # fmt: skip
+    phases = [
+        _phase(0, "auto", 1100, 8, 8),
+        _phase(1, "always", 1000, 0, 8),
+        _phase(2, "always", 1000, 0, 8),
+        _phase(3, "auto", 1050, 8, 8),
+    ]
     summary = serve_report.ab_summary(phases)
     assert len(summary) == 1
     row = summary[0]
@@ -155,9 +180,18 @@ def test_ab_summary_table_and_files(tmp_path):
     assert row["rate_source"] == "prefill_tokens_per_s"
     assert (row["pairs_used"], row["excluded_pairs"], row["unsaturated_phases"]) == (2, 0, {"auto": 0, "always": 0})
     assert row["pair_ratio_mean"] == pytest.approx(1.075) and row["pair_ratio_ci95"] == pytest.approx([1.05, 1.1])
-    report = {"label": "cpu", "command": "python -m loadtest.serve_bench --ab", "url": "http://p", "model": "m",
-              "num_prompts": 1, "input_len": 64, "output_len": 4, "ab": True, "phases": phases,
-              "ab_summary": summary}  # fmt: skip
+    report = {
+        "label": "cpu",
+        "command": "python -m loadtest.serve_bench --ab",
+        "url": "http://p",
+        "model": "m",
+        "num_prompts": 1,
+        "input_len": 64,
+        "output_len": 4,
+        "ab": True,
+        "phases": phases,
+        "ab_summary": summary,
+    }
     table = serve_report.markdown(report)
     assert "| concurrency 2 | 1,000 | 1,075 | +7.5% | 1.050..1.100 | 16 / 16 | 0 / 16 |" in table
     assert table.count("| concurrency 2 | auto |") == 2 and table.count("| concurrency 2 | always |") == 2
@@ -165,8 +199,18 @@ def test_ab_summary_table_and_files(tmp_path):
     names = {p.name for p in written}
     assert {"serve_bench.json", "serve_bench.md", "serve_bench_latency.png", "serve_bench_ab.png"} <= names
     data = json.loads((tmp_path / "serve_bench.json").read_text())
-    for field in ("policy", "requests", "failed", "ttft_ms", "itl_ms", "output_tokens_per_s", "prefill_tokens_per_s",
-                  "prefill_proposals", "prefill_k0_proposals", "decode_acceptance_length"):  # fmt: skip
+    for field in (
+        "policy",
+        "requests",
+        "failed",
+        "ttft_ms",
+        "itl_ms",
+        "output_tokens_per_s",
+        "prefill_tokens_per_s",
+        "prefill_proposals",
+        "prefill_k0_proposals",
+        "decode_acceptance_length",
+    ):
         assert field in data["phases"][0]
     assert set(data["phases"][0]["ttft_ms"]) == {"mean", "median", "p99"}
 
@@ -240,12 +284,14 @@ def test_saturation_minimum_argument():
 def _ab_phases_with_one_unsaturated() -> list[dict]:
     """ABBA over 3 repetitions; phase 3 (`always`) never saturated the prefill worker, and
     its pair's rates would swing the figures if it were counted."""
-    return [_phase(0, "auto", 900, 8, 8, share=0.97, saturated_rate=1100),
-            _phase(1, "always", 900, 0, 8, share=0.95, saturated_rate=1000),
-            _phase(2, "always", 100, 0, 8, share=0.40, saturated_rate=100),
-            _phase(3, "auto", 4000, 8, 8, share=0.99, saturated_rate=5000),
-            _phase(4, "auto", 900, 8, 8, share=0.93, saturated_rate=1200),
-            _phase(5, "always", 900, 0, 8, share=0.90, saturated_rate=1000)]  # fmt: skip
+    return [
+        _phase(0, "auto", 900, 8, 8, share=0.97, saturated_rate=1100),
+        _phase(1, "always", 900, 0, 8, share=0.95, saturated_rate=1000),
+        _phase(2, "always", 100, 0, 8, share=0.40, saturated_rate=100),
+        _phase(3, "auto", 4000, 8, 8, share=0.99, saturated_rate=5000),
+        _phase(4, "auto", 900, 8, 8, share=0.93, saturated_rate=1200),
+        _phase(5, "always", 900, 0, 8, share=0.90, saturated_rate=1000),
+    ]
 
 
 def test_ab_summary_leaves_out_a_pair_with_an_unsaturated_phase():
@@ -287,13 +333,28 @@ def test_bootstrap_interval_is_fixed_by_its_seed_and_holds_the_mean():
 
 def test_markdown_flags_unsaturated_phases_and_shows_the_interval(tmp_path):
     phases = _ab_phases_with_one_unsaturated()
-    report = {"label": "", "command": "python -m loadtest.serve_bench --ab", "url": "http://p", "model": "m",
-              "num_prompts": 1, "input_len": 64, "output_len": 4, "ab": True, "saturation_min": 0.89,
-              "phases": phases, "ab_summary": serve_report.ab_summary(phases)}  # fmt: skip
+    report = {
+        "label": "",
+        "command": "python -m loadtest.serve_bench --ab",
+        "url": "http://p",
+        "model": "m",
+        "num_prompts": 1,
+        "input_len": 64,
+        "output_len": 4,
+        "ab": True,
+        "saturation_min": 0.89,
+        "phases": phases,
+        "ab_summary": serve_report.ab_summary(phases),
+    }
     table = serve_report.markdown(report)
-    assert ("**1 phases never saturated the prefill worker** (requests waiting in fewer than 89% of its queue "
-            "readings), left out of the A/B figures: #3 concurrency 2 always 40% (unsaturated)") in table
-    assert "| 1,000 | 1,150 | +15.0% | 1.100..1.200 | 24 / 24 | 0 / 24 | +10.0%..+20.0% | 2 / 1 | saturated window |" in table
+    assert (
+        "**1 phases never saturated the prefill worker** (requests waiting in fewer than 89% of its queue "
+        "readings), left out of the A/B figures: #3 concurrency 2 always 40% (unsaturated)"
+    ) in table
+    assert (
+        "| 1,000 | 1,150 | +15.0% | 1.100..1.200 | 24 / 24 | 0 / 24 | +10.0%..+20.0% | 2 / 1 | saturated window |"
+        in table
+    )
     assert table.count("(unsaturated) |") == 1 and "| 1,100 | 97% |" in table
     assert "serve_bench_ab.png" in {p.name for p in serve_report.write(report, tmp_path)}
     # No saturated pair at all: the row's figures read "-", nothing breaks.
@@ -329,8 +390,11 @@ def _queueing_app(capacity: int) -> FastAPI:
     @app.get("/metrics")
     async def metrics():
         waiting, running = max(0, state["in_flight"] - capacity), min(capacity, state["in_flight"])
-        return Response(f"vllm:num_requests_waiting {waiting}.0\nvllm:num_requests_running {running}.0\n"
-                        f"vllm:prompt_tokens_total {state['prompt_tokens']}.0\n", media_type="text/plain")  # fmt: skip
+        return Response(
+            f"vllm:num_requests_waiting {waiting}.0\nvllm:num_requests_running {running}.0\n"
+            f"vllm:prompt_tokens_total {state['prompt_tokens']}.0\n",
+            media_type="text/plain",
+        )
 
     @app.get("/v1/models")
     async def models():
@@ -348,10 +412,31 @@ def _no_local_stack(monkeypatch):
 def test_run_benchmark_samples_the_prefill_queue_in_measured_phases(monkeypatch):
     _no_local_stack(monkeypatch)
     with ThreadServer(_queueing_app(capacity=1)) as server:
-        args = serve_bench.parse_args(["--url", server.url, "--prefill-url", server.url, "--decode-url", server.url,
-                                       "--num-prompts", "6", "--concurrency", "3", "--input-len", "16",
-                                       "--output-len", "4", "--vocab-size", "4096", "--warmup", "2",
-                                       "--saturation-min", "0.5", "--no-progress"])  # fmt: skip
+        args = serve_bench.parse_args(
+            [
+                "--url",
+                server.url,
+                "--prefill-url",
+                server.url,
+                "--decode-url",
+                server.url,
+                "--num-prompts",
+                "6",
+                "--concurrency",
+                "3",
+                "--input-len",
+                "16",
+                "--output-len",
+                "4",
+                "--vocab-size",
+                "4096",
+                "--warmup",
+                "2",
+                "--saturation-min",
+                "0.5",
+                "--no-progress",
+            ]
+        )
         report = serve_bench.run_benchmark(args)
     (phase,) = report["phases"]
     assert report["saturation_min"] == 0.5 and phase["failed"] == 0
@@ -368,9 +453,22 @@ def test_run_benchmark_samples_the_prefill_queue_in_measured_phases(monkeypatch)
 def test_without_worker_metrics_the_queue_fields_are_none(monkeypatch):
     _no_local_stack(monkeypatch)
     with ThreadServer(_queueing_app(capacity=1)) as server:
-        args = serve_bench.parse_args(["--url", server.url, "--no-worker-metrics", "--num-prompts", "2",
-                                       "--input-len", "8", "--output-len", "2", "--vocab-size", "4096",
-                                       "--no-progress"])  # fmt: skip
+        args = serve_bench.parse_args(
+            [
+                "--url",
+                server.url,
+                "--no-worker-metrics",
+                "--num-prompts",
+                "2",
+                "--input-len",
+                "8",
+                "--output-len",
+                "2",
+                "--vocab-size",
+                "4096",
+                "--no-progress",
+            ]
+        )
         (phase,) = serve_bench.run_benchmark(args)["phases"]
     assert {name: phase[name] for name in serve_bench.SATURATION_FIELDS} == dict.fromkeys(serve_bench.SATURATION_FIELDS)
 

@@ -8,13 +8,24 @@ import httpx
 from loadtest.serving.serve_client import completion_body, server_timing, stream_completion
 from tests.proxy_cluster import Fleet
 
-INFO = {"role": "x", "model": "/m/t", "drafter": "/m/eagle3", "method": "eagle3", "num_speculative_tokens": "3",
-        "block_size": "4", "vllm_version": "0.32.0", "drafts_policy": "auto"}  # fmt: skip
+INFO = {
+    "role": "x",
+    "model": "/m/t",
+    "drafter": "/m/eagle3",
+    "method": "eagle3",
+    "num_speculative_tokens": "3",
+    "block_size": "4",
+    "vllm_version": "0.32.0",
+    "drafts_policy": "auto",
+}
 
 
 def test_server_timing_reads_durations_and_skips_what_has_none():
-    assert server_timing("route;dur=1.5, prefill;dur=250, decode;dur=3") == {"route": 1.5, "prefill": 250.0,
-                                                                             "decode": 3.0}  # fmt: skip
+    assert server_timing("route;dur=1.5, prefill;dur=250, decode;dur=3") == {
+        "route": 1.5,
+        "prefill": 250.0,
+        "decode": 3.0,
+    }
     assert server_timing('cache;desc="hit", db;dur="53.2"') == {"db": 53.2}
     assert server_timing("x;dur=abc, y") == {} and server_timing(None) == {}
 

@@ -9,8 +9,11 @@ from pdspec.models.build import MANIFEST, SHIPPED, install_models, is_installed
 
 
 def digest(folder):
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +57,9 @@ def test_tokenizer_has_a_chat_template_and_round_trips(installed):
     tokenizer = AutoTokenizer.from_pretrained(installed / "target")
     text = "def f(x):\n    return x + 1\n"
     assert tokenizer.decode(tokenizer.encode(text)) == text
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert tokenizer.eos_token == "<|im_end|>"
 

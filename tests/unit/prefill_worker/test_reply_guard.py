@@ -19,14 +19,32 @@ PARKED = {"do_remote_prefill": True, "remote_block_ids": [1, 2], "remote_engine_
 
 
 def chat_reply(arguments: str, kv_transfer_params: dict | None) -> ChatCompletionResponse:
-    return ChatCompletionResponse.model_validate({
-        "id": "chatcmpl-1", "created": 0, "model": "m", "kv_transfer_params": kv_transfer_params,
-        "usage": {"prompt_tokens": 40, "completion_tokens": 1, "total_tokens": 41},
-        "choices": [{"index": 0, "finish_reason": "length", "message": {
-            "role": "assistant", "content": "",
-            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}],
-        }}],
-    })  # fmt: skip
+    return ChatCompletionResponse.model_validate(
+        {
+            "id": "chatcmpl-1",
+            "created": 0,
+            "model": "m",
+            "kv_transfer_params": kv_transfer_params,
+            "usage": {"prompt_tokens": 40, "completion_tokens": 1, "total_tokens": 41},
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "length",
+                    "message": {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {
+                                "id": "call_1",
+                                "type": "function",
+                                "function": {"name": "get_weather", "arguments": arguments},
+                            }
+                        ],
+                    },
+                }
+            ],
+        }
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)

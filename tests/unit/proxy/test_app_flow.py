@@ -33,9 +33,12 @@ def test_prefill_then_decode_with_the_returned_kv_params(proxy_url, behaviour):
     assert prefill["max_tokens"] == 1 and prefill["stream"] is False
     assert decode["max_tokens"] == 5
     assert decode["kv_transfer_params"] == {
-        "remote_engine_id": "standin", "remote_block_ids": [[1]], "remote_host": "127.0.0.1", "remote_port": 5600,
+        "remote_engine_id": "standin",
+        "remote_block_ids": [[1]],
+        "remote_host": "127.0.0.1",
+        "remote_port": 5600,
         "remote_request_id": response.headers["x-request-id"],
-    }  # fmt: skip
+    }
     assert "standin" in response.json()["choices"][0]["text"]
 
 
@@ -143,8 +146,9 @@ def test_n_choices_stream_interleaved_with_one_done(proxy_url, behaviour):
     assert events.count("[DONE]") == 1 and events[-1] == "[DONE]"
     indices = {c["index"] for e in events[:-1] for c in json.loads(e)["choices"]}
     assert indices == {0, 1}
-    texts = ["".join(c["text"] for e in events[:-1] for c in json.loads(e)["choices"] if c["index"] == i)
-             for i in (0, 1)]  # fmt: skip
+    texts = [
+        "".join(c["text"] for e in events[:-1] for c in json.loads(e)["choices"] if c["index"] == i) for i in (0, 1)
+    ]
     assert all(t.startswith("decoded with") for t in texts)
 
 
@@ -191,8 +195,10 @@ def test_the_largest_seed_with_n_is_served(proxy_url, behaviour):
     assert seeds == [-(2**63), 2**63 - 1]
 
 
-@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
-                                          "multipart/form-data; boundary=x", "application/jsonx"])  # fmt: skip
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/jsonx"],
+)
 def test_only_json_bodies_are_taken(proxy_url, behaviour, content_type):
     headers = {} if content_type is None else {"content-type": content_type}
     response = httpx.post(proxy_url + "/v1/completions", content=json.dumps(BODY), headers=headers)

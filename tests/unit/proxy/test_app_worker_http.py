@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 
 import httpx
@@ -13,7 +14,7 @@ import pytest
 
 from pdspec.settings import ProxySettings
 from proxy.app import create_app
-from tests.standin import ThreadServer, free_port
+from tests.standin import ThreadServer
 
 
 class RawWorker:
@@ -24,7 +25,9 @@ class RawWorker:
     def __init__(self, interim: bytes = b"", decode_bytes: int = 0) -> None:
         self.interim = interim
         self.decode_bytes = decode_bytes
-        self.port = free_port()
+        self.sock = socket.socket()  # bound now: no other test process takes the port meanwhile
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.connections = 0
         self.loop = asyncio.new_event_loop()
@@ -33,7 +36,7 @@ class RawWorker:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.server = self.loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", self.port))
+        self.server = self.loop.run_until_complete(asyncio.start_server(self._serve, sock=self.sock))
         self.ready.set()
         self.loop.run_forever()
 
@@ -55,8 +58,15 @@ class RawWorker:
             request = json.loads(body)
             kv = request.get("kv_transfer_params") or {}
             if kv.get("do_remote_decode"):
-                payload = {"choices": [{"text": "x"}], "kv_transfer_params": {
-                    "remote_engine_id": headers["x-request-id"], "remote_block_ids": [[1]], "remote_host": "127.0.0.1", "remote_port": 5600}}
+                payload = {
+                    "choices": [{"text": "x"}],
+                    "kv_transfer_params": {
+                        "remote_engine_id": headers["x-request-id"],
+                        "remote_block_ids": [[1]],
+                        "remote_host": "127.0.0.1",
+                        "remote_port": 5600,
+                    },
+                }
             else:
                 text = "decoded with " + kv.get("remote_engine_id", "?")
                 payload = {"choices": [{"index": 0, "text": text, "logprobs": "p" * self.decode_bytes}]}
@@ -69,8 +79,14 @@ class RawWorker:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)  # fmt: skip
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
                 body = await reader.readexactly(length)
                 if self.interim:  # sent early, as hints are, before the work is done
                     writer.write(self.interim)
@@ -87,15 +103,21 @@ class RawWorker:
 
 
 def proxy_for(worker: RawWorker, **settings) -> ThreadServer:
-    return ThreadServer(create_app(ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url],
-                                                 prefill_failure_policy="error", **settings)))  # fmt: skip
+    return ThreadServer(
+        create_app(
+            ProxySettings(
+                prefill_urls=[worker.url], decode_urls=[worker.url], prefill_failure_policy="error", **settings
+            )
+        )
+    )
 
 
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 5}
 
 
-@pytest.mark.parametrize("interim", [b"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n",
-                                     b"HTTP/1.1 100 Continue\r\n\r\n"])  # fmt: skip
+@pytest.mark.parametrize(
+    "interim", [b"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n", b"HTTP/1.1 100 Continue\r\n\r\n"]
+)
 def test_interim_replies_never_hand_one_request_another_ones_kv_params(interim):
     """A 103 was taken for the prefill reply; the real reply then went to the next leg."""
     with RawWorker(interim=interim) as worker, proxy_for(worker) as proxy:

@@ -72,8 +72,13 @@ def behaviour():
 @pytest.fixture(scope="module")
 def proxy_url(behaviour):
     with ThreadServer(create_standin(behaviour)) as worker:
-        settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url], api_keys=KEYS,
-                                 worker_api_key="worker-secret", max_body_bytes=1000)  # fmt: skip
+        settings = ProxySettings(
+            prefill_urls=[worker.url],
+            decode_urls=[worker.url],
+            api_keys=KEYS,
+            worker_api_key="worker-secret",
+            max_body_bytes=1000,
+        )
         with ThreadServer(create_app(settings)) as proxy:
             yield proxy.url
 
@@ -102,8 +107,9 @@ def test_generation_without_a_right_key_is_an_openai_401(proxy_url, behaviour, p
     assert response.status_code == 401
     assert response.headers["content-type"] == "application/json"
     assert response.headers["x-request-id"] == "refused-1"
-    assert response.json() == {"error": {"message": message, "type": "authentication_error", "param": None,
-                                         "code": "invalid_api_key"}}  # fmt: skip
+    assert response.json() == {
+        "error": {"message": message, "type": "authentication_error", "param": None, "code": "invalid_api_key"}
+    }
     assert len(behaviour.received) == before  # no leg was sent
 
 
@@ -113,8 +119,12 @@ def test_the_key_is_checked_before_the_body_is_read(proxy_url, behaviour):
     oversized = httpx.post(proxy_url + "/v1/completions", json={**BODY, "prompt": "x" * 2000})
     broken = httpx.post(proxy_url + "/v1/completions", content=b"{", headers={"content-type": "text/plain"})
     assert (oversized.status_code, broken.status_code) == (401, 401)
-    assert httpx.post(proxy_url + "/v1/completions", content=b"{", headers={
-        **auth("k1"), "content-type": "application/json"}).status_code == 400  # fmt: skip
+    assert (
+        httpx.post(
+            proxy_url + "/v1/completions", content=b"{", headers={**auth("k1"), "content-type": "application/json"}
+        ).status_code
+        == 400
+    )
 
 
 def test_the_openai_client_sees_an_authentication_error(proxy_url):
@@ -131,8 +141,12 @@ def test_models_asks_for_a_key(proxy_url):
     missing = httpx.get(proxy_url + "/v1/models")
     served = httpx.get(proxy_url + "/v1/models", headers=auth("k1"))
     assert (refused.status_code, missing.status_code, served.status_code) == (401, 401, 200)
-    assert refused.json()["error"] == {"message": INVALID, "type": "authentication_error", "param": None,
-                                       "code": "invalid_api_key"}  # fmt: skip
+    assert refused.json()["error"] == {
+        "message": INVALID,
+        "type": "authentication_error",
+        "param": None,
+        "code": "invalid_api_key",
+    }
     assert missing.json()["error"]["message"] == MISSING
     assert served.json()["data"][0]["id"] == "standin"
 

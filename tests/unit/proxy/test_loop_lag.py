@@ -31,8 +31,16 @@ def silent_worker():
 def checker_for(url: str, loop_lag: LoopLag | None, discarded: list) -> tuple[HealthChecker, WorkerPool]:
     pool = WorkerPool("decode", [Worker(url)])
     client = UpstreamClient(1.0, 5.0, 65536, 1 << 20)
-    checker = HealthChecker(client, [pool], 1.0, TIMEOUT_S, eject_after=1, readmit_after=1, loop_lag=loop_lag,
-                            on_discarded=lambda: discarded.append(1))  # fmt: skip
+    checker = HealthChecker(
+        client,
+        [pool],
+        1.0,
+        TIMEOUT_S,
+        eject_after=1,
+        readmit_after=1,
+        loop_lag=loop_lag,
+        on_discarded=lambda: discarded.append(1),
+    )
     return checker, pool
 
 

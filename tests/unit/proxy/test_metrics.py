@@ -32,8 +32,10 @@ def test_fallback_requests_have_no_handoff():
 def test_queued_gauge_counts_requests_waiting_for_a_slot():
     with Cluster(max_inflight=1, max_queue=4) as c:
         c.d.delay_s = 3.0
-        threads = [threading.Thread(target=httpx.post, args=(c.url + "/v1/completions",),
-                                    kwargs={"json": BODY, "timeout": 20}) for _ in range(3)]  # fmt: skip
+        threads = [
+            threading.Thread(target=httpx.post, args=(c.url + "/v1/completions",), kwargs={"json": BODY, "timeout": 20})
+            for _ in range(3)
+        ]
         for thread in threads:
             thread.start()
         deadline = time.monotonic() + 2.5  # within the 3 s the first request holds the only slot
@@ -79,10 +81,15 @@ async def test_a_request_cancelled_by_the_proxys_own_shutdown_counts_503_not_500
     limits = ModelLimits(None, None, {})
     limits.known = True
     metrics = ProxyMetrics.create()
-    endpoint = OpenAIEndpoint(COMPLETIONS, ProxySettings(), ApiKeys([]), Admission(4, 4, 5.0, 1), limits, Hanging(),
-                              metrics, Tracing(None))  # fmt: skip
-    scope = {"type": "http", "method": "POST", "path": "/v1/completions",
-             "headers": [(b"content-type", b"application/json")]}  # fmt: skip
+    endpoint = OpenAIEndpoint(
+        COMPLETIONS, ProxySettings(), ApiKeys([]), Admission(4, 4, 5.0, 1), limits, Hanging(), metrics, Tracing(None)
+    )
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/completions",
+        "headers": [(b"content-type", b"application/json")],
+    }
     messages = [{"type": "http.request", "body": json.dumps(BODY).encode(), "more_body": False}]
 
     async def receive():
@@ -98,5 +105,6 @@ async def test_a_request_cancelled_by_the_proxys_own_shutdown_counts_503_not_500
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     count = lambda status: metrics.registry.get_sample_value(  # noqa: E731
-        "pdspec_proxy_requests_total", {"endpoint": "completions", "status": status})
+        "pdspec_proxy_requests_total", {"endpoint": "completions", "status": status}
+    )
     assert count("503") == 1 and count("500") == 0 and count("499") is None

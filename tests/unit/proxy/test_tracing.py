@@ -102,13 +102,17 @@ def test_the_request_span_carries_the_request_id_and_ends_at_finish(tracer, expo
     (root,) = exporter.get_finished_spans()
     assert root.name == "pdspec.request" and root.kind == SpanKind.SERVER
     assert root.parent is None
-    assert dict(root.attributes) == {"pdspec.request_id": "rid-1", "pdspec.endpoint": "chat",
-                                     "http.response.status_code": 200}  # fmt: skip
+    assert dict(root.attributes) == {
+        "pdspec.request_id": "rid-1",
+        "pdspec.endpoint": "chat",
+        "http.response.status_code": 200,
+    }
     assert root.status.status_code == StatusCode.UNSET
 
 
-@pytest.mark.parametrize("status, error", [(200, False), (400, False), (429, False), (499, False),
-                                           (500, True), (502, True), (503, True)])  # fmt: skip
+@pytest.mark.parametrize(
+    "status, error", [(200, False), (400, False), (429, False), (499, False), (500, True), (502, True), (503, True)]
+)
 def test_an_error_status_from_500_on(tracer, exporter, status, error):
     RequestTrace(tracer, "rid", "completions", None).finish(status)
     (root,) = exporter.get_finished_spans()
@@ -148,8 +152,11 @@ def test_each_leg_sends_its_own_span_as_traceparent(tracer, exporter):
     spans = by_name(exporter)
     root = spans["pdspec.request"]
     assert set(prefill_headers) == {"traceparent"}
-    assert traceparent(prefill_headers) == (f"{root.context.trace_id:032x}", f"{spans['prefill'].context.span_id:016x}",
-                                            True)  # fmt: skip
+    assert traceparent(prefill_headers) == (
+        f"{root.context.trace_id:032x}",
+        f"{spans['prefill'].context.span_id:016x}",
+        True,
+    )
     assert traceparent(root_headers)[:2] == (f"{root.context.trace_id:032x}", f"{root.context.span_id:016x}")
 
 
@@ -210,8 +217,12 @@ def otlp(monkeypatch) -> ExporterFactory:
 
 @pytest.mark.parametrize(
     "endpoint",
-    ["http://127.0.0.1:4318", "http://127.0.0.1:4318/",
-     "http://127.0.0.1:4318/v1/traces", "http://127.0.0.1:4318/v1/traces/"],  # fmt: skip
+    [
+        "http://127.0.0.1:4318",
+        "http://127.0.0.1:4318/",
+        "http://127.0.0.1:4318/v1/traces",
+        "http://127.0.0.1:4318/v1/traces/",
+    ],
 )
 def test_the_endpoint_is_the_collectors_traces_path(otlp, endpoint):
     tracing = Tracing(endpoint)

@@ -7,18 +7,25 @@ from pdspec.worker.draft_rule import ScheduledRequest, can_use_drafts, dp_vote, 
 
 def prefill(prompt: int, computed: int, scheduled: int, max_tokens: int = 64) -> ScheduledRequest:
     return ScheduledRequest(
-        num_computed_tokens=computed, num_scheduled_tokens=scheduled, num_tokens=prompt,
-        num_output_placeholders=0, num_output_tokens=0, max_tokens=max_tokens,
-    )  # fmt: skip
+        num_computed_tokens=computed,
+        num_scheduled_tokens=scheduled,
+        num_tokens=prompt,
+        num_output_placeholders=0,
+        num_output_tokens=0,
+        max_tokens=max_tokens,
+    )
 
 
 def decode(prompt: int, outputs: int, max_tokens: int, k: int = 3, in_flight: int = 0) -> ScheduledRequest:
     """A decode step verifying k drafts; `in_flight` placeholder tokens under async scheduling."""
     return ScheduledRequest(
-        num_computed_tokens=prompt + outputs - 1 + in_flight, num_scheduled_tokens=1 + k,
-        num_tokens=prompt + outputs, num_output_placeholders=in_flight,
-        num_output_tokens=outputs, max_tokens=max_tokens,
-    )  # fmt: skip
+        num_computed_tokens=prompt + outputs - 1 + in_flight,
+        num_scheduled_tokens=1 + k,
+        num_tokens=prompt + outputs,
+        num_output_placeholders=in_flight,
+        num_output_tokens=outputs,
+        max_tokens=max_tokens,
+    )
 
 
 def test_non_final_prefill_chunk_cannot_use_drafts():

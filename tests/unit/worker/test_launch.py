@@ -22,14 +22,19 @@ def test_roles_get_their_nixl_role_and_the_same_drafter(role, kv_role):
     # The same KV lease on both roles: the prefill worker keeps KV that long, the decode
     # worker renews it (heartbeats) and trusts it for half of it (decode_worker/engine/stale_kv.py).
     assert json.loads(option(argv, "--kv-transfer-config")) == {
-        "kv_connector": "NixlConnector", "kv_role": kv_role, "kv_buffer_device": "cpu",
-        "kv_connector_extra_config": {"kv_lease_duration": 120}, **recompute,
-    }  # fmt: skip
+        "kv_connector": "NixlConnector",
+        "kv_role": kv_role,
+        "kv_buffer_device": "cpu",
+        "kv_connector_extra_config": {"kv_lease_duration": 120},
+        **recompute,
+    }
     env = launch.worker_env(role, WorkerSettings(kv_lease_s=90), Path("/run"), cpu=True)
     assert env.get("PDSPEC_STALE_KV_AFTER_S") == ("45" if role == "decode" else None)
     assert json.loads(option(argv, "--speculative-config")) == {
-        "method": "eagle3", "num_speculative_tokens": 3, "model": "/m/eagle3",
-    }  # fmt: skip
+        "method": "eagle3",
+        "num_speculative_tokens": 3,
+        "model": "/m/eagle3",
+    }
     assert option(argv, "--model") == "/m/target"
     assert option(argv, "--served-model-name") == "pdspec-tiny"
     assert "--enable-prompt-tokens-details" in argv  # the proxy's cached_tokens come from it
@@ -42,7 +47,9 @@ def test_kv_transfer_names_vllms_connector_for_its_direction(transfer, connector
     import vllm.distributed.kv_transfer.kv_connector.factory as factory
 
     for role in ("prefill", "decode"):
-        argv = launch.vllm_argv(role, ModelSettings(models_dir=Path("/m")), WorkerSettings(kv_transfer=transfer), cpu=True)
+        argv = launch.vllm_argv(
+            role, ModelSettings(models_dir=Path("/m")), WorkerSettings(kv_transfer=transfer), cpu=True
+        )
         config = json.loads(option(argv, "--kv-transfer-config"))
         assert config["kv_connector"] == connector
         assert connector in factory.KVConnectorFactory._registry  # a name vLLM itself registers
@@ -137,16 +144,23 @@ def test_local_model_writes_compact_json_and_constrains_tool_arguments(role, tmp
 
 def test_a_real_model_keeps_vllms_grammar_defaults_unless_set(tmp_path):
     real = ModelSettings(target="/q/Qwen3-8B", drafter="/q/e")
-    assert not any("structured-outputs" in flag for flag in launch.vllm_argv("decode", real, WorkerSettings(), cpu=False))
+    assert not any(
+        "structured-outputs" in flag for flag in launch.vllm_argv("decode", real, WorkerSettings(), cpu=False)
+    )
     assert "VLLM_ENFORCE_STRICT_TOOL_CALLING" not in launch.tool_call_env(real)
     chosen = real.model_copy(update={"compact_json": True, "tool_call_grammar": "envelope"})
-    assert option(launch.vllm_argv("decode", chosen, WorkerSettings(), cpu=False), "--structured-outputs-config.backend")
+    assert option(
+        launch.vllm_argv("decode", chosen, WorkerSettings(), cpu=False), "--structured-outputs-config.backend"
+    )
     assert launch.tool_call_env(chosen) == {"VLLM_ENFORCE_STRICT_TOOL_CALLING": "1"}
     local_off = ModelSettings(models_dir=Path("/m"), compact_json=False, tool_call_grammar="envelope")
-    assert not any("structured-outputs" in flag for flag in launch.vllm_argv("decode", local_off, WorkerSettings(), cpu=True))
-    assert launch.launch_spec("decode", local_off, WorkerSettings(), tmp_path).env[
-        "VLLM_ENFORCE_STRICT_TOOL_CALLING"
-    ] == "1"
+    assert not any(
+        "structured-outputs" in flag for flag in launch.vllm_argv("decode", local_off, WorkerSettings(), cpu=True)
+    )
+    assert (
+        launch.launch_spec("decode", local_off, WorkerSettings(), tmp_path).env["VLLM_ENFORCE_STRICT_TOOL_CALLING"]
+        == "1"
+    )
 
 
 def test_auto_tool_choice_is_a_plain_cli_flag():

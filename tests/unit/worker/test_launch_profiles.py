@@ -1,10 +1,10 @@
 """The ready-made GPU profiles load and give the seed workloads' vLLM settings."""
 
 import json
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from pydantic_settings import CliApp
 
 from pdspec.settings import UpCommand, WorkerSettings
@@ -18,7 +18,9 @@ def load(monkeypatch, name) -> UpCommand:
     return CliApp.run(UpCommand, cli_args=[])
 
 
-@pytest.mark.parametrize("name, method, k", [("qwen3-8b-eagle3.toml", "eagle3", 3), ("qwen3-8b-dflash.toml", "dflash", 16)])
+@pytest.mark.parametrize(
+    "name, method, k", [("qwen3-8b-eagle3.toml", "eagle3", 3), ("qwen3-8b-dflash.toml", "dflash", 16)]
+)
 def test_gpu_profiles(monkeypatch, tmp_path, name, method, k):
     up = load(monkeypatch, name)
     for role, worker, gpu in (("prefill", up.prefill, "0"), ("decode", up.decode, "1")):
@@ -87,13 +89,16 @@ def test_shapes_fit_the_shipped_tokenizer():
     full = _config("deploy/shapes/qwen3-8b")
     assert target["vocab_size"] == 4096 and target["eos_token_id"] < 4096
     # Only the vocabulary differs from Qwen3-8B's shape: same compute per token.
-    assert {k: v for k, v in target.items() if k not in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")} == {
-        k: v for k, v in full.items() if k not in ("vocab_size", "bos_token_id", "eos_token_id")
-    }
+    assert {
+        k: v for k, v in target.items() if k not in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")
+    } == {k: v for k, v in full.items() if k not in ("vocab_size", "bos_token_id", "eos_token_id")}
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
         assert (REPO / "deploy/shapes/qwen3-8b-v4096" / name).is_file(), name  # the links resolve
     tokenizer = json.loads((REPO / "deploy/shapes/qwen3-8b-v4096/tokenizer.json").read_text())
-    assert max(tokenizer["model"]["vocab"].values()) < 4096 and target["eos_token_id"] == tokenizer["model"]["vocab"]["<|im_end|>"]
+    assert (
+        max(tokenizer["model"]["vocab"].values()) < 4096
+        and target["eos_token_id"] == tokenizer["model"]["vocab"]["<|im_end|>"]
+    )
     eagle = _config("deploy/shapes/qwen3-8b-eagle3-v4096")
     assert eagle["vocab_size"] == eagle["draft_vocab_size"] == 4096
     dflash = _config("deploy/shapes/qwen3-8b-dflash-v4096")

@@ -22,8 +22,15 @@ def test_the_plugin_installs_the_hooks_a_role_names_in_its_order(spec, monkeypat
     assert installed == list(spec.hooks) and installed
 
 
-@pytest.mark.parametrize("bad", ["pdspec.worker.engine.nonsense:install", "pdspec.worker.engine.cpu_affinity:nonsense",
-                                 "pdspec.worker.engine.control:ROLE_ENV", "cpu_affinity"])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "pdspec.worker.engine.nonsense:install",
+        "pdspec.worker.engine.cpu_affinity:nonsense",
+        "pdspec.worker.engine.control:ROLE_ENV",
+        "cpu_affinity",
+    ],
+)
 def test_a_hook_that_does_not_resolve_is_refused_and_nothing_is_installed(bad, monkeypatch):
     installed = []
     monkeypatch.setattr(cpu_affinity, "install_cpu_affinity_fix", lambda: installed.append("cpu_affinity"))

@@ -24,13 +24,20 @@ PREFILL, DECODE = ROLES["prefill"], ROLES["decode"]
 def test_settings_defaults_and_the_launcher_come_from_the_roles():
     for spec, settings in ((PREFILL, PrefillWorkerSettings()), (DECODE, DecodeWorkerSettings())):
         assert (settings.port, settings.side_channel_port, settings.kv_events_port, settings.cpu_omp_threads_bind) == (
-            spec.port, spec.side_channel_port, spec.kv_events_port, spec.cpu_core,
-        )  # fmt: skip
+            spec.port,
+            spec.side_channel_port,
+            spec.kv_events_port,
+            spec.cpu_core,
+        )
         assert KV_ROLES[spec.name] == spec.kv_role
         assert scheduler_cls(spec.name) == spec.scheduler_cls
     assert scheduler_cls("colocated") == SCHEDULER_CLS  # no role package: the plain K=0 scheduler
-    assert (PREFILL.name, PREFILL.port, DECODE.name, DECODE.port) == (prefill_role.NAME, prefill_role.PORT,
-                                                                     decode_role.NAME, decode_role.PORT)  # fmt: skip
+    assert (PREFILL.name, PREFILL.port, DECODE.name, DECODE.port) == (
+        prefill_role.NAME,
+        prefill_role.PORT,
+        decode_role.NAME,
+        decode_role.PORT,
+    )
     assert ROLE_FEATURES == {"prefill": PREFILL.features, "decode": DECODE.features}
     # Every feature belongs to a role; a prefill worker has all but the decode worker's guard.
     assert set(PREFILL.features) | set(DECODE.features) == set(features.FEATURES)
@@ -39,9 +46,18 @@ def test_settings_defaults_and_the_launcher_come_from_the_roles():
 
 
 def test_every_role_names_only_features_that_exist():
-    known = {features.K0_RULE, features.KV_ONLY_PASS, features.NIXL_PROGRESS_DELAY, features.KV_CORE_PINNING,
-             features.DP_IDLE_RANK_VOTE, features.STALE_KV_GUARD, features.KV_HOLD_WAIT,
-             features.SHORT_SPIN, features.CPU_EXPAND_FIX, features.PREFILL_REPLY_GUARD}  # fmt: skip
+    known = {
+        features.K0_RULE,
+        features.KV_ONLY_PASS,
+        features.NIXL_PROGRESS_DELAY,
+        features.KV_CORE_PINNING,
+        features.DP_IDLE_RANK_VOTE,
+        features.STALE_KV_GUARD,
+        features.KV_HOLD_WAIT,
+        features.SHORT_SPIN,
+        features.CPU_EXPAND_FIX,
+        features.PREFILL_REPLY_GUARD,
+    }
     assert set(ROLE_FEATURES["prefill"]) == known - {features.STALE_KV_GUARD}
     assert set(ROLE_FEATURES["decode"]) < known and features.KV_ONLY_PASS not in ROLE_FEATURES["decode"]
     assert features.STALE_KV_GUARD in ROLE_FEATURES["decode"]
@@ -67,8 +83,17 @@ def test_each_role_names_engine_code_that_exists_shared_or_its_own(spec):
 
 def test_a_role_module_without_one_of_the_constants_is_refused():
     partial = types.ModuleType("half_a_role")
-    for name in ("NAME", "KV_ROLE", "PORT", "SIDE_CHANNEL_PORT", "KV_EVENTS_PORT", "CPU_CORE", "FEATURES", "HOOKS",
-                 "SERVER_HOOKS"):
+    for name in (
+        "NAME",
+        "KV_ROLE",
+        "PORT",
+        "SIDE_CHANNEL_PORT",
+        "KV_EVENTS_PORT",
+        "CPU_CORE",
+        "FEATURES",
+        "HOOKS",
+        "SERVER_HOOKS",
+    ):
         setattr(partial, name, getattr(prefill_role, name))
     with pytest.raises(AttributeError, match="SCHEDULER_CLS"):
         RoleSpec.from_module(partial)

@@ -36,7 +36,10 @@ def prometheus_rule() -> str:
         "metadata": {"name": "pdspec", "labels": {"app.kubernetes.io/name": "pdspec"}},
         "spec": {"groups": groups},
     }
-    src = ", ".join(f"deploy/prometheus/rules/{p.name}" for p in files) or "nothing (deploy/prometheus/rules/ is missing: placeholder)"
+    src = (
+        ", ".join(f"deploy/prometheus/rules/{p.name}" for p in files)
+        or "nothing (deploy/prometheus/rules/ is missing: placeholder)"
+    )
     return HEADER.format(src=src) + yaml.safe_dump(obj, sort_keys=False, width=100)
 
 

@@ -63,8 +63,10 @@ def test_the_guard_is_off_without_a_limit(monkeypatch):
     assert stale_kv.stale_after_from_env() == 60.0
 
 
-@pytest.mark.parametrize("role, limit, state", [("decode", "60", ("on", "")),
-                                                ("decode", None, ("off", "PDSPEC_STALE_KV_AFTER_S is not set"))])
+@pytest.mark.parametrize(
+    "role, limit, state",
+    [("decode", "60", ("on", "")), ("decode", None, ("off", "PDSPEC_STALE_KV_AFTER_S is not set"))],
+)
 def test_the_decode_worker_reports_the_guards_state(monkeypatch, role, limit, state):
     from pdspec.worker.engine import features
 

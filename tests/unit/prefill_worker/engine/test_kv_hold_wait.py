@@ -85,13 +85,16 @@ def test_an_empty_batch_in_flight_still_waits():
     assert engine.input_queue.waits == [0.5] and engine.handled == [("ADD", "req-1")]
 
 
-@pytest.mark.parametrize("engine", [
-    Engine(Scheduler(unfinished=True), Inputs()),  # a request waits or runs
-    Engine(Scheduler(), Inputs(), executed=True),  # the step computed tokens
-    Engine(Scheduler(), Inputs(), dp=2),  # data-parallel ranks step together
-    Engine(Scheduler(), Inputs(), batch_queue=[batch(0), batch(12)]),  # a batch computing tokens in flight
-    Engine(Scheduler(), Inputs(), batch_queue=[object()]),  # a queue vLLM's doesn't look like
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "engine",
+    [
+        Engine(Scheduler(unfinished=True), Inputs()),  # a request waits or runs
+        Engine(Scheduler(), Inputs(), executed=True),  # the step computed tokens
+        Engine(Scheduler(), Inputs(), dp=2),  # data-parallel ranks step together
+        Engine(Scheduler(), Inputs(), batch_queue=[batch(0), batch(12)]),  # a batch computing tokens in flight
+        Engine(Scheduler(), Inputs(), batch_queue=[object()]),  # a queue vLLM's doesn't look like
+    ],
+)
 def test_every_other_state_steps_as_vllm_does(engine):
     step(engine)
     assert engine.input_queue.waits == [] and engine.steps == 1

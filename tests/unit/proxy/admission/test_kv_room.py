@@ -45,8 +45,15 @@ def test_data_parallel_engines_add_their_caches_and_average_their_use():
     assert room == Room(size_tokens=2 * 1638 * 128, used_fraction=0.5)
 
 
-@pytest.mark.parametrize("text", ["", "vllm:kv_cache_usage_perc 0.5\n", VLLM_TEXT.split("# HELP vllm:kv_cache")[0],
-                                  VLLM_TEXT.replace('num_gpu_blocks="1638"', 'num_gpu_blocks="None"')])  # fmt: skip
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "vllm:kv_cache_usage_perc 0.5\n",
+        VLLM_TEXT.split("# HELP vllm:kv_cache")[0],
+        VLLM_TEXT.replace('num_gpu_blocks="1638"', 'num_gpu_blocks="None"'),
+    ],
+)
 def test_a_worker_without_both_series_has_no_known_room(text):
     assert parse_room(text) is None
 
@@ -64,8 +71,17 @@ def test_a_prompt_larger_than_the_headroom_goes_alone():
 
 
 def room_keeper(chars_per_token: float = 3.0, queue_budget_s: float | None = None) -> KvRoom:
-    return KvRoom(None, WorkerPool.from_urls("prefill", ["http://p:1"], registry.make("round_robin")), 0.9, 1.0, 1.0, 1,
-                  metrics=None, chars_per_token=chars_per_token, queue_budget_s=queue_budget_s)  # fmt: skip
+    return KvRoom(
+        None,
+        WorkerPool.from_urls("prefill", ["http://p:1"], registry.make("round_robin")),
+        0.9,
+        1.0,
+        1.0,
+        1,
+        metrics=None,
+        chars_per_token=chars_per_token,
+        queue_budget_s=queue_budget_s,
+    )
 
 
 def test_until_a_workers_rate_is_known_it_takes_one_leg_at_a_time():
@@ -139,12 +155,17 @@ def test_the_characters_per_token_ratio_follows_the_replies():
     assert keeper.tokens_of({"prompt": "x" * 300}, None)[0] in (150, 151)
 
 
-@pytest.mark.parametrize("reply, tokens", [
-    ({"usage": {"prompt_tokens": 7, "completion_tokens": 1}}, 7),
-    ({"usage": {"input_tokens": 5, "output_tokens": 1}}, 5),  # Responses
-    ({"usage": {"input_tokens": 2, "cache_read_input_tokens": 4}}, 6),  # Messages
-    ({"usage": None}, None), ({}, None), ([], None),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "reply, tokens",
+    [
+        ({"usage": {"prompt_tokens": 7, "completion_tokens": 1}}, 7),
+        ({"usage": {"input_tokens": 5, "output_tokens": 1}}, 5),  # Responses
+        ({"usage": {"input_tokens": 2, "cache_read_input_tokens": 4}}, 6),  # Messages
+        ({"usage": None}, None),
+        ({}, None),
+        ([], None),
+    ],
+)
 def test_a_prefill_replys_prompt_tokens(reply, tokens):
     assert reply_prompt_tokens(reply) == tokens
 
@@ -153,8 +174,14 @@ BODY = {"model": "m", "prompt": "x" * 300, "max_tokens": 5}  # about 100 tokens
 
 
 def admission(**settings) -> dict:
-    return {"prefill_kv_admission": True, "prefill_kv_read_interval_s": 0.05, "prefill_policy": "round_robin",
-            "retry_after_s": 2, "prompt_chars_per_token": 3.0, **settings}  # fmt: skip
+    return {
+        "prefill_kv_admission": True,
+        "prefill_kv_read_interval_s": 0.05,
+        "prefill_policy": "round_robin",
+        "retry_after_s": 2,
+        "prompt_chars_per_token": 3.0,
+        **settings,
+    }
 
 
 def wait_for(condition, timeout_s: float = 10.0) -> bool:
@@ -203,8 +230,9 @@ def test_with_every_prefill_worker_full_a_request_waits_then_gets_503_with_retry
 def test_a_waiting_request_goes_once_a_reading_shows_room():
     with one_full_prefill_worker(queue_timeout_s=10) as (f, worker):
         result = {}
-        thread = threading.Thread(target=lambda: result.update(r=httpx.post(f.url + "/v1/completions", json=BODY,
-                                                                             timeout=20)))  # fmt: skip
+        thread = threading.Thread(
+            target=lambda: result.update(r=httpx.post(f.url + "/v1/completions", json=BODY, timeout=20))
+        )
         thread.start()
         assert wait_for(lambda: "pdspec_proxy_kv_room" in httpx.get(f.url + "/metrics").text)
         reads = worker.metrics_reads
@@ -220,9 +248,12 @@ def test_a_waiting_request_goes_once_a_reading_shows_room():
 def post_at_once(url: str, body: dict, count: int) -> list[int]:
     """`count` completions sent together (a thread each); their statuses, in the order they ended."""
     statuses: list[int] = []
-    threads = [threading.Thread(target=lambda: statuses.append(httpx.post(url + "/v1/completions", json=body,
-                                                                          timeout=60).status_code))
-               for _ in range(count)]  # fmt: skip
+    threads = [
+        threading.Thread(
+            target=lambda: statuses.append(httpx.post(url + "/v1/completions", json=body, timeout=60).status_code)
+        )
+        for _ in range(count)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -252,8 +283,15 @@ def queued_prefill_burst(**settings) -> tuple[list[int], str, StandinBehaviour]:
     time at 2,000 tokens a second (0.2 s each, 1.6 s for all), behind a proxy whose prefill
     legs time out after 1 s: the legs at the back of the worker's queue outlive their timeout
     unless the proxy holds them."""
-    fleet = Fleet(prefill=1, decode=1, prefill_timeout_s=1.0, queue_timeout_s=30, prefill_policy="round_robin",
-                  retry_after_s=2, **settings)  # fmt: skip
+    fleet = Fleet(
+        prefill=1,
+        decode=1,
+        prefill_timeout_s=1.0,
+        queue_timeout_s=30,
+        prefill_policy="round_robin",
+        retry_after_s=2,
+        **settings,
+    )
     (worker,) = fleet.prefills
     worker.prefill_tokens_per_s = 2000
     body = {"model": "m", "prompt": list(range(400)), "max_tokens": 5}
@@ -278,8 +316,11 @@ def test_with_admission_a_prefill_queue_waits_in_the_proxy_and_every_request_is_
     # Not one leg at a time: once the rate is known, about the budget's worth (0.5 s: 2-3
     # prompts) is queued at the worker.
     assert worker.most_prefills_queued >= 2, worker.most_prefills_queued
-    (rate,) = [float(line.split()[-1]) for line in metrics.splitlines()
-               if line.startswith("pdspec_proxy_prefill_rate_tokens_per_second{")]  # fmt: skip
+    (rate,) = [
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("pdspec_proxy_prefill_rate_tokens_per_second{")
+    ]
     assert 300 <= rate <= 2100, rate  # 2,000 a second, less the proxy's hops (a loaded CI machine: many)
 
 
@@ -346,8 +387,14 @@ async def test_a_waiter_whose_client_leaves_gives_up_its_place():
 def test_a_client_that_leaves_mid_prefill_leaves_nothing_queued_on_the_worker():
     """Through the proxy: after a request whose client left during its prefill, the proxy
     counts no prefill time queued there, and the next request goes at once."""
-    fleet = Fleet(prefill=1, decode=1, prefill_kv_admission=True, prefill_kv_read_interval_s=0.05,
-                  queue_timeout_s=30, prefill_policy="round_robin")  # fmt: skip
+    fleet = Fleet(
+        prefill=1,
+        decode=1,
+        prefill_kv_admission=True,
+        prefill_kv_read_interval_s=0.05,
+        queue_timeout_s=30,
+        prefill_policy="round_robin",
+    )
     (worker,) = fleet.prefills
     worker.prefill_tokens_per_s = 1000
     body = {"model": "m", "prompt": list(range(300)), "max_tokens": 5}
@@ -382,7 +429,8 @@ async def test_a_worker_no_longer_read_stops_showing_its_kv_room():
     keeper, url = room_keeper(), "http://p:1"
     keeper.metrics = ProxyMetrics.create()
     free = lambda: keeper.metrics.registry.get_sample_value(  # noqa: E731
-        "pdspec_proxy_prefill_kv_free_tokens", {"worker": url})
+        "pdspec_proxy_prefill_kv_free_tokens", {"worker": url}
+    )
     worker = keeper.pool.workers[0]
 
     async def read_one(_url):

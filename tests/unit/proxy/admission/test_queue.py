@@ -66,9 +66,14 @@ async def test_beyond_the_queue_is_429_at_once_with_retry_after():
     # As the endpoint sends it: the OpenAI error format, Retry-After and the request id.
     reply = Reply.error(exc, "rid-1")
     assert reply.status == 429 and reply.headers == {"Retry-After": "7", "X-Request-Id": "rid-1"}
-    assert json.loads(reply.body) == {"error": {"message": "Too many requests in flight; retry later.",
-                                                "type": "rate_limit_error", "param": None,
-                                                "code": "rate_limit_exceeded"}}  # fmt: skip
+    assert json.loads(reply.body) == {
+        "error": {
+            "message": "Too many requests in flight; retry later.",
+            "type": "rate_limit_error",
+            "param": None,
+            "code": "rate_limit_exceeded",
+        }
+    }
 
 
 async def test_the_queue_holds_max_queue_and_is_served_in_order():
@@ -175,8 +180,14 @@ def worker_url(behaviour):
 
 @asynccontextmanager
 async def proxy(worker_url: str, **settings):
-    app = create_app(ProxySettings(prefill_urls=[worker_url], decode_urls=[worker_url], gc_interval_s=0,
-                                   **{"max_inflight": 1, "max_queue": 0, **settings}))  # fmt: skip
+    app = create_app(
+        ProxySettings(
+            prefill_urls=[worker_url],
+            decode_urls=[worker_url],
+            gc_interval_s=0,
+            **{"max_inflight": 1, "max_queue": 0, **settings},
+        )
+    )
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=GUARD_S) as client:
@@ -191,8 +202,12 @@ async def test_a_client_beyond_the_limit_gets_429_and_no_leg_is_sent(worker_url,
         served = await client.post("/v1/completions", json=BODY)
     assert response.status_code == 429
     assert response.headers["retry-after"] == "2" and response.headers["x-request-id"] == "over"
-    assert response.json()["error"] == {"message": "Too many requests in flight; retry later.",
-                                        "type": "rate_limit_error", "param": None, "code": "rate_limit_exceeded"}
+    assert response.json()["error"] == {
+        "message": "Too many requests in flight; retry later.",
+        "type": "rate_limit_error",
+        "param": None,
+        "code": "rate_limit_exceeded",
+    }
     assert served.status_code == 200 and len(behaviour.received) == 2  # only the served one's legs
 
 

@@ -15,8 +15,10 @@ from proxy.errors import ProxyError
         ({"model": "m", "messages": "hi"}, "messages"),
         ({"model": "m", "messages": [{"content": "x"}]}, "messages"),
         ({"model": "m", "messages": [{"role": 7, "content": "x"}]}, "messages"),
-        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
-         "max_completion_tokens"),
+        (
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
+            "max_completion_tokens",
+        ),
     ],
 )
 def test_chat_field_errors_name_the_field(body, param):

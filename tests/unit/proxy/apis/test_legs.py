@@ -3,9 +3,16 @@ from proxy.apis.legs import PREFILL_KV_REQUEST, decode_body, prefill_body, relea
 
 def test_prefill_leg_asks_for_one_token_and_a_remote_decode():
     body = {
-        "model": "m", "prompt": "x", "max_tokens": 50, "stream": True,
-        "stream_options": {"include_usage": True}, "min_tokens": 5, "logprobs": 2, "n": 2, "seed": 7,
-    }  # fmt: skip
+        "model": "m",
+        "prompt": "x",
+        "max_tokens": 50,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "min_tokens": 5,
+        "logprobs": 2,
+        "n": 2,
+        "seed": 7,
+    }
     leg = prefill_body(body, chat=False)
     assert leg["max_tokens"] == 1
     assert leg["stream"] is False
@@ -27,8 +34,14 @@ def test_decode_leg_is_the_original_request_plus_kv_params():
 
 
 def test_release_leg_is_a_one_token_decode_with_the_prefills_kv_params():
-    body = {"model": "m", "messages": [], "max_completion_tokens": 9, "stream": True,
-            "stream_options": {"include_usage": True}, "n": 3}  # fmt: skip
+    body = {
+        "model": "m",
+        "messages": [],
+        "max_completion_tokens": 9,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "n": 3,
+    }
     params = {"remote_engine_id": "e", "remote_block_ids": [[1]]}
     leg = release_body(body, True, params)
     assert leg["max_tokens"] == leg["max_completion_tokens"] == 1 and leg["n"] == 1

@@ -15,7 +15,7 @@ from proxy.apis.messages import (
     patch_messages_body,
     prefill_body,
     release_body,
-)  # fmt: skip
+)
 from tests.proxy_cluster import Cluster
 from tests.standin import parse_events, prefill_legs
 
@@ -60,8 +60,11 @@ def test_streaming_relays_the_event_lines_and_patches_both_usages():
     assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
     assert all(kind == data["type"] for kind, data in events)
     assert events[0][1]["message"]["usage"]["cache_read_input_tokens"] == 24
-    assert events[-2][1]["usage"] == {"input_tokens": 16, "output_tokens": events[-2][1]["usage"]["output_tokens"],
-                                      "cache_read_input_tokens": 24}  # fmt: skip
+    assert events[-2][1]["usage"] == {
+        "input_tokens": 16,
+        "output_tokens": events[-2][1]["usage"]["output_tokens"],
+        "cache_read_input_tokens": 24,
+    }
     text = "".join(d["delta"]["text"] for kind, d in events if kind == "content_block_delta")
     assert "standin" in text
 
@@ -131,27 +134,50 @@ def test_a_broken_stream_ends_with_anthropics_error_event():
 def test_the_prefills_cache_creation_replaces_the_decode_workers():
     """The decode worker wrote none of the prompt it pulled to a cache (0); a colocated
     vLLM reports what it computed, as the prefill worker does."""
-    decoded = json.dumps({"usage": {"input_tokens": 130, "output_tokens": 2, "cache_read_input_tokens": 0,
-                                    "cache_creation_input_tokens": 0}}).encode()  # fmt: skip
-    prefill_reply = {"usage": {"input_tokens": 2, "output_tokens": 1, "cache_read_input_tokens": 0,
-                               "cache_creation_input_tokens": 128}}  # fmt: skip
+    decoded = json.dumps(
+        {
+            "usage": {
+                "input_tokens": 130,
+                "output_tokens": 2,
+                "cache_read_input_tokens": 0,
+                "cache_creation_input_tokens": 0,
+            }
+        }
+    ).encode()
+    prefill_reply = {
+        "usage": {
+            "input_tokens": 2,
+            "output_tokens": 1,
+            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": 128,
+        }
+    }
     cache = messages_cache_of(prefill_reply)
     assert cache == MessagesCache(read=0, created=128)
     assert json.loads(patch_messages_body(decoded, cache))["usage"] == {
-        "input_tokens": 2, "output_tokens": 2, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 128}
+        "input_tokens": 2,
+        "output_tokens": 2,
+        "cache_read_input_tokens": 0,
+        "cache_creation_input_tokens": 128,
+    }
     assert messages_cache_of({"usage": {"input_tokens": 3, "output_tokens": 1}}) is None
 
 
 def test_usage_patch_moves_input_tokens_by_the_difference():
     body = json.dumps({"usage": {"input_tokens": 40, "output_tokens": 2, "cache_read_input_tokens": 0}}).encode()
-    assert json.loads(patch_messages_body(body, 32))["usage"] == {"input_tokens": 8, "output_tokens": 2,
-                                                                  "cache_read_input_tokens": 32}  # fmt: skip
+    assert json.loads(patch_messages_body(body, 32))["usage"] == {
+        "input_tokens": 8,
+        "output_tokens": 2,
+        "cache_read_input_tokens": 32,
+    }
     no_details = json.dumps({"usage": {"input_tokens": 40, "output_tokens": 2}}).encode()
     assert patch_messages_body(no_details, 32) == no_details  # workers without prompt-token details
 
     async def one():
-        yield b'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":40,' \
-              b'"output_tokens":0,"cache_read_input_tokens":0}}}\n\n'  # fmt: skip
+        yield (
+            b'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":40,'
+            b'"output_tokens":0,"cache_read_input_tokens":0}}}\n\n'
+        )
 
     async def collect():
         return b"".join([chunk async for chunk in MessagesStream(10).relay(one())])

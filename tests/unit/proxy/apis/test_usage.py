@@ -4,7 +4,12 @@ import json
 
 from proxy.apis.usage import cached_tokens_of, patch_body, patch_stream
 
-USAGE = {"prompt_tokens": 40, "completion_tokens": 5, "total_tokens": 45, "prompt_tokens_details": {"cached_tokens": 32}}
+USAGE = {
+    "prompt_tokens": 40,
+    "completion_tokens": 5,
+    "total_tokens": 45,
+    "prompt_tokens_details": {"cached_tokens": 32},
+}
 
 
 def test_prefill_reply_gives_its_cached_tokens():

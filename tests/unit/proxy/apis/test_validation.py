@@ -88,8 +88,10 @@ DECODE_ONLY_REFUSALS = [
 ]
 
 ACCEPTED_BY_VLLM = [
-    ({**C, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
-     CompletionRequest),
+    (
+        {**C, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+        CompletionRequest,
+    ),
     ({**C, "stream_options": {}}, CompletionRequest),  # empty: vLLM lets it pass too
     ({**C, "stream_options": None}, CompletionRequest),
     ({**C, "seed": -(2**63), "min_tokens": 3, "max_tokens": 3}, CompletionRequest),

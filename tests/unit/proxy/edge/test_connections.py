@@ -15,8 +15,9 @@ from proxy.app import create_app
 from proxy.edge.connections import ClientLimits, limited_protocol
 from tests.standin import StandinBehaviour, ThreadServer, create_standin
 
-LIMITS = ClientLimits(max_header_bytes=16 * 1024, head_timeout_s=1.0, body_timeout_s=1.0, idle_timeout_s=1.0,
-                      max_connections=8)  # fmt: skip
+LIMITS = ClientLimits(
+    max_header_bytes=16 * 1024, head_timeout_s=1.0, body_timeout_s=1.0, idle_timeout_s=1.0, max_connections=8
+)
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 5}
 
 
@@ -101,8 +102,10 @@ def test_a_head_sent_a_byte_at_a_time_times_out_with_408(proxy):
 
 def test_a_body_never_finished_times_out_with_408(proxy):
     sock = connect(proxy)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
-                 b"content-length: 1000\r\n\r\n{\"model\": ")  # fmt: skip
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+        b'content-length: 1000\r\n\r\n{"model": '
+    )
     status, body = read_reply(sock)
     assert status == 408 and "body" in body["error"]["message"]
     assert refusals(proxy)["body_timeout"] == 1
@@ -114,13 +117,17 @@ def test_an_idle_connection_is_closed(proxy):
     assert closed_within(silent, 5)
     kept_alive = connect(proxy)
     payload = json.dumps(BODY).encode()
-    kept_alive.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
-                       b"content-length: %d\r\n\r\n%s" % (len(payload), payload))  # fmt: skip
+    kept_alive.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
+    )
     reply = b""
     while b"\r\n\r\n" not in reply:
         reply += kept_alive.recv(65536)
     head, _, body = reply.partition(b"\r\n\r\n")
-    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    length = int(
+        next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    )
     while len(body) < length:
         body += kept_alive.recv(65536)
     assert head.startswith(b"HTTP/1.1 200")
@@ -158,8 +165,11 @@ def test_a_head_over_the_limit_that_arrives_whole_is_431(proxy, kilobytes):
     it, so a head that came in one chunk was never refused (70 KB against 64 KiB: 200)."""
     payload = json.dumps(BODY).encode()
     sock = connect(proxy)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\nX-Big: "
-                 + b"a" * (kilobytes * 1024) + b"\r\ncontent-length: %d\r\n\r\n%s" % (len(payload), payload))
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\nX-Big: "
+        + b"a" * (kilobytes * 1024)
+        + b"\r\ncontent-length: %d\r\n\r\n%s" % (len(payload), payload)
+    )
     status, body = read_reply(sock)
     assert status == 431 and body["error"]["type"]
     assert refusals(proxy)["header_too_large"] == 1
@@ -171,8 +181,10 @@ def test_a_big_body_after_a_head_within_the_limit_is_not_counted_as_head(proxy):
     chunks, are not the head's."""
     prompt = "hello " * 8000  # 48 KB of body, more than the 16 KiB head limit
     payload = json.dumps({**BODY, "prompt": prompt}).encode()
-    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n" \
-           b"content-length: %d\r\n\r\n" % len(payload)  # fmt: skip
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % len(payload)
+    )
     sock = connect(proxy)
     sock.sendall(head[:-2])
     time.sleep(0.2)  # a chunk boundary inside the blank line (the client's own pace)
@@ -186,9 +198,14 @@ def test_a_big_body_after_a_head_within_the_limit_is_not_counted_as_head(proxy):
 
 @pytest.mark.parametrize(
     "tail, data, expected",
-    [(b"", b"GET / HTTP/1.1\r\n\r\nbody", 18), (b"", b"partial", 7), (b"\r\n\r", b"\nbody", 1), (b"x\r\n", b"\r\nbody", 2),
-     (b"", b"\r\n\r\n", 4)],
-)  # fmt: skip
+    [
+        (b"", b"GET / HTTP/1.1\r\n\r\nbody", 18),
+        (b"", b"partial", 7),
+        (b"\r\n\r", b"\nbody", 1),
+        (b"x\r\n", b"\r\nbody", 2),
+        (b"", b"\r\n\r\n", 4),
+    ],
+)
 def test_head_part_counts_up_to_the_blank_line(tail, data, expected):
     from proxy.edge.connections import head_part
 

@@ -14,8 +14,9 @@ from tests.standin import StandinBehaviour, ThreadServer, create_standin
 def fleet():
     prefill, decode = StandinBehaviour(), StandinBehaviour()
     with ThreadServer(create_standin(prefill)) as p, ThreadServer(create_standin(decode)) as d:
-        settings = ProxySettings(prefill_urls=[p.url], decode_urls=[d.url], api_keys=["k"], worker_api_key="w",
-                                 health_interval_s=0.05)  # fmt: skip
+        settings = ProxySettings(
+            prefill_urls=[p.url], decode_urls=[d.url], api_keys=["k"], worker_api_key="w", health_interval_s=0.05
+        )
         with ThreadServer(create_app(settings)) as proxy:
             yield proxy.url, prefill, decode
 
@@ -59,8 +60,12 @@ def test_unknown_paths_and_methods_answer_in_openai_format(fleet):
     url, _, _ = fleet
     missing = httpx.post(url + "/v1/embeddings", json={}, headers=KEY)
     assert missing.status_code == 404
-    assert missing.json()["error"] == {"message": "No route /v1/embeddings.", "type": "not_found_error",
-                                       "param": None, "code": "not_found"}  # fmt: skip
+    assert missing.json()["error"] == {
+        "message": "No route /v1/embeddings.",
+        "type": "not_found_error",
+        "param": None,
+        "code": "not_found",
+    }
     wrong = httpx.get(url + "/tokenize", headers=KEY)
     assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
     assert wrong.json()["error"]["type"] == "invalid_request_error"
@@ -76,8 +81,12 @@ def test_the_workers_scale_out_endpoints_are_not_served(fleet, path):
     for method in ("POST", "GET", "DELETE"):
         response = httpx.request(method, url + path, json={"model": "m", "input": "hi"}, headers=KEY)
         assert response.status_code == 404, (method, response.text)
-        assert response.json()["error"] == {"message": f"No route {path}.", "type": "not_found_error",
-                                            "param": None, "code": "not_found"}  # fmt: skip
+        assert response.json()["error"] == {
+            "message": f"No route {path}.",
+            "type": "not_found_error",
+            "param": None,
+            "code": "not_found",
+        }
     assert prefill.rendered == decode.rendered == [] and prefill.received == decode.received == []
 
 

@@ -35,7 +35,9 @@ class Client:
 
 
 def checked_pool():
-    pool = WorkerPool.from_urls("prefill", ["http://10.0.0.1:8100", "http://10.0.0.2:8100"], registry.make("round_robin"))
+    pool = WorkerPool.from_urls(
+        "prefill", ["http://10.0.0.1:8100", "http://10.0.0.2:8100"], registry.make("round_robin")
+    )
     for worker in pool.workers:
         worker.healthy = worker.seen_healthy = True
         worker.info_read_at = float("inf")  # no /metrics read due: /health only
@@ -45,8 +47,9 @@ def checked_pool():
 async def test_a_probe_that_raises_unexpectedly_fails_that_worker_only():
     pool = checked_pool()
     broken, fine = pool.workers
-    checker = HealthChecker(Client(broken=[broken.url]), [pool], interval_s=1, timeout_s=1, eject_after=2,
-                            readmit_after=2)  # fmt: skip
+    checker = HealthChecker(
+        Client(broken=[broken.url]), [pool], interval_s=1, timeout_s=1, eject_after=2, readmit_after=2
+    )
     assert await checker.probe(broken) is False
     assert await checker.probe(fine) is True
     for _ in range(2):
@@ -61,8 +64,14 @@ async def test_reading_one_workers_info_that_raises_fails_that_worker_only():
     broken, fine = pool.workers
     for worker in pool.workers:
         worker.info_read_at = None
-    checker = HealthChecker(Client(broken=[broken.url], broken_path="/metrics"), [pool], interval_s=1, timeout_s=1,
-                            eject_after=1, readmit_after=1)  # fmt: skip
+    checker = HealthChecker(
+        Client(broken=[broken.url], broken_path="/metrics"),
+        [pool],
+        interval_s=1,
+        timeout_s=1,
+        eject_after=1,
+        readmit_after=1,
+    )
     await checker.check_all()
     assert not broken.healthy and fine.healthy and fine.info_read_at is not None
 

@@ -174,8 +174,10 @@ async def test_a_failed_lookup_leaves_its_pool_as_it_was_and_others_still_follow
     worker would come back as new, unadmitted until its next health check)."""
     dns.names.update({"prefill.invalid": ["10.0.0.1", "10.0.0.2"], "decode.invalid": ["10.0.1.1"]})
     prefill, decode = WorkerPool.from_urls("prefill", []), WorkerPool.from_urls("decode", [])
-    m = Membership({prefill: ["http://10.0.0.7:8100", "dns://prefill.invalid:8100"],
-                    decode: ["dns://decode.invalid:8200"]}, refresh_s=10)  # fmt: skip
+    m = Membership(
+        {prefill: ["http://10.0.0.7:8100", "dns://prefill.invalid:8100"], decode: ["dns://decode.invalid:8200"]},
+        refresh_s=10,
+    )
     await m.refresh()
     kept = list(prefill.workers)
     dns.names.update({"prefill.invalid": socket.EAI_AGAIN, "decode.invalid": ["10.0.1.1", "10.0.1.2"]})

@@ -14,8 +14,17 @@ from proxy.fleet.pairing import EXPECTED, Pairing
 from proxy.fleet.pool import WorkerPool
 from tests.standin import StandinBehaviour, ThreadServer, create_standin
 
-A = {"role": "x", "model": "/m/t", "drafter": "/m/eagle3", "method": "eagle3", "num_speculative_tokens": "3",
-     "block_size": "128", "kv_connector": "pull", "vllm_version": "0.32.0", "drafts_policy": "auto"}  # fmt: skip
+A = {
+    "role": "x",
+    "model": "/m/t",
+    "drafter": "/m/eagle3",
+    "method": "eagle3",
+    "num_speculative_tokens": "3",
+    "block_size": "128",
+    "kv_connector": "pull",
+    "vllm_version": "0.32.0",
+    "drafts_policy": "auto",
+}
 
 
 def config(**changes) -> dict:
@@ -51,8 +60,10 @@ def test_matching_pair_is_admitted_and_k_and_policy_may_differ():
     assert admitted(ps) == {"prefill": [True], "decode": [True]}
 
 
-@pytest.mark.parametrize("field, value", [("model", "/m/other"), ("drafter", ""), ("method", "none"),
-                                          ("block_size", "64"), ("kv_connector", "push")])  # fmt: skip
+@pytest.mark.parametrize(
+    "field, value",
+    [("model", "/m/other"), ("drafter", ""), ("method", "none"), ("block_size", "64"), ("kv_connector", "push")],
+)
 def test_a_decode_worker_that_differs_is_refused_and_named(field, value, caplog):
     ps = pools([{}], [{}, {field: value}])
     counted = Counted()
@@ -63,9 +74,11 @@ def test_a_decode_worker_that_differs_is_refused_and_named(field, value, caplog)
     assert admitted(ps) == {"prefill": [True], "decode": [True, False]}
     refused = ps[1].workers[1]
     assert refused.refusal == {
-        "pool": "decode", "worker": "http://decode-1:8000", "against": "prefill worker http://prefill-0:8000",
+        "pool": "decode",
+        "worker": "http://decode-1:8000",
+        "against": "prefill worker http://prefill-0:8000",
         "fields": {field: {"worker": value, "reference": A[field]}},
-    }  # fmt: skip
+    }
     assert counted.calls == [("decode", field)]
     (line,) = [r.getMessage() for r in caplog.records]
     assert "http://decode-1:8000" in line and "http://prefill-0:8000" in line and field in line
@@ -170,8 +183,11 @@ class Cluster:
     def __enter__(self):
         self.servers = [ThreadServer(create_standin(b)).__enter__() for b in self.behaviours]
         urls = [s.url for s in self.servers]
-        settings = ProxySettings(prefill_urls=urls[: self.n_prefill], decode_urls=urls[self.n_prefill :],
-                                 **{"health_interval_s": 0.05, **self.settings})  # fmt: skip
+        settings = ProxySettings(
+            prefill_urls=urls[: self.n_prefill],
+            decode_urls=urls[self.n_prefill :],
+            **{"health_interval_s": 0.05, **self.settings},
+        )
         self.proxy = ThreadServer(create_app(settings)).__enter__()
         self.url = self.proxy.url
         return self
@@ -206,18 +222,26 @@ def test_mismatched_decode_worker_is_refused_and_ready_says_why():
     with Cluster([info("prefill")], [info("decode", block_size="64", drafter="/m/other")]) as c:
         response = c.ready()
         completion = httpx.post(c.url + "/v1/completions", json=BODY)
-        refusals = {f: c.metric("pdspec_proxy_pairing_refusals_total", pool="decode", field=f)
-                    for f in ("block_size", "drafter")}  # fmt: skip
+        refusals = {
+            f: c.metric("pdspec_proxy_pairing_refusals_total", pool="decode", field=f)
+            for f in ("block_size", "drafter")
+        }
         refused_gauge = c.metric("pdspec_proxy_refused_workers", pool="decode")
         prefill_url, decode_url = c.servers[0].url, c.servers[1].url
     assert response.status_code == 503
     body = response.json()
     assert body["healthy_workers"] == {"prefill": 1, "decode": 0}
-    assert body["pairing"]["refused"] == [{
-        "pool": "decode", "worker": decode_url, "against": f"prefill worker {prefill_url}",
-        "fields": {"drafter": {"worker": "/m/other", "reference": "/m/eagle3"},
-                   "block_size": {"worker": "64", "reference": "128"}},
-    }]  # fmt: skip
+    assert body["pairing"]["refused"] == [
+        {
+            "pool": "decode",
+            "worker": decode_url,
+            "against": f"prefill worker {prefill_url}",
+            "fields": {
+                "drafter": {"worker": "/m/other", "reference": "/m/eagle3"},
+                "block_size": {"worker": "64", "reference": "128"},
+            },
+        }
+    ]
     assert decode_url in body["reason"] and prefill_url in body["reason"] and "block_size" in body["reason"]
     assert body["pairing"]["reference"]["block_size"] == "128"
     assert completion.status_code == 503
@@ -227,8 +251,9 @@ def test_mismatched_decode_worker_is_refused_and_ready_says_why():
 
 
 def test_requests_avoid_the_refused_one_of_two_decode_workers():
-    with Cluster([info("prefill")], [info("decode"), info("decode", method="dflash")],
-                 decode_policy="round_robin") as c:  # fmt: skip
+    with Cluster(
+        [info("prefill")], [info("decode"), info("decode", method="dflash")], decode_policy="round_robin"
+    ) as c:
         body = c.wait_ready(200)
         statuses = [httpx.post(c.url + "/v1/completions", json=BODY).status_code for _ in range(6)]
     assert statuses == [200] * 6
@@ -284,8 +309,7 @@ def test_plain_vllm_worker_is_admitted_or_refused_by_setting(setting, status):
     if setting == "admit":
         assert body["pairing"]["unverified"] == [{"pool": "decode", "worker": c.servers[1].url}]
     else:
-        assert body["pairing"]["refused"][0]["fields"] == {"worker_info": {"worker": "absent",
-                                                                           "reference": "required"}}
+        assert body["pairing"]["refused"][0]["fields"] == {"worker_info": {"worker": "absent", "reference": "required"}}
 
 
 def test_unreadable_metrics_keep_a_new_worker_out_until_read():

@@ -14,10 +14,19 @@ from pdspec.worker import worker_info
 from proxy.fleet.worker_info import PAIRING_FIELDS, parse_worker_info
 
 LABELS = {
-    "role": "prefill", "model": "/m/target", "drafter": "/m/eagle3", "method": "eagle3",
-    "num_speculative_tokens": "3", "block_size": "128", "kv_connector": "pull", "vllm_version": "0.32.0",
-    "drafts_policy": "auto", "kv_events_endpoint": "tcp://*:5650", "kv_events_replay_endpoint": "tcp://*:5651", "kv_events_topic": "kv",
-}  # fmt: skip
+    "role": "prefill",
+    "model": "/m/target",
+    "drafter": "/m/eagle3",
+    "method": "eagle3",
+    "num_speculative_tokens": "3",
+    "block_size": "128",
+    "kv_connector": "pull",
+    "vllm_version": "0.32.0",
+    "drafts_policy": "auto",
+    "kv_events_endpoint": "tcp://*:5650",
+    "kv_events_replay_endpoint": "tcp://*:5651",
+    "kv_events_topic": "kv",
+}
 
 
 def exposition(directory) -> str:
@@ -62,8 +71,11 @@ def test_engine_side_follows_the_policy_it_applies(tmp_path, monkeypatch):
     info = worker_info.WorkerInfo.start(config, "decode", "auto")
     (series,) = info_series(exposition(tmp_path))
     assert (series["role"], series["block_size"], series["drafter"], series["drafts_policy"]) == (
-        "decode", "64", "/m/eagle3", "auto",
-    )  # fmt: skip
+        "decode",
+        "64",
+        "/m/eagle3",
+        "auto",
+    )
     info.policy_changed("always")
     assert [s["drafts_policy"] for s in info_series(exposition(tmp_path))] == ["always"]
 
@@ -102,8 +114,10 @@ def test_kv_event_labels_follow_the_engine_config():
 
     config = KVEventsConfig(**kv_events_config(PrefillWorkerSettings()))
     assert worker_info.kv_events_labels(config) == {
-        "kv_events_endpoint": "tcp://*:5650", "kv_events_replay_endpoint": "tcp://*:5651", "kv_events_topic": "kv",
-    }  # fmt: skip
+        "kv_events_endpoint": "tcp://*:5650",
+        "kv_events_replay_endpoint": "tcp://*:5651",
+        "kv_events_topic": "kv",
+    }
     assert set(worker_info.kv_events_labels(KVEventsConfig()).values()) == {""}  # events off
 
 
@@ -113,10 +127,22 @@ def test_pdspec_drafts_rewrites_a_running_workers_info(tmp_path):
     prepare_run_dir("prefill", tmp_path)
     worker_info.publish(prometheus_dir(tmp_path, "prefill"), LABELS)
     subprocess.run(
-        [sys.executable, "-m", "pdspec.cli", "drafts", "--role", "prefill", "--policy", "always",
-         "--run_dir", str(tmp_path)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pdspec.cli",
+            "drafts",
+            "--role",
+            "prefill",
+            "--policy",
+            "always",
+            "--run_dir",
+            str(tmp_path),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert worker_info.read(prometheus_dir(tmp_path, "prefill"))["drafts_policy"] == "always"
 
 
@@ -171,9 +197,10 @@ def test_ready_shows_a_prefill_worker_with_a_feature_off():
     from proxy.app import create_app
     from tests.standin import StandinBehaviour, ThreadServer, create_standin
 
-    prefill = StandinBehaviour(worker_info={"role": "prefill", "model": "m", "drafter": "d", "method": "eagle3",
-                                            "block_size": "16"},
-                               features_off={"kv_only_pass": "the KV connector works layer by layer"})  # fmt: skip
+    prefill = StandinBehaviour(
+        worker_info={"role": "prefill", "model": "m", "drafter": "d", "method": "eagle3", "block_size": "16"},
+        features_off={"kv_only_pass": "the KV connector works layer by layer"},
+    )
     decode = StandinBehaviour(worker_info={**prefill.worker_info, "role": "decode"})
     with ThreadServer(create_standin(prefill)) as p, ThreadServer(create_standin(decode)) as d:
         settings = ProxySettings(prefill_urls=[p.url], decode_urls=[d.url])
@@ -181,5 +208,10 @@ def test_ready_shows_a_prefill_worker_with_a_feature_off():
             body = httpx.get(proxy.url + "/ready").json()
     assert body["ready"] is True  # slower, not wrong: still ready
     assert body["engine_features_off"] == [
-        {"pool": "prefill", "worker": p.url, "feature": "kv_only_pass", "reason": "the KV connector works layer by layer"}
+        {
+            "pool": "prefill",
+            "worker": p.url,
+            "feature": "kv_only_pass",
+            "reason": "the KV connector works layer by layer",
+        }
     ]

@@ -23,8 +23,9 @@ def test_retry_moves_the_prefill_to_another_worker():
         metrics = httpx.get(c.url + "/metrics").text
     assert statuses == [200] * 4
     assert prefill_legs(c.p2) == 4
-    ok, retried_ok = (sample(metrics, f'pdspec_proxy_prefill_outcomes_total{{outcome="{o}"}}')
-                      for o in ("ok", "retried_ok"))  # fmt: skip
+    ok, retried_ok = (
+        sample(metrics, f'pdspec_proxy_prefill_outcomes_total{{outcome="{o}"}}') for o in ("ok", "retried_ok")
+    )
     assert retried_ok >= 1 and ok + retried_ok == 4, (ok, retried_ok)
 
 

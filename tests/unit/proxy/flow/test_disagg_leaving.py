@@ -108,8 +108,11 @@ def test_a_decode_retry_after_a_handed_over_attempt_prefills_again():
         metrics = httpx.get(f.url + "/metrics").text
     refused = decode_legs(failing)[0]  # its first decode leg is the one it refused
     assert f.prefills[0].prefills == 3  # two requests, one prefilled again
-    retried = [b for b in decode_legs(serving) if b["kv_transfer_params"]["remote_request_id"]
-               == refused["kv_transfer_params"]["remote_request_id"]]  # fmt: skip
+    retried = [
+        b
+        for b in decode_legs(serving)
+        if b["kv_transfer_params"]["remote_request_id"] == refused["kv_transfer_params"]["remote_request_id"]
+    ]
     assert len(retried) == 1 and retried[0]["kv_transfer_params"] != refused["kv_transfer_params"]
     assert_one_read(decode_legs(failing) + decode_legs(serving))
     assert sample(metrics, 'pdspec_proxy_kv_reprefills_total{reason="http_5xx"}') == 1.0
@@ -118,8 +121,9 @@ def test_a_decode_retry_after_a_handed_over_attempt_prefills_again():
 
 def test_a_decode_retry_after_an_unreachable_worker_keeps_the_kv():
     """Nothing reached the first decode worker, so the KV is still unread: one prefill."""
-    with Fleet(prefill=1, decode=2, decode_policy="round_robin", decode_retries=1, retry_backoff_s=0.01,
-               health_interval_s=60) as f:  # fmt: skip
+    with Fleet(
+        prefill=1, decode=2, decode_policy="round_robin", decode_retries=1, retry_backoff_s=0.01, health_interval_s=60
+    ) as f:
         f.servers[1].__exit__(None, None, None)  # the first decode worker is gone
         for _ in range(2):  # round robin: one of the two requests tries the gone worker first
             assert httpx.post(f.url + "/v1/completions", json=BODY).status_code == 200
@@ -207,4 +211,3 @@ def test_worker_inflight_is_exported():
         after = httpx.get(c.url + "/metrics").text
     decode = f'pdspec_proxy_worker_inflight{{pool="decode",worker="{c.servers[2].url}"}}'
     assert f"{decode} 1.0" in during and f"{decode} 0.0" in after
-

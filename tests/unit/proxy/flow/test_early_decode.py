@@ -18,9 +18,20 @@ from tests.proxy_cluster import Cluster, Fleet, outstanding, queued_prefill_s, s
 from tests.standin import decode_legs
 
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 5}
-PUSHED = {"remote_engine_id": "e1", "remote_host": "10.0.0.1", "remote_port": 5600, "tp_size": 1, "pp_size": 1,
-          "dcp_size": 1, "transfer_mode": "push", "remote_block_ids": [[3, 4]], "remote_request_id": "cmpl-a-0-1f2e3d4c",
-          "remote_num_tokens": 20, "do_remote_prefill": True, "do_remote_decode": False}  # fmt: skip
+PUSHED = {
+    "remote_engine_id": "e1",
+    "remote_host": "10.0.0.1",
+    "remote_port": 5600,
+    "tp_size": 1,
+    "pp_size": 1,
+    "dcp_size": 1,
+    "transfer_mode": "push",
+    "remote_block_ids": [[3, 4]],
+    "remote_request_id": "cmpl-a-0-1f2e3d4c",
+    "remote_num_tokens": 20,
+    "do_remote_prefill": True,
+    "do_remote_decode": False,
+}
 
 
 def wait_for(condition, timeout_s: float = 10.0) -> bool:
@@ -33,8 +44,11 @@ def decode_params(behaviour) -> list[dict]:
 
 
 def prefill_ids(behaviour) -> list[str]:
-    return [h.get("x-request-id") for b, h in zip(behaviour.received, behaviour.headers, strict=True)
-            if (b.get("kv_transfer_params") or {}).get("do_remote_decode")]  # fmt: skip
+    return [
+        h.get("x-request-id")
+        for b, h in zip(behaviour.received, behaviour.headers, strict=True)
+        if (b.get("kv_transfer_params") or {}).get("do_remote_decode")
+    ]
 
 
 def outcomes(url: str) -> dict[str, float]:
@@ -48,8 +62,15 @@ def outcomes(url: str) -> dict[str, float]:
 
 def test_the_source_of_a_pushed_kv_is_what_every_reply_of_that_engine_shares():
     source = kv_source(PUSHED)
-    assert source == {"remote_engine_id": "e1", "remote_host": "10.0.0.1", "remote_port": 5600, "tp_size": 1,
-                      "pp_size": 1, "dcp_size": 1, "transfer_mode": "push"}  # fmt: skip
+    assert source == {
+        "remote_engine_id": "e1",
+        "remote_host": "10.0.0.1",
+        "remote_port": 5600,
+        "tp_size": 1,
+        "pp_size": 1,
+        "dcp_size": 1,
+        "transfer_mode": "push",
+    }
     assert kv_source({**PUSHED, "transfer_mode": "pull"}) is None
     assert kv_source({k: v for k, v in PUSHED.items() if k != "transfer_mode"}) is None  # vLLM before push
 
@@ -134,7 +155,11 @@ def test_a_prefill_worker_answering_as_another_engine_gets_the_usual_decode_leg(
         counts = outcomes(f.url)
     legs = decode_params(decode)
     assert [(p["remote_engine_id"], p["remote_block_ids"]) for p in legs] == [
-        ("standin", [[1]]), ("standin", []), ("restarted", [[2]]), ("restarted", [])]
+        ("standin", [[1]]),
+        ("standin", []),
+        ("restarted", [[2]]),
+        ("restarted", []),
+    ]
     assert counts["stale_source"] == 1 and counts["used"] == 1
 
 
@@ -227,8 +252,12 @@ def test_a_prefill_that_ends_after_its_client_left_is_released_when_the_early_le
         prefill.delay_s = 1.0
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f.url + "/v1/completions", json=BODY, timeout=0.3)
-        assert wait_for(lambda: 'pdspec_proxy_kv_releases_total{outcome="ok",reason="client_gone"} 1.0'
-                        in httpx.get(f.url + "/metrics").text)  # fmt: skip
+        assert wait_for(
+            lambda: (
+                'pdspec_proxy_kv_releases_total{outcome="ok",reason="client_gone"} 1.0'
+                in httpx.get(f.url + "/metrics").text
+            )
+        )
     released = decode_params(decode)[-1]
     assert released["remote_block_ids"] == [[2]]  # the release leg carries the ended prefill's KV
 

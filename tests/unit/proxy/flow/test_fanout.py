@@ -68,8 +68,12 @@ def test_the_largest_seed_with_n_stays_in_range():
 
 def test_usage_counts_each_prompt_once_and_sums_the_completions():
     def usage(prompt, completion, cached):
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
 
     # two prompts (5 and 7 tokens) x n=2
     merged = merge_usage([usage(5, 3, 0), usage(5, 4, 5), usage(7, 2, 0), usage(7, 1, 7)], n=2)
@@ -120,8 +124,11 @@ async def test_continuous_usage_stays_on_every_chunk(continuous):
         yield b"data: [DONE]\n\n"
 
     replies = [Reply(200, stream=events(i)) for i in range(2)]
-    chunks = [json.loads(event[6:]) async for event in merge_streams(replies, True, 2, continuous)
-              if event != b"data: [DONE]\n\n"]  # fmt: skip
+    chunks = [
+        json.loads(event[6:])
+        async for event in merge_streams(replies, True, 2, continuous)
+        if event != b"data: [DONE]\n\n"
+    ]
     with_choices = [c for c in chunks if c["choices"]]
     assert len(with_choices) == 4
     if continuous:

@@ -30,13 +30,21 @@ def vllm_events(draw):
     if kind == "removed":
         return BlockRemoved(block_hashes=block_hashes, medium=draw(st.sampled_from(["GPU", "CPU", None])))
     block_size = draw(st.sampled_from([1, 4, 16]))
-    tokens = draw(st.lists(st.integers(0, 200_000), min_size=len(block_hashes) * block_size,
-                           max_size=len(block_hashes) * block_size))  # fmt: skip
+    tokens = draw(
+        st.lists(
+            st.integers(0, 200_000), min_size=len(block_hashes) * block_size, max_size=len(block_hashes) * block_size
+        )
+    )
     return BlockStored(
-        block_hashes=block_hashes, parent_block_hash=draw(st.one_of(st.none(), hashes)), token_ids=tokens,
-        block_size=block_size, lora_id=None, medium="GPU", lora_name=draw(st.sampled_from([None, None, "adapter"])),
+        block_hashes=block_hashes,
+        parent_block_hash=draw(st.one_of(st.none(), hashes)),
+        token_ids=tokens,
+        block_size=block_size,
+        lora_id=None,
+        medium="GPU",
+        lora_name=draw(st.sampled_from([None, None, "adapter"])),
         group_idx=draw(st.sampled_from([None, 0, 1])),
-    )  # fmt: skip
+    )
 
 
 def expected(event):
@@ -45,8 +53,7 @@ def expected(event):
     if isinstance(event, BlockRemoved):
         return Removed(tuple(event.block_hashes))
     special = "lora" if event.lora_name else ("kv_cache_group" if event.group_idx not in (None, 0) else None)
-    return Stored(tuple(event.block_hashes), event.parent_block_hash, tuple(event.token_ids), event.block_size,
-                  special)  # fmt: skip
+    return Stored(tuple(event.block_hashes), event.parent_block_hash, tuple(event.token_ids), event.block_size, special)
 
 
 @settings(max_examples=300, derandomize=True, deadline=None)
@@ -70,15 +77,30 @@ def test_legacy_array_events_and_unknown_types():
     assert batch.malformed == 1  # the unknown type: skipped, counted
 
 
-@pytest.mark.parametrize("raw", [
-    {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": [1, 2, 3], "block_size": 2},
-    {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": ["a", "b"], "block_size": 2},
-    {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": [1], "block_size": 0},
-    {"type": "BlockRemoved"},
-    {"no": "type"},
-    "BlockStored",
-    [],
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {
+            "type": "BlockStored",
+            "block_hashes": [1],
+            "parent_block_hash": None,
+            "token_ids": [1, 2, 3],
+            "block_size": 2,
+        },
+        {
+            "type": "BlockStored",
+            "block_hashes": [1],
+            "parent_block_hash": None,
+            "token_ids": ["a", "b"],
+            "block_size": 2,
+        },
+        {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": [1], "block_size": 0},
+        {"type": "BlockRemoved"},
+        {"no": "type"},
+        "BlockStored",
+        [],
+    ],
+)
 def test_malformed_events_are_skipped_one_by_one(raw):
     good = {"type": "AllBlocksCleared"}
     batch = decode_payload(0, msgspec.msgpack.encode([0.0, [raw, good]]))
@@ -88,13 +110,16 @@ def test_malformed_events_are_skipped_one_by_one(raw):
             raise ValueError("unknown")
 
 
-@pytest.mark.parametrize("frames", [
-    [b"kv", b"\x00" * 8],
-    [b"kv", b"\x00" * 4, b""],
-    [b"kv", b"\x00" * 8, b"\xc1"],  # not msgpack
-    [b"kv", b"\x00" * 8, msgspec.msgpack.encode({"ts": 1})],
-    [b"kv", b"\x00" * 8, msgspec.msgpack.encode([1.0, 5])],
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [b"kv", b"\x00" * 8],
+        [b"kv", b"\x00" * 4, b""],
+        [b"kv", b"\x00" * 8, b"\xc1"],  # not msgpack
+        [b"kv", b"\x00" * 8, msgspec.msgpack.encode({"ts": 1})],
+        [b"kv", b"\x00" * 8, msgspec.msgpack.encode([1.0, 5])],
+    ],
+)
 def test_bad_messages(frames):
     with pytest.raises(BadMessage):
         decode_message(frames)
@@ -145,8 +170,10 @@ def test_a_new_publisher_is_noticed_even_while_syncing():
 
 
 def test_events_with_odd_hashes_are_malformed_not_fatal():
-    odd = [{"type": "BlockStored", "block_hashes": [[1]], "parent_block_hash": None, "token_ids": [1], "block_size": 1},
-           {"type": "BlockRemoved", "block_hashes": [-5]},
-           {"type": "BlockRemoved", "block_hashes": [7], "group_idx": 1}]  # fmt: skip
+    odd = [
+        {"type": "BlockStored", "block_hashes": [[1]], "parent_block_hash": None, "token_ids": [1], "block_size": 1},
+        {"type": "BlockRemoved", "block_hashes": [-5]},
+        {"type": "BlockRemoved", "block_hashes": [7], "group_idx": 1},
+    ]
     batch = decode_payload(0, msgspec.msgpack.encode([0.0, odd]))
     assert batch.malformed == 2 and batch.events == [Removed(())]

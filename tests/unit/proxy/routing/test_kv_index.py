@@ -69,7 +69,9 @@ def test_index_matches_a_model_of_the_caches(operations):
     index = KvIndex()
     for name, worker, a, b in operations:
         engine = engines[worker]
-        events = engine.store(BASES[a], b) if name == "store" else engine.remove(a) if name == "remove" else engine.clear()
+        events = (
+            engine.store(BASES[a], b) if name == "store" else engine.remove(a) if name == "remove" else engine.clear()
+        )
         index.apply(worker, events)
     for prompt in BASES:
         keys = block_keys(prompt, BS)

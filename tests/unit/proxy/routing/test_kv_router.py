@@ -16,10 +16,22 @@ from tests.harness import wait_for
 from tests.proxy_cluster import Fleet, sample
 from tests.standin import StandinBehaviour, decode_legs
 
-INFO = {"role": "x", "model": "/m/t", "drafter": "/m/eagle3", "method": "eagle3", "num_speculative_tokens": "3",
-        "block_size": "4", "vllm_version": "0.32.0", "drafts_policy": "auto"}  # fmt: skip
-KV_AWARE = {"prefill_policy": "kv_aware", "decode_policy": "kv_aware", "kv_routed_ttl_s": 600,
-            "health_interval_s": 0.05}  # fmt: skip
+INFO = {
+    "role": "x",
+    "model": "/m/t",
+    "drafter": "/m/eagle3",
+    "method": "eagle3",
+    "num_speculative_tokens": "3",
+    "block_size": "4",
+    "vllm_version": "0.32.0",
+    "drafts_policy": "auto",
+}
+KV_AWARE = {
+    "prefill_policy": "kv_aware",
+    "decode_policy": "kv_aware",
+    "kv_routed_ttl_s": 600,
+    "health_interval_s": 0.05,
+}
 LONG = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n" * 3
 
 
@@ -146,8 +158,9 @@ def test_a_decode_leg_leases_its_prompt_tokens_while_it_streams():
     with Fleet(1, 1, INFO, **KV_AWARE) as fleet:
         fleet.decodes[0].stream_event_delay_s = 0.2
         decode = fleet.app.state.pools[1].workers[0]
-        with httpx.stream("POST", fleet.url + "/v1/completions",
-                          json={"model": "m", "prompt": LONG, "max_tokens": 3, "stream": True}) as response:
+        with httpx.stream(
+            "POST", fleet.url + "/v1/completions", json={"model": "m", "prompt": LONG, "max_tokens": 3, "stream": True}
+        ) as response:
             for _ in response.iter_lines():
                 seen.append(decode.pending_tokens)
         assert seen[0] == len(LONG.encode())  # the stand-ins' token ids are the prompt's bytes
@@ -155,8 +168,7 @@ def test_a_decode_leg_leases_its_prompt_tokens_while_it_streams():
 
 
 def test_conditional_disaggregation_prefills_on_the_decode_worker_that_holds_the_prompt():
-    settings = {**KV_AWARE, "disaggregation": "conditional", "local_prefill_max_tokens": 64,
-                "served_by_headers": True}  # fmt: skip
+    settings = {**KV_AWARE, "disaggregation": "conditional", "local_prefill_max_tokens": 64, "served_by_headers": True}
     with Fleet(1, 1, INFO, **settings) as fleet:
         first = complete(fleet, LONG)
         assert prefill_legs(fleet.prefills[0]) == 1
@@ -184,8 +196,9 @@ def publish_held(fleet: Fleet, worker_url: str, text: str) -> None:
     ids are its bytes, 4 to a block) stored, in one BlockStored."""
     tokens = list(text.encode())
     blocks = len(tokens) // 4
-    fleet.app.state.kv_router.index.apply(worker_url, [Stored(tuple(range(1, blocks + 1)), None,
-                                                                tuple(tokens[: blocks * 4]), 4)])  # fmt: skip
+    fleet.app.state.kv_router.index.apply(
+        worker_url, [Stored(tuple(range(1, blocks + 1)), None, tuple(tokens[: blocks * 4]), 4)]
+    )
 
 
 def test_a_prompt_without_token_ids_is_routed_by_load_and_served():
@@ -198,8 +211,9 @@ def test_a_prompt_without_token_ids_is_routed_by_load_and_served():
 
 def test_token_id_prompts_need_no_tokenize_call():
     with Fleet(1, 1, INFO, **KV_AWARE) as fleet:
-        response = httpx.post(fleet.url + "/v1/completions", json={"model": "m", "prompt": list(range(40)),
-                                                                   "max_tokens": 2})  # fmt: skip
+        response = httpx.post(
+            fleet.url + "/v1/completions", json={"model": "m", "prompt": list(range(40)), "max_tokens": 2}
+        )
         assert response.status_code == 200
         assert fleet.decodes[0].tokenized == []
 
@@ -224,8 +238,9 @@ def test_server_timing_says_where_a_request_spent_its_time_before_its_stream():
     with Fleet(1, 1, INFO, **KV_AWARE, served_by_headers=True) as fleet:
         fleet.decodes[0].tokenize_delay_s = 0.2
         fleet.prefills[0].delay_s = 0.6
-        with httpx.stream("POST", fleet.url + "/v1/completions",
-                          json={"model": "m", "prompt": LONG, "max_tokens": 3, "stream": True}) as response:
+        with httpx.stream(
+            "POST", fleet.url + "/v1/completions", json={"model": "m", "prompt": LONG, "max_tokens": 3, "stream": True}
+        ) as response:
             timing = server_timing(response)
             list(response.iter_lines())
         assert list(timing) == ["route", "prefill", "decode"]
@@ -308,8 +323,7 @@ def test_a_responses_request_goes_to_the_workers_holding_its_rendered_prefix(hol
         prefill, decode = fleet.servers[holder].url, fleet.servers[2 + holder].url
         held_render_prefix(fleet, prefill, INSTRUCTIONS)
         held_render_prefix(fleet, decode, INSTRUCTIONS)
-        response = respond(fleet, {"instructions": INSTRUCTIONS, "input": "Is it fast?", "stream": True,
-                                   "store": True})  # fmt: skip
+        response = respond(fleet, {"instructions": INSTRUCTIONS, "input": "Is it fast?", "stream": True, "store": True})
         assert response.headers["x-pdspec-prefill-worker"] == prefill
         assert response.headers["x-pdspec-decode-worker"] == decode
         assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="prefill",reason="cache_hit"}') == 1
@@ -342,9 +356,13 @@ def test_requests_sharing_a_messages_system_follow_one_another():
     """The body's affinity key leaves a Messages `system` out; the rendered ids' start
     (the plan's rendezvous key) and the routing notes keep a burst sharing one together."""
     with Fleet(2, 2, INFO, **KV_AWARE, served_by_headers=True) as fleet:
-        served = {(r.headers["x-pdspec-prefill-worker"], r.headers["x-pdspec-decode-worker"])
-                  for r in (message(fleet, {"system": INSTRUCTIONS, "messages": [{"role": "user", "content": q}]})
-                            for q in ("Is it fast?", "Rewrite it.", "What does it print?", "Explain it."))}  # fmt: skip
+        served = {
+            (r.headers["x-pdspec-prefill-worker"], r.headers["x-pdspec-decode-worker"])
+            for r in (
+                message(fleet, {"system": INSTRUCTIONS, "messages": [{"role": "user", "content": q}]})
+                for q in ("Is it fast?", "Rewrite it.", "What does it print?", "Explain it.")
+            )
+        }
         assert len(served) == 1
         assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="prefill",reason="cache_hit"}') == 3
 

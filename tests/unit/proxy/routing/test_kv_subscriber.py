@@ -18,8 +18,15 @@ BS = 4
 
 
 def stored(block_hash: int, tokens: list[int], parent: int | None = None) -> KVEventBatch:
-    event = BlockStored(block_hashes=[block_hash], parent_block_hash=parent, token_ids=tokens, block_size=BS,
-                        lora_id=None, medium="GPU", lora_name=None)  # fmt: skip
+    event = BlockStored(
+        block_hashes=[block_hash],
+        parent_block_hash=parent,
+        token_ids=tokens,
+        block_size=BS,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+    )
     return KVEventBatch(ts=time.time(), events=[event])
 
 
@@ -43,8 +50,9 @@ def publisher(ports) -> ZmqEventPublisher:
     while True:
         try:
             # "*": vLLM binds (with a host it would connect, as to a proxy of its own).
-            return ZmqEventPublisher(0, endpoint=f"tcp://*:{pub}",
-                                     replay_endpoint=f"tcp://127.0.0.1:{replay}", topic="kv")  # fmt: skip
+            return ZmqEventPublisher(
+                0, endpoint=f"tcp://*:{pub}", replay_endpoint=f"tcp://127.0.0.1:{replay}", topic="kv"
+            )
         except zmq.ZMQError:
             assert time.monotonic() < deadline
             time.sleep(0.05)
@@ -58,8 +66,9 @@ async def test_replay_then_live_then_a_restarted_publisher(ports):
     index = KvIndex()
     resets = []
     source = EventSource(f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}", "kv")
-    subscriber = Subscriber("w", source, lambda w, b: index.apply(w, b.events),
-                            lambda w: (resets.append(w), index.forget(w)))  # fmt: skip
+    subscriber = Subscriber(
+        "w", source, lambda w, b: index.apply(w, b.events), lambda w: (resets.append(w), index.forget(w))
+    )
     first = publisher(ports)
     first.publish(stored(1, [1, 1, 1, 1]))  # before anyone subscribed
     first.publish(stored(2, [2, 2, 2, 2], parent=1))
@@ -129,8 +138,10 @@ def test_event_source_from_worker_info():
     info = {"kv_events_endpoint": "tcp://*:5650", "kv_events_replay_endpoint": "tcp://*:5651", "kv_events_topic": "kv"}
     assert EventSource.from_info(info, "10.0.0.7") == EventSource("tcp://10.0.0.7:5650", "tcp://10.0.0.7:5651", "kv")
     assert EventSource.from_info(info, "fd00::1").endpoint == "tcp://[fd00::1]:5650"
-    assert EventSource.from_info({**info, "kv_events_endpoint": "tcp://10.1.1.1:6000"}, "h").endpoint == \
-        "tcp://10.1.1.1:6000"  # fmt: skip
+    assert (
+        EventSource.from_info({**info, "kv_events_endpoint": "tcp://10.1.1.1:6000"}, "h").endpoint
+        == "tcp://10.1.1.1:6000"
+    )
     assert EventSource.from_info({"kv_events_endpoint": ""}, "h") is None
     assert EventSource.from_info(None, "h") is None
 

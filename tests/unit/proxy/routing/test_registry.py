@@ -16,8 +16,9 @@ def test_every_policy_the_settings_accept_is_registered_under_its_name():
 
 
 def test_each_pool_gets_a_policy_of_its_own_with_its_weights():
-    settings = ProxySettings(prefill_policy="kv_aware", decode_policy="kv_aware", kv_aware_load_tokens=300,
-                             kv_aware_churn_weight=0.7)  # fmt: skip
+    settings = ProxySettings(
+        prefill_policy="kv_aware", decode_policy="kv_aware", kv_aware_load_tokens=300, kv_aware_churn_weight=0.7
+    )
     prefill, decode = registry.for_pool(settings, "prefill"), registry.for_pool(settings, "decode")
     assert isinstance(prefill, KvAware) and isinstance(decode, KvAware) and prefill is not decode
     assert (prefill.load_tokens, prefill.churn_weight) == (300, 0.7)

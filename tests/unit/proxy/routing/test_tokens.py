@@ -11,10 +11,19 @@ from proxy.routing.tokens import direct_token_ids, prompt_token_ids, rendered_to
 from proxy.upstream.client import UpstreamClient
 from tests.standin import StandinBehaviour, ThreadServer, create_standin
 
-RESPONSES = {"model": "m", "instructions": "Be brief.", "input": "Why is the sky blue?", "store": False,
-             "stream": False}  # fmt: skip
-MESSAGES = {"model": "m", "system": "Be brief.", "max_tokens": 8,
-            "messages": [{"role": "user", "content": "Why is the sky blue?"}]}  # fmt: skip
+RESPONSES = {
+    "model": "m",
+    "instructions": "Be brief.",
+    "input": "Why is the sky blue?",
+    "store": False,
+    "stream": False,
+}
+MESSAGES = {
+    "model": "m",
+    "system": "Be brief.",
+    "max_tokens": 8,
+    "messages": [{"role": "user", "content": "Why is the sky blue?"}],
+}
 
 
 @pytest.fixture()
@@ -43,10 +52,19 @@ def test_a_completions_prompt_of_ids_is_used_as_it_is():
 
 
 def test_tokenize_bodies_carry_what_changes_the_rendered_prompt():
-    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}],
-            "add_generation_prompt": False, "temperature": 0.5}  # fmt: skip
-    assert tokenize_body(chat, chat=True) == {"model": "m", "messages": chat["messages"], "tools": chat["tools"],
-                                              "add_generation_prompt": False}  # fmt: skip
+    chat = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function"}],
+        "add_generation_prompt": False,
+        "temperature": 0.5,
+    }
+    assert tokenize_body(chat, chat=True) == {
+        "model": "m",
+        "messages": chat["messages"],
+        "tools": chat["tools"],
+        "add_generation_prompt": False,
+    }
     assert tokenize_body({"model": "m", "prompt": ["one"]}, chat=False) == {"model": "m", "prompt": "one"}
     assert tokenize_body({"model": "m", "prompt": ["one", "two"]}, chat=False) is None
     assert tokenize_body({"model": "m"}, chat=True) is None
@@ -68,10 +86,13 @@ async def test_a_text_prompt_is_tokenized_by_the_worker(worker):
 # --- render ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path, body, parts", [
-    ("/v1/responses/render", RESPONSES, ("instructions", "input")),
-    ("/v1/messages/render", MESSAGES, ("system", "messages")),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "path, body, parts",
+    [
+        ("/v1/responses/render", RESPONSES, ("instructions", "input")),
+        ("/v1/messages/render", MESSAGES, ("system", "messages")),
+    ],
+)
 async def test_render_answers_the_prompts_ids(worker, path, body, parts):
     url, behaviour = worker
     ids = await render(url, path, body)
@@ -131,18 +152,21 @@ async def test_a_dead_worker_gives_no_ids():
     assert await render(f"http://127.0.0.1:{free_port()}", "/v1/responses/render", RESPONSES, 0.5) is None
 
 
-@pytest.mark.parametrize("reply", [
-    b"not json",
-    b"[1, 2, 3]",  # JSON, not an object
-    b"{}",  # no token_ids
-    b'{"token_ids": null}',
-    b'{"token_ids": "1 2 3"}',
-    b'{"token_ids": [1, "2", 3]}',
-    b'{"token_ids": [1, 2.0, 3]}',
-    b'{"token_ids": [1, true, 3]}',
-    b'{"token_ids": [[1, 2]]}',
-    b'{"tokens": [1, 2, 3]}',  # /tokenize's key, not render's
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"not json",
+        b"[1, 2, 3]",  # JSON, not an object
+        b"{}",  # no token_ids
+        b'{"token_ids": null}',
+        b'{"token_ids": "1 2 3"}',
+        b'{"token_ids": [1, "2", 3]}',
+        b'{"token_ids": [1, 2.0, 3]}',
+        b'{"token_ids": [1, true, 3]}',
+        b'{"token_ids": [[1, 2]]}',
+        b'{"tokens": [1, 2, 3]}',  # /tokenize's key, not render's
+    ],
+)
 async def test_an_odd_reply_gives_no_ids(worker, reply):
     url, behaviour = worker
     behaviour.render_reply = reply

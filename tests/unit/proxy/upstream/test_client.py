@@ -60,8 +60,10 @@ async def until(condition, timeout_s: float = 5.0) -> None:
 
 def ok(body: bytes, extra: bytes = b"") -> bytes:
     return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s" % (
-        len(body), extra, body,
-    )  # fmt: skip
+        len(body),
+        extra,
+        body,
+    )
 
 
 async def echo(head, body, writer):
@@ -267,11 +269,14 @@ async def test_slow_streaming_consumer_pauses_then_gets_everything_and_the_conne
         client.close()
 
 
-@pytest.mark.parametrize("interim", [
-    b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n",
-    b"HTTP/1.1 100 Continue\r\n\r\n",
-    b"HTTP/1.1 103 Early Hints\r\n\r\nHTTP/1.1 100 Continue\r\n\r\n",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "interim",
+    [
+        b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\n",
+        b"HTTP/1.1 103 Early Hints\r\n\r\nHTTP/1.1 100 Continue\r\n\r\n",
+    ],
+)
 async def test_interim_replies_are_not_the_reply(interim):
     """A 103 was taken for the final reply, and the real one went to the next request."""
     count = 0
@@ -384,8 +389,10 @@ async def test_oversized_head_is_refused_without_reading_it_all():
 
 async def test_many_header_lines_over_the_limit_are_refused():
     async def many(head, body, writer):
-        return b"HTTP/1.1 200 OK\r\n" + b"".join(b"x-h%d: %s\r\n" % (i, b"v" * 100) for i in range(200)) + (
-            b"content-length: 0\r\n\r\n"
+        return (
+            b"HTTP/1.1 200 OK\r\n"
+            + b"".join(b"x-h%d: %s\r\n" % (i, b"v" * 100) for i in range(200))
+            + (b"content-length: 0\r\n\r\n")
         )
 
     async with Server(many) as server:

@@ -46,8 +46,9 @@ NAMES = st.sampled_from(["Server", "date", "X-Request-Id", "content-type", "Link
 VALUES = st.sampled_from(["", "uvicorn", "a/b; q=1", "text/event-stream", "</s.css>; rel=preload", "x" * 40])
 HEADERS = st.lists(st.tuples(NAMES, VALUES), max_size=3)
 # "chunked" in each of its 128 letter cases.
-CHUNKED_CASES = st.integers(0, 127).map(lambda bits: "".join(
-    c.upper() if bits >> i & 1 else c for i, c in enumerate("chunked")))  # fmt: skip
+CHUNKED_CASES = st.integers(0, 127).map(
+    lambda bits: "".join(c.upper() if bits >> i & 1 else c for i, c in enumerate("chunked"))
+)
 
 
 @st.composite
@@ -113,12 +114,18 @@ def exchange(draw):
         wire += draw(st.binary(min_size=1, max_size=30))  # not HTTP at all
     else:
         wire += draw(final_response())
-    wire += draw(st.one_of(
-        st.just(b""), st.just(b""), st.just(b""), st.just(b""), st.just(b""),
-        st.binary(min_size=1, max_size=20),
-        st.sampled_from([b"\r\n", b"\n", b"\r\n\r\n"]),
-        final_response(),
-    ))  # fmt: skip
+    wire += draw(
+        st.one_of(
+            st.just(b""),
+            st.just(b""),
+            st.just(b""),
+            st.just(b""),
+            st.just(b""),
+            st.binary(min_size=1, max_size=20),
+            st.sampled_from([b"\r\n", b"\n", b"\r\n\r\n"]),
+            final_response(),
+        )
+    )
     if draw(st.integers(0, 2)) == 0:  # cut somewhere: a reset, an EOF or silence at every point
         wire = wire[: draw(st.integers(0, len(wire)))]
     cuts = sorted(set(draw(st.lists(st.integers(1, max(1, len(wire) - 1)), max_size=8)))) if len(wire) > 1 else []
@@ -176,9 +183,11 @@ def h11_outcome(chunks: list[bytes], ending: str) -> Outcome:
     if not done:
         return Outcome(error=True)
     reusable = (
-        ending == "open" and conn.our_state is h11.DONE and conn.their_state is h11.DONE
+        ending == "open"
+        and conn.our_state is h11.DONE
+        and conn.their_state is h11.DONE
         and conn.trailing_data == (b"", False)
-    )  # fmt: skip
+    )
     return Outcome(False, status, b"".join(body), reusable)
 
 
@@ -317,11 +326,17 @@ def test_client_agrees_with_h11(loop, tiny_high_water, case):
     assert got.same_as(expected), f"client {got} != h11 {expected}"
 
 
-@pytest.mark.parametrize("chunks", [
-    [b"HTTP/1.1 100 OK\r\n\r\n\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"],  # found by CI's run of the above
-    [b"HTTP/1.1 100 OK\r\n\r\n", b"\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"],  # the line in a segment of its own
-    [b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 100 OK\r\n\r\n\r\nHTTP/1.1 200 OK\r\n\r\n"],
-])
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [b"HTTP/1.1 100 OK\r\n\r\n\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"],  # found by CI's run of the above
+        [
+            b"HTTP/1.1 100 OK\r\n\r\n",
+            b"\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+        ],  # the line in a segment of its own
+        [b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 100 OK\r\n\r\n\r\nHTTP/1.1 200 OK\r\n\r\n"],
+    ],
+)
 def test_an_empty_line_after_an_interim_reply_is_an_error_as_in_h11(loop, chunks):
     expected = h11_outcome(chunks, "open")
     assert expected.error
@@ -329,16 +344,18 @@ def test_an_empty_line_after_an_interim_reply_is_an_error_as_in_h11(loop, chunks
 
 
 def test_interim_replies_then_the_final_one_are_read_as_in_h11(loop):
-    chunks = [b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\n", b"Link: </a>\r\n\r\n",
-              b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"]  # fmt: skip
+    chunks = [
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\n",
+        b"Link: </a>\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    ]
     expected = h11_outcome(chunks, "open")
     assert not expected.error and expected.body == b"ok"
     assert loop.run_until_complete(client_outcome(chunks, "open", "read")).same_as(expected)
 
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
-@given(wire=final_response(), trailing=st.one_of(final_response(), st.binary(min_size=1, max_size=8)),
-       data=st.data())  # fmt: skip
+@given(wire=final_response(), trailing=st.one_of(final_response(), st.binary(min_size=1, max_size=8)), data=st.data())
 def test_complete_reply_then_anything_is_never_reused(loop, tiny_high_water, wire, trailing, data):
     """The case that desynchronised connections: a whole reply and more bytes, in one
     segment or split anywhere. The reply is the first message's; the connection is not
@@ -376,8 +393,14 @@ class ScriptedWorker:
         try:
             while True:
                 request = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in request.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)  # fmt: skip
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in request.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
                 await reader.readexactly(length)
                 if not first:
                     writer.write(NEXT_REPLY)

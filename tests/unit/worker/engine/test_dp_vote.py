@@ -8,9 +8,19 @@ from pdspec.worker.engine.dp_vote import install_idle_rank_vote
 from pdspec.worker.engine.wrap_once import is_wrapped
 from prefill_worker.engine.kv_only import eagle3
 
-
-V2_PROPOSE_INPUTS = ("input_batch", "attn_metadata", "slot_mappings", "last_hidden_states", "aux_hidden_states",
-                     "num_sampled", "num_rejected", "last_sampled", "next_prefill_tokens", "temperature", "seeds")
+V2_PROPOSE_INPUTS = (
+    "input_batch",
+    "attn_metadata",
+    "slot_mappings",
+    "last_hidden_states",
+    "aux_hidden_states",
+    "num_sampled",
+    "num_rejected",
+    "last_sampled",
+    "next_prefill_tokens",
+    "temperature",
+    "seeds",
+)
 
 
 class FakeSpeculator:

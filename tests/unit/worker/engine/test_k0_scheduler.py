@@ -11,9 +11,13 @@ from pdspec.worker.engine.k0_scheduler import _k0_rule_state
 
 @pytest.mark.parametrize(
     "active, native, dp, on, fragment",
-    [(True, False, 1, True, ""), (True, True, 2, True, ""), (False, False, 1, False, "no forward"),
-     (True, False, 2, False, "data parallelism")],
-)  # fmt: skip
+    [
+        (True, False, 1, True, ""),
+        (True, True, 2, True, ""),
+        (False, False, 1, False, "no forward"),
+        (True, False, 2, False, "data parallelism"),
+    ],
+)
 def test_the_k0_rule_reports_why_it_is_off(active, native, dp, on, fragment):
     state, reason = _k0_rule_state(active, native, dp, type("Spec", (), {"method": "ngram"})())
     assert state is on and fragment in reason

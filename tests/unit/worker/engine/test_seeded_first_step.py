@@ -18,21 +18,32 @@ def new_request(req_id: str, **sampling: object) -> SimpleNamespace:
 
 def step(new_requests, scheduled, spec):
     return SimpleNamespace(
-        scheduled_new_reqs=new_requests, num_scheduled_tokens=dict(scheduled),
-        total_num_scheduled_tokens=sum(scheduled.values()), scheduled_spec_decode_tokens=dict(spec),
-    )  # fmt: skip
+        scheduled_new_reqs=new_requests,
+        num_scheduled_tokens=dict(scheduled),
+        total_num_scheduled_tokens=sum(scheduled.values()),
+        scheduled_spec_decode_tokens=dict(spec),
+    )
 
 
 def test_a_padded_new_seeded_request_computes_its_one_token_alone():
     output = step(
-        [new_request("seeded", temperature=1.0, seed=1234), new_request("unseeded", temperature=1.0),
-         new_request("greedy-seeded", temperature=0.0, seed=7), new_request("prefill", temperature=1.0, seed=5)],
+        [
+            new_request("seeded", temperature=1.0, seed=1234),
+            new_request("unseeded", temperature=1.0),
+            new_request("greedy-seeded", temperature=0.0, seed=7),
+            new_request("prefill", temperature=1.0, seed=5),
+        ],
         {"seeded": 1 + K, "unseeded": 1 + K, "greedy-seeded": 1 + K, "prefill": 40, "running": 1 + K},
         {"seeded": [-1] * K, "unseeded": [-1] * K, "greedy-seeded": [-1] * K, "running": [-1] * K},
-    )  # fmt: skip
+    )
     assert unpad_seeded_first_steps(output) == ["seeded"]
-    assert output.num_scheduled_tokens == {"seeded": 1, "unseeded": 1 + K, "greedy-seeded": 1 + K, "prefill": 40,
-                                           "running": 1 + K}  # fmt: skip
+    assert output.num_scheduled_tokens == {
+        "seeded": 1,
+        "unseeded": 1 + K,
+        "greedy-seeded": 1 + K,
+        "prefill": 40,
+        "running": 1 + K,
+    }
     assert output.total_num_scheduled_tokens == 1 + 40 + 3 * (1 + K)
     assert "seeded" not in output.scheduled_spec_decode_tokens
     # A running request's drafts (placeholders under async scheduling) are its own.

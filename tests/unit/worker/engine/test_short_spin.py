@@ -25,8 +25,12 @@ def readers_window(spin_condition, tmp_path) -> tuple[float, float]:
     try:
         return reader.busy_loop_s, writer.busy_loop_s
     finally:
-        for socket in (reader.local_notify_socket, reader.write_cancel_socket, reader.read_cancel_socket,
-                       writer.local_notify_socket):  # fmt: skip
+        for socket in (
+            reader.local_notify_socket,
+            reader.write_cancel_socket,
+            reader.read_cancel_socket,
+            writer.local_notify_socket,
+        ):
             socket.close(linger=0)
         context.term()
 

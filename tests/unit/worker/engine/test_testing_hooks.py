@@ -18,8 +18,10 @@ class FakeV1Runner:
         self.drafter = types.SimpleNamespace(_draft_attn_layer_names={"drafter.attn"})
         self.drafter_kv = torch.ones(4)
         self.target_kv = torch.ones(4)
-        context = {"drafter.attn": types.SimpleNamespace(kv_cache=[self.drafter_kv]),
-                   "target.attn": types.SimpleNamespace(kv_cache=[self.target_kv])}  # fmt: skip
+        context = {
+            "drafter.attn": types.SimpleNamespace(kv_cache=[self.drafter_kv]),
+            "target.attn": types.SimpleNamespace(kv_cache=[self.target_kv]),
+        }
         self.vllm_config = types.SimpleNamespace(
             compilation_config=types.SimpleNamespace(static_forward_context=context)
         )
@@ -51,13 +53,16 @@ class FakeDecodeRunner:
 
         self.drafter = types.SimpleNamespace(_draft_attn_layer_names={"drafter.attn"})
         self.drafter_kv = torch.arange(8 * 2 * 4 * 6, dtype=torch.float32).view(8, 2, 4, 6)
-        context = {"drafter.attn": types.SimpleNamespace(kv_cache=self.drafter_kv),
-                   "target.attn": types.SimpleNamespace(kv_cache=torch.zeros(8, 2, 4, 6))}  # fmt: skip
+        context = {
+            "drafter.attn": types.SimpleNamespace(kv_cache=self.drafter_kv),
+            "target.attn": types.SimpleNamespace(kv_cache=torch.zeros(8, 2, 4, 6)),
+        }
         self.vllm_config = types.SimpleNamespace(
             compilation_config=types.SimpleNamespace(static_forward_context=context)
         )
-        group = types.SimpleNamespace(layer_names=["target.attn", "drafter.attn"],
-                                      kv_cache_spec=types.SimpleNamespace(block_size=4))  # fmt: skip
+        group = types.SimpleNamespace(
+            layer_names=["target.attn", "drafter.attn"], kv_cache_spec=types.SimpleNamespace(block_size=4)
+        )
         self.kv_cache_config = types.SimpleNamespace(kv_cache_groups=[group], num_blocks=8)
         self.seen_drafter_kv = None
 
@@ -78,10 +83,12 @@ def test_decode_dump_saves_the_received_full_blocks_before_the_step_runs(tmp_pat
     testing_hooks.install_dump_received_drafter_kv(FakeDecodeRunner, dump_dir)
     runner = FakeDecodeRunner()
     received = list(range(12))  # 12 tokens received, 13-token prompt: blocks 5, 2, 7 full
-    step = types.SimpleNamespace(scheduled_new_reqs=[
-        new_request(received + [99], [5, 2, 7, 1], 12),
-        new_request([1, 2, 3], [3], 0),  # computed here from the start: nothing received
-    ])  # fmt: skip
+    step = types.SimpleNamespace(
+        scheduled_new_reqs=[
+            new_request(received + [99], [5, 2, 7, 1], 12),
+            new_request([1, 2, 3], [3], 0),  # computed here from the start: nothing received
+        ]
+    )
     assert runner.execute_model(step) == "output" and not dump_dir.exists()  # switched off
     runner = FakeDecodeRunner()
     dump_dir.mkdir()

@@ -6,7 +6,6 @@ Bitwise equality with the full pass is tested on a real engine
 (tests/e2e/test_kv_only_equality.py); the graph's, on a GPU
 (`PDSPEC_TEST_DFLASH_GRAPH_VERIFY_STEPS`, loadtest/gpu/kv_only_h200.sh)."""
 
-
 import types
 
 import pytest
@@ -41,8 +40,16 @@ class FakeDFlashProposer(FakeV1Proposer):
         self._context_positions_buffer = torch.zeros(16, dtype=torch.int64)
         self._context_slot_mapping_buffer = torch.zeros(16, dtype=torch.int64)
 
-    def set_inputs_first_pass(self, target_token_ids, next_token_ids, target_positions, target_hidden_states,
-                              token_indices_to_sample, cad, num_rejected_tokens_gpu):  # fmt: skip
+    def set_inputs_first_pass(
+        self,
+        target_token_ids,
+        next_token_ids,
+        target_positions,
+        target_hidden_states,
+        token_indices_to_sample,
+        cad,
+        num_rejected_tokens_gpu,
+    ):
         n = target_token_ids.shape[0]
         self._dflash_num_context = n
         self._dflash_hidden_states = target_hidden_states
@@ -71,7 +78,7 @@ def test_v1_k0_writes_the_context_kv_from_vllms_buffers_and_skips_the_forward(pr
     drafts = call(proposer, 0)
     assert drafts.shape == (1, 0)
     assert proposer.calls == [("kv-only",)]
-    (states, positions, slots), = proposer.model.writes
+    ((states, positions, slots),) = proposer.model.writes
     assert torch.equal(states, torch.full((4, 24), 2.0))  # combined by the drafter's fc
     assert positions.tolist() == [0, 1, 2, 3] and slots.tolist() == [1100, 1101, 1102, 1103]
     call(proposer, 4)
@@ -81,12 +88,15 @@ def test_v1_k0_writes_the_context_kv_from_vllms_buffers_and_skips_the_forward(pr
     assert proposer.calls[-1] == ("full", 0)
 
 
-@pytest.mark.parametrize("change, reason", [
-    (lambda p: setattr(p.vllm_config.parallel_config, "data_parallel_size", 2), "data parallelism"),
-    (lambda p: setattr(p, "uses_mrope", True), "M-RoPE"),
-    (lambda p: delattr(p, "_context_slot_mapping_buffer"), "lacks _context_slot_mapping_buffer"),
-    (lambda p: setattr(p.model, "precompute_and_store_context_kv", None), "no context K/V precompute"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (lambda p: setattr(p.vllm_config.parallel_config, "data_parallel_size", 2), "data parallelism"),
+        (lambda p: setattr(p, "uses_mrope", True), "M-RoPE"),
+        (lambda p: delattr(p, "_context_slot_mapping_buffer"), "lacks _context_slot_mapping_buffer"),
+        (lambda p: setattr(p.model, "precompute_and_store_context_kv", None), "no context K/V precompute"),
+    ],
+)
 def test_v1_keeps_vllms_path_where_the_pass_cannot_run_and_says_why(proposer_class, change, reason):
     install_kv_only_dflash_v1(proposer_class, LiveFlag(True, None))
     proposer = proposer_class()
@@ -183,11 +193,14 @@ def test_v2_k0_step_of_a_captured_size_replays_its_graph_instead_of_vllms_eager_
     assert speculator.calls == []  # neither vLLM's store nor its precompute ran
 
 
-@pytest.mark.parametrize("call", [
-    dict(num_tokens=3, num_speculative_tokens=0),  # a size with no graph
-    dict(num_tokens=4, num_speculative_tokens=0, dummy_run=True),
-    dict(num_tokens=4, num_speculative_tokens=0, is_profile=True),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "call",
+    [
+        dict(num_tokens=3, num_speculative_tokens=0),  # a size with no graph
+        dict(num_tokens=4, num_speculative_tokens=0, dummy_run=True),
+        dict(num_tokens=4, num_speculative_tokens=0, is_profile=True),
+    ],
+)
 def test_v2_other_k0_steps_keep_vllms_eager_path(call):
     graphs = FakeGraphs({4})
     speculator = v2_speculator(graphs)
@@ -234,7 +247,8 @@ def capturable_speculator():
     speculator.max_num_tokens = 8
     speculator._context_slot_mappings = torch.zeros(1, 8, dtype=torch.int64)
     speculator.vllm_config = types.SimpleNamespace(
-        compilation_config=types.SimpleNamespace(cudagraph_capture_sizes=[1, 2, 4, 16]))
+        compilation_config=types.SimpleNamespace(cudagraph_capture_sizes=[1, 2, 4, 16])
+    )
     return speculator
 
 

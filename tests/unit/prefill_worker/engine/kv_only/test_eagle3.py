@@ -30,7 +30,7 @@ def test_v1_k0_takes_the_kv_only_pass_and_k3_the_full_one(v1_class, tmp_path):
     assert drafts.shape == (1, 0)
     v1_call(proposer, 3)
     assert proposer.calls == [("kv-only",), ("full", 3)]
-    (key, value, slots), = proposer.model.model.layers[0].self_attn.attn.impl.writes
+    ((key, value, slots),) = proposer.model.model.layers[0].self_attn.attn.impl.writes
     assert slots.tolist() == [100, 101, 102, 103]
     write_policy(tmp_path / "switch", "off")
     v1_call(proposer, 0)
@@ -74,10 +74,26 @@ class FakeV2Speculator:
         self.draft_tokens = torch.zeros(4, 3, dtype=torch.int64)
         self.calls = []
 
-    def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states, num_sampled,
-                num_rejected, last_sampled, next_prefill_tokens, temperature, seeds, dp_sync_state=None,
-                dummy_run=False, skip_attn_for_dummy_run=False, mm_inputs=None, is_profile=False,
-                num_speculative_tokens=None):  # fmt: skip
+    def propose(
+        self,
+        input_batch,
+        attn_metadata,
+        slot_mappings,
+        last_hidden_states,
+        aux_hidden_states,
+        num_sampled,
+        num_rejected,
+        last_sampled,
+        next_prefill_tokens,
+        temperature,
+        seeds,
+        dp_sync_state=None,
+        dummy_run=False,
+        skip_attn_for_dummy_run=False,
+        mm_inputs=None,
+        is_profile=False,
+        num_speculative_tokens=None,
+    ):
         self.calls.append(("full", num_speculative_tokens))
         return self.draft_tokens[: input_batch.num_reqs]
 
@@ -97,10 +113,20 @@ def v2_call(spec, k, **kwargs):
     slots = {"model.layers.4.self_attn.attn": torch.tensor([7, 8, 9, -1])}  # padded to 4
     aux = [torch.randn(4, 8) for _ in range(3)]
     return spec.propose(
-        input_batch=batch, attn_metadata={}, slot_mappings=slots, last_hidden_states=torch.randn(4, 8),
-        aux_hidden_states=aux, num_sampled=None, num_rejected=None, last_sampled=None, next_prefill_tokens=None,
-        temperature=None, seeds=None, num_speculative_tokens=k, **kwargs,
-    )  # fmt: skip
+        input_batch=batch,
+        attn_metadata={},
+        slot_mappings=slots,
+        last_hidden_states=torch.randn(4, 8),
+        aux_hidden_states=aux,
+        num_sampled=None,
+        num_rejected=None,
+        last_sampled=None,
+        next_prefill_tokens=None,
+        temperature=None,
+        seeds=None,
+        num_speculative_tokens=k,
+        **kwargs,
+    )
 
 
 @pytest.fixture
@@ -117,7 +143,7 @@ def test_v2_k0_takes_the_kv_only_pass_with_the_target_steps_slots(v2_class):
     drafts = v2_call(spec, 0)
     assert spec.calls == [("kv-only",)]
     assert drafts.shape == (2, 3) and (drafts == -1).all()  # "no drafts", as vLLM's K=0 path returns
-    (key, value, slots), = spec.model.model.layers[0].self_attn.attn.impl.writes
+    ((key, value, slots),) = spec.model.model.layers[0].self_attn.attn.impl.writes
     assert slots.tolist() == [7, 8, 9]  # the real tokens only, not the CUDA-graph padding
     assert key.shape[0] == 3
 

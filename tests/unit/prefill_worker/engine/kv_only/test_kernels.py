@@ -15,8 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefill_worker.engine.kv_only.kernels import KvOnlyDrafterPass, _fused_rms_norm, _kv_projection, \
-    _platform_rotary  # fmt: skip
+from prefill_worker.engine.kv_only.kernels import KvOnlyDrafterPass, _fused_rms_norm, _kv_projection, _platform_rotary
 from tests.drafter_fakes import QKV, fake_drafter
 
 
@@ -36,7 +35,9 @@ def make_rotary(head_size: int, neox: bool):
     return get_rope(head_size, max_position=4096, is_neox_style=neox, dtype=torch.float32)
 
 
-shapes = st.tuples(st.integers(1, 300), st.sampled_from([(1, 64), (2, 64), (4, 32)]), st.booleans(), st.integers(0, 2**31))
+shapes = st.tuples(
+    st.integers(1, 300), st.sampled_from([(1, 64), (2, 64), (4, 32)]), st.booleans(), st.integers(0, 2**31)
+)
 
 
 @settings(max_examples=40, deadline=None)
@@ -100,7 +101,7 @@ def test_pass_writes_rotated_k_and_v_to_the_given_slots():
     hidden = torch.randn(3, 8)
     slots = torch.tensor([32, 33, 34])
     kv_pass.run(ids, positions, hidden, slots)
-    (key, value, written_slots), = model.model.layers[0].self_attn.attn.impl.writes
+    ((key, value, written_slots),) = model.model.layers[0].self_attn.attn.impl.writes
     x = torch.cat([torch.ones(3, 8) + 1, hidden], dim=-1)  # input_layernorm(embeds), hidden_norm(hidden)
     qkv = torch.nn.functional.linear(x, model.model.layers[0].self_attn.qkv_proj.full)
     assert torch.equal(key.reshape(3, -1), qkv[:, 8:12] * 2)

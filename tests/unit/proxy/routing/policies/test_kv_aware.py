@@ -16,13 +16,16 @@ def pool(*outstanding: int) -> WorkerPool:
     return WorkerPool("prefill", workers, registry.make("kv_aware", load_tokens=100))
 
 
-@pytest.mark.parametrize("outstanding, cached, expected", [
-    ((0, 0, 0), {"http://w1": 400}, {1}),  # most cached
-    ((0, 3, 0), {"http://w1": 400}, {1}),  # 400 cached beats 3 legs at 100 each
-    ((0, 5, 0), {"http://w1": 400}, {0, 2}),  # not 5 legs: an idle one, by the prompt's hash
-    ((2, 2, 0), {}, {2}),  # nothing cached: the least loaded
-    ((0, 8, 0), {"http://w1": 10_000}, {0}),  # the load guard: 4 more in flight than the least loaded
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "outstanding, cached, expected",
+    [
+        ((0, 0, 0), {"http://w1": 400}, {1}),  # most cached
+        ((0, 3, 0), {"http://w1": 400}, {1}),  # 400 cached beats 3 legs at 100 each
+        ((0, 5, 0), {"http://w1": 400}, {0, 2}),  # not 5 legs: an idle one, by the prompt's hash
+        ((2, 2, 0), {}, {2}),  # nothing cached: the least loaded
+        ((0, 8, 0), {"http://w1": 10_000}, {0}),  # the load guard: 4 more in flight than the least loaded
+    ],
+)
 def test_kv_aware_weighs_cache_against_load(outstanding, cached, expected):
     assert pool(*outstanding).pick(affinity_key="k", cached=cached).url in {f"http://w{i}" for i in expected}
 
@@ -63,8 +66,9 @@ def test_a_decode_worker_busy_with_a_prompt_loses_to_an_idle_one_holding_less():
     """Decode load is the KV its legs hold: the worker holding 900 tokens of the prompt but
     running one 960-token leg loses to an idle one holding the 128-token system prompt (one
     more leg would wait for room there; the cache saves only part of a transfer)."""
-    decode = WorkerPool("decode", [Worker("http://w0"), Worker("http://w1")],
-                        registry.make("kv_aware", load_tokens=256))
+    decode = WorkerPool(
+        "decode", [Worker("http://w0"), Worker("http://w1")], registry.make("kv_aware", load_tokens=256)
+    )
     busy = decode.workers[0]
     cached = {"http://w0": 900, "http://w1": 128}
     assert decode.pick(affinity_key="k", cached=cached).url == "http://w0"
@@ -75,8 +79,9 @@ def test_a_decode_worker_busy_with_a_prompt_loses_to_an_idle_one_holding_less():
 def test_kv_aware_ties_go_to_the_prompts_rendezvous_hash():
     picks = {pool(0, 0, 0).pick(affinity_key=f"prompt {i}", cached={}).url for i in range(30)}
     assert len(picks) == 3  # spread over the workers by prompt
-    assert {pool(0, 0, 0).pick(affinity_key="same", cached={}).url for _ in range(5)} == \
-        {pool(0, 0, 0).pick(affinity_key="same").url}  # fmt: skip
+    assert {pool(0, 0, 0).pick(affinity_key="same", cached={}).url for _ in range(5)} == {
+        pool(0, 0, 0).pick(affinity_key="same").url
+    }
 
 
 def test_a_prefill_leg_leases_the_tokens_the_plan_says_its_worker_lacks():

@@ -5,8 +5,9 @@ from proxy.routing import registry
 
 
 def pool(n=4):
-    return WorkerPool.from_urls("prefill", [f"http://10.0.0.{i}:8100" for i in range(n)],
-                                registry.make("least_outstanding"))
+    return WorkerPool.from_urls(
+        "prefill", [f"http://10.0.0.{i}:8100" for i in range(n)], registry.make("least_outstanding")
+    )
 
 
 def test_least_outstanding_avoids_the_busy_worker():

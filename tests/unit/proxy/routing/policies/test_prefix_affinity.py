@@ -5,8 +5,9 @@ from proxy.routing import registry
 
 
 def pool(n=4):
-    return WorkerPool.from_urls("prefill", [f"http://10.0.0.{i}:8100" for i in range(n)],
-                                registry.make("prefix_affinity"))
+    return WorkerPool.from_urls(
+        "prefill", [f"http://10.0.0.{i}:8100" for i in range(n)], registry.make("prefix_affinity")
+    )
 
 
 def test_prefix_affinity_is_sticky_and_spreads_keys():
