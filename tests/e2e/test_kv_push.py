@@ -114,17 +114,26 @@ def test_an_early_leg_receives_the_prompt_and_leaves_no_kv_held(push_stack, earl
     assert harness.wait_idle(push_stack.decode_url) == (0, 0)
 
 
+BUSY_PROMPTS = 8  # about 15,000 tokens: about a second of prefill on a 2-core CPU, a fraction on a faster one
+
+
 async def behind_a_busy_prefill_worker(stack, send):
-    """`send()` once the prefill worker has three long prompts of its own to prefill first
-    (sent to it directly, no KV kept), so the leg it sends waits in that worker's queue."""
+    """`send()` once the prefill worker holds most of `BUSY_PROMPTS` long prompts of its own
+    (sent to it directly, no KV kept) running or waiting, so the leg it sends waits in that
+    worker's queue. The premise is checked, not assumed: a worker that got through the burst
+    before it was seen busy fails here rather than in the caller's timing."""
     async with httpx.AsyncClient(timeout=120) as http:
         body = {**completion_body(unique_prompt(450)), "max_tokens": 1}  # about 1,900 tokens each
-        direct = [asyncio.ensure_future(http.post(stack.prefill_url + "/v1/completions", json=body)) for _ in range(3)]
-        while (
-            not all(leg.done() for leg in direct)
-            and ((await asyncio.to_thread(harness.gauges, stack.prefill_url))[0] or 0) < 3
-        ):
+        direct = [
+            asyncio.ensure_future(http.post(stack.prefill_url + "/v1/completions", json=body))
+            for _ in range(BUSY_PROMPTS)
+        ]
+        while not all(leg.done() for leg in direct):
+            busy = (await asyncio.to_thread(harness.gauges, stack.prefill_url))[0] or 0
+            if busy >= BUSY_PROMPTS - 2:
+                break
             await asyncio.sleep(0.01)  # poll interval
+        assert not all(leg.done() for leg in direct), "the prefill worker was never seen busy"
         try:
             return await send()
         finally:
