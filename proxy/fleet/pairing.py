@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from pdspec.settings import HealthSettings
 from proxy.fleet.pool import Worker, WorkerPool
 from proxy.fleet.worker_info import PAIRING_FIELDS
 
@@ -67,6 +68,13 @@ class Pairing:
         self.unverified = unverified
         self.count_refusal = count_refusal or (lambda pool, field: None)
         self.reference: dict[str, str] | None = None  # learned from workers: every pairing field
+
+    @classmethod
+    def from_settings(
+        cls, settings: HealthSettings, count_refusal: Callable[[str, str], None] | None = None
+    ) -> Pairing:
+        """The pairing check the `health` group describes (expected_worker_config, unverified_workers)."""
+        return cls(settings.expected_worker_config, settings.unverified_workers, count_refusal)
 
     # --- deciding ----------------------------------------------------------------------
 

@@ -57,19 +57,115 @@ def test_kv_source_ports_are_checked_and_up_adds_its_prefill_side_channel():
     from pdspec.settings import ProxySettings
     from pdspec.supervisor import proxy_settings_for
 
-    assert ProxySettings(kv_source_ports=["5600", "7000-7010"]).kv_source_ports == ["5600", "7000-7010"]
+    ports = ["5600", "7000-7010"]
+    assert ProxySettings(kv_transfer={"source_ports": ports}).kv_transfer.source_ports == ports
     for bad in ("x", "7010-7000", "0", "70000", "1-2-3", "-5"):
         with pytest.raises(ValidationError):
-            ProxySettings(kv_source_ports=[bad])
-    up = CliApp.run(UpCommand, cli_args=["--prefill.side_channel_port", "18300", "--proxy.kv_source_ports", '["9000"]'])
-    assert proxy_settings_for(up).kv_source_ports == ["9000", "18300"]
+            ProxySettings(kv_transfer={"source_ports": [bad]})
+    up = CliApp.run(
+        UpCommand, cli_args=["--prefill.side_channel_port", "18300", "--proxy.kv_transfer.source_ports", '["9000"]']
+    )
+    assert proxy_settings_for(up).kv_transfer.source_ports == ["9000", "18300"]
+    assert up.proxy.kv_transfer.source_ports == ["9000"]  # the settings given are left as they were
 
 
 def test_every_proxy_setting_is_described():
     """vLLM documents every config field; `pdspec proxy --help` shows these."""
     from pdspec.settings import ProxySettings
+    from pdspec.settings_reference import directly_nested
 
-    assert [name for name, field in ProxySettings.model_fields.items() if not field.description] == []
+    undescribed, todo = [], [("", ProxySettings)]
+    while todo:
+        prefix, model = todo.pop()
+        assert model.__doc__, model
+        for name, field in model.model_fields.items():
+            undescribed += [] if field.description else [prefix + name]
+            if (nested := directly_nested(field.annotation)) is not None:
+                todo.append((f"{prefix}{name}.", nested))
+    assert undescribed == []
+
+
+# --- Settings in groups (issue 40): each spelling follows the nesting --------------------
+
+
+def test_proxy_groups_nest_on_the_cli_in_the_environment_and_in_toml(monkeypatch, tmp_path):
+    from pdspec.settings import ProxyCommand
+
+    config = tmp_path / "pdspec.toml"
+    config.write_text("[proxy.health]\ninterval_s = 7.5\n[proxy.admission]\nprefill_kv = true\n")
+    monkeypatch.setenv("PDSPEC_CONFIG", str(config))
+    monkeypatch.setenv("PDSPEC_PROXY__RETRIES__DECODE_RETRIES", "3")
+    monkeypatch.setenv("PDSPEC_PROXY", '{"worker_client": {"prefill_timeout_s": 9}}')
+    proxy = CliApp.run(ProxyCommand, cli_args=["--proxy.routing.decode_policy", "kv_aware"]).proxy
+    assert proxy.routing.decode_policy == "kv_aware"
+    assert proxy.retries.decode_retries == 3
+    assert proxy.worker_client.prefill_timeout_s == 9
+    assert proxy.health.interval_s == 7.5 and proxy.admission.prefill_kv is True
+    # A partial group keeps the group's other defaults.
+    assert proxy.health.timeout_s == 2.0 and proxy.routing.prefill_policy == "prefix_affinity"
+
+
+def test_a_flat_proxy_key_of_before_the_groups_is_refused():
+    import pytest
+    from pydantic import ValidationError
+
+    from pdspec.settings import ProxySettings
+
+    for old in (
+        {"retries": {"decode_retries": 0}},
+        {"health": {"interval_s": 1}},
+        {"routing": {"routing_tokenize_timeout_s": 1}},
+    ):
+        with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+            ProxySettings(**old)
+    result = subprocess.run(
+        [sys.executable, "-m", "pdspec.cli", "proxy", "--proxy.prefill_kv_admission"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+
+
+def test_a_decode_worker_refuses_a_prefill_workers_setting():
+    import pytest
+    from pydantic import ValidationError
+
+    from pdspec.settings import DecodeCommand, DecodeWorkerSettings, PrefillWorkerSettings
+
+    for field in ("kv_only_drafter", "kv_hold_poll_s", "dp_idle_rank_vote"):
+        assert field in PrefillWorkerSettings.model_fields
+        with pytest.raises(ValidationError, match=f"decode.{field}\n  Extra inputs are not permitted"):
+            UpCommand(decode={field: PrefillWorkerSettings.model_fields[field].default})
+        with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+            DecodeWorkerSettings(**{field: PrefillWorkerSettings.model_fields[field].default})
+    with pytest.raises(SystemExit):  # not an option of `pdspec decode` at all
+        CliApp.run(DecodeCommand, cli_args=["--worker.kv_hold_poll_s", "0"])
+    # and the other way round
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        UpCommand(prefill={"kv_load_failure_policy": "fail"})
+    result = subprocess.run(
+        [sys.executable, "-m", "pdspec.cli", "up", "--decode.kv_only_drafter", "false"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0 and "kv_only_drafter" in result.stderr
+
+
+def test_the_kv_transfer_mode_is_set_once_for_the_pair():
+    import pytest
+    from pydantic import ValidationError
+
+    from pdspec.worker.launch import KV_CONNECTORS, kv_transfer_config
+
+    up = CliApp.run(UpCommand, cli_args=["--model.kv_transfer", "push"])
+    assert up.model.kv_transfer == "push"
+    for role, worker in (("prefill", up.prefill), ("decode", up.decode)):
+        assert kv_transfer_config(role, up.model.kv_transfer, worker, cpu=True)["kv_connector"] == KV_CONNECTORS["push"]
+    for role in ("prefill", "decode", "colocated"):
+        with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+            UpCommand(**{role: {"kv_transfer": "push"}})
 
 
 def test_role_commands_default_to_their_roles_ports():

@@ -106,7 +106,10 @@ def proxy_for(worker: RawWorker, **settings) -> ThreadServer:
     return ThreadServer(
         create_app(
             ProxySettings(
-                prefill_urls=[worker.url], decode_urls=[worker.url], prefill_failure_policy="error", **settings
+                prefill_urls=[worker.url],
+                decode_urls=[worker.url],
+                **settings,
+                retries={"prefill_failure_policy": "error"},
             )
         )
     )

@@ -7,8 +7,8 @@ import pytest
 import tomllib
 from pydantic_settings import CliApp
 
-from pdspec.settings import UpCommand, WorkerSettings
-from pdspec.worker.launch import KV_ROLES, scheduler_cls, vllm_argv, worker_env
+from pdspec.settings import UpCommand
+from pdspec.worker.launch import KV_ROLES, ROLE_SETTINGS, scheduler_cls, vllm_argv, worker_env
 
 PROFILES = Path(__file__).resolve().parents[3] / "deploy" / "profiles"
 
@@ -134,5 +134,5 @@ def test_qwen3_profiles_parse_tool_calls_and_thinking_on_every_worker(profile):
     model = ModelSettings(**tomllib.loads(profile.read_text())["model"])
     assert (model.tool_call_parser, model.enable_auto_tool_choice, model.reasoning_parser) == ("hermes", True, "qwen3")
     for role in ("prefill", "decode"):
-        flags = option_flags(engine_options(role, model, WorkerSettings(), cpu=False))
+        flags = option_flags(engine_options(role, model, ROLE_SETTINGS[role](), cpu=False))
         assert "--tool-call-parser" in flags and "--enable-auto-tool-choice" in flags and "--reasoning-parser" in flags
