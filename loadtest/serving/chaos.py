@@ -394,7 +394,7 @@ def run(args) -> dict:
         str(args.prefill_replicas),
         "--decode.replicas",
         str(args.decode_replicas),
-        "--proxy.served_by_headers",
+        "--proxy.observability.served_by_headers",
     )
     process = start(fleet_argv, "pdspec up: ready:", lines)
     fleet = Fleet(

@@ -1,9 +1,12 @@
 import subprocess
 import sys
+from pathlib import Path
 
 from pydantic_settings import CliApp
 
 from pdspec.settings import UpCommand, WorkerCommand
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_up_defaults_give_each_worker_its_own_ports_and_core():
@@ -111,11 +114,7 @@ def test_a_flat_proxy_key_of_before_the_groups_is_refused():
 
     from pdspec.settings import ProxySettings
 
-    for old in (
-        {"retries": {"decode_retries": 0}},
-        {"health": {"interval_s": 1}},
-        {"routing": {"routing_tokenize_timeout_s": 1}},
-    ):
+    for old in ({"decode_retries": 0}, {"health_interval_s": 1}, {"routing": {"routing_tokenize_timeout_s": 1}}):
         with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
             ProxySettings(**old)
     result = subprocess.run(
@@ -174,3 +173,79 @@ def test_role_commands_default_to_their_roles_ports():
     prefill, decode = CliApp.run(PrefillCommand, cli_args=[]), CliApp.run(DecodeCommand, cli_args=[])
     assert (prefill.worker.port, prefill.worker.side_channel_port, prefill.worker.kv_events_port) == (8100, 5600, 5650)
     assert (decode.worker.port, decode.worker.side_channel_port, decode.worker.kv_events_port) == (8200, 5700, 5750)
+
+
+# --- The e2e suite's settings, checked without starting anything ----------------------------
+# The e2e modules start proxies with `harness.start_proxy(port, routing={...}, ...)` (and
+# helpers that pass their keywords on) and stacks with `--proxy.<group>.<field>` options;
+# they run for minutes, so a setting of before the groups would only fail there, late. Here
+# every such call site and option is read from the source and checked against the models.
+
+E2E_SOURCES = sorted(
+    [*(REPO / "tests" / "e2e").glob("*.py"), *(REPO / "tests").glob("*.py"), *(REPO / "loadtest").rglob("*.py")]
+)
+PROXY_CALLS = {"start_proxy", "early_proxy", "through_proxy"}
+NOT_SETTINGS = {"log_path", "while_up"}  # the helpers' own arguments
+
+
+def _settings_errors(keys: dict, model, where: str) -> list[str]:
+    """Errors of a settings dict literal's key structure against `model` ({key: value node})."""
+    import ast
+
+    from pdspec.settings_reference import directly_nested
+
+    errors = []
+    for key, value in keys.items():
+        if key not in model.model_fields:
+            errors.append(f"{where}: {key} is no field of {model.__name__}")
+            continue
+        nested = directly_nested(model.model_fields[key].annotation)
+        if nested is not None and isinstance(value, ast.Dict):
+            inner = {k.value: v for k, v in zip(value.keys, value.values) if isinstance(k, ast.Constant)}
+            errors += _settings_errors(inner, nested, f"{where}.{key}")
+    return errors
+
+
+def _option_errors(path: list[str], model, where: str) -> list[str]:
+    from pdspec.settings_reference import directly_nested
+
+    name, rest = path[0], path[1:]
+    if name not in model.model_fields:
+        return [f"{where}: {name} is no field of {model.__name__}"]
+    nested = directly_nested(model.model_fields[name].annotation)
+    if rest and nested is None:
+        return [f"{where}: {name} has no fields"]
+    return _option_errors(rest, nested, where) if rest else []
+
+
+def test_the_e2e_suites_proxy_settings_and_options_name_fields_where_they_are():
+    import ast
+    import re
+
+    from pdspec.settings import ProxySettings
+
+    # `--proxy.routing.prefill_policy`, `--no-prefill.kv_only_drafter`, or `--set`'s `model.kv_transfer=push`
+    option = re.compile(
+        r"^(?:--(?:no-)?(?=\w+\.[\w.]+$)|(?=\w+\.[\w.]+=))(proxy|prefill|decode|model|colocated)\.([\w.]+)"
+    )
+    errors, calls, options = [], 0, 0
+    for path in E2E_SOURCES:
+        tree = ast.parse(path.read_text())
+        where = str(path.relative_to(REPO))
+        for node in ast.walk(tree):
+            name = getattr(node, "func", None)
+            name = getattr(name, "attr", None) or getattr(name, "id", None)
+            if isinstance(node, ast.Call) and name in PROXY_CALLS:
+                calls += 1
+                keys = {k.arg: k.value for k in node.keywords if k.arg and k.arg not in NOT_SETTINGS}
+                errors += _settings_errors(keys, ProxySettings, f"{where}:{node.lineno}")
+            elif isinstance(node, ast.Dict) and node.keys:
+                keys = {k.value: v for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant)}
+                groups = {"routing", "retries", "worker_client", "health", "admission", "clients", "observability"}
+                if groups & set(keys) and all(isinstance(k, str) for k in keys):
+                    errors += _settings_errors(keys, ProxySettings, f"{where}:{node.lineno}")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and (m := option.match(node.value)):
+                options += 1
+                errors += _option_errors([m.group(1), *m.group(2).split(".")], UpCommand, f"{where}:{node.lineno}")
+    assert calls > 20 and options > 20
+    assert errors == []

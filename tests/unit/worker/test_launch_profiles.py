@@ -108,11 +108,11 @@ def test_shapes_fit_the_shipped_tokenizer():
 
 @pytest.mark.parametrize("vote, env_value", [([], "1"), (["--no-worker.dp_idle_rank_vote"], "0")])
 def test_dp2_prefill_profile_spans_both_gpus_with_the_vote_switch(monkeypatch, tmp_path, vote, env_value):
-    from pdspec.settings import WorkerCommand
+    from pdspec.settings import PrefillCommand
     from pdspec.worker.engine.control import DP_IDLE_RANK_VOTE_ENV
 
     monkeypatch.setenv("PDSPEC_CONFIG", str(PROFILES / "dummy" / "qwen3-30b-a3b-eagle3-prefill-dp2.toml"))
-    command = CliApp.run(WorkerCommand, cli_args=vote)
+    command = CliApp.run(PrefillCommand, cli_args=vote)  # `pdspec prefill`
     argv = vllm_argv("prefill", command.model, command.worker, cpu=False)
     assert argv[argv.index("--data-parallel-size") + 1] == "2"
     assert json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_role"] == KV_ROLES["prefill"]
