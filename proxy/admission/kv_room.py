@@ -1,4 +1,4 @@
-"""Admission by KV room on the prefill workers (`prefill_kv_admission`).
+"""Admission by KV room on the prefill workers (`admission.prefill_kv`).
 
 A prefill worker keeps a prompt's KV from its prefill until a decode worker has read it.
 When the decode workers take KV more slowly than the prefill workers make it (decode

@@ -11,7 +11,7 @@ Failure handling, in order of the request's life:
   it, `retry` tries other prefill workers (bounded, with backoff), `fallback` sends the
   request to a decode worker without KV params, which then prefills it itself;
 - hand-off: the prefill worker's `kv_transfer_params` must name that worker's own host
-  (or one of `kv_source_hosts`) and a port of `kv_source_ports`, so no reply can steer a
+  (or one of `kv_transfer.source_hosts`) and a port of `kv_transfer.source_ports`, so no reply can steer a
   decode worker to pull KV from anywhere else;
 - decode leg: retried on another decode worker only before its first byte reached the
   client; afterwards a broken stream ends with an SSE error event, never a hang. A
@@ -66,7 +66,7 @@ log = logging.getLogger("pdspec.proxy")
 def server_timing(**durations_s: float) -> str:
     """A Server-Timing header (W3C) of the request's phases, in milliseconds: `route` (the
     route plan: token ids, cache lookup), `prefill` (the prefill leg, retries and the wait
-    for KV room under `prefill_kv_admission` included; 0 when the decode worker
+    for KV room under `admission.prefill_kv` included; 0 when the decode worker
     prefilled), `decode` (to the decode reply's headers when it streams, to its end when
     not: the KV pull and the first token come after them; a re-prefill after a failed KV
     read counts here)."""
@@ -285,9 +285,9 @@ class Disaggregator:
     def _check_remote(self, params: dict, worker: Worker) -> None:
         """The decode worker will connect to (remote_host, remote_port) and pull KV from
         it: it must be the NIXL side channel of the prefill worker that answered. The
-        host must be that worker's own (or listed in `kv_source_hosts`); a missing one
+        host must be that worker's own (or listed in `kv_transfer.source_hosts`); a missing one
         is refused too (vLLM's would then be whatever the decode side defaults to); the
-        port must be an integer in `kv_source_ports`."""
+        port must be an integer in `kv_transfer.source_ports`."""
         host = params.get("remote_host")
         if not isinstance(host, str) or not (host == worker.host or host in self.settings.kv_transfer.source_hosts):
             raise LegFailed(
@@ -299,7 +299,7 @@ class Disaggregator:
         if type(port) is not int or not any(low <= port <= high for low, high in self.kv_source_ports):
             raise LegFailed(
                 502,
-                f"prefill worker {worker.url} named a KV source port outside kv_source_ports: remote_port={port!r}",
+                f"prefill worker {worker.url} named a KV source port outside kv_transfer.source_ports: remote_port={port!r}",
                 "foreign_remote_port",
             )
 

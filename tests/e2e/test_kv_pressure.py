@@ -8,7 +8,7 @@ prefill worker makes it, so the prefill worker's KV fills with prompts held for 
 the KV bottleneck of 1P1D on one GPU, where prefill legs timed out (504) while the prefill
 worker waited for blocks. The same burst goes through two proxies in front of the same
 workers, one after the other: without admission, prefill legs time out; with
-`prefill_kv_admission`, the requests wait in the proxy for room instead, and every one is
+`admission.prefill_kv`, the requests wait in the proxy for room instead, and every one is
 served.
 
 The decode worker's stale-KV guard (decode_worker/engine/stale_kv.py): a decode request

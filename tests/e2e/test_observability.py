@@ -34,7 +34,7 @@ FAULT_ONLY_PANELS = {
     "Proxy leg failures per second [A]",  # provoked below: a prompt the prefill worker refuses
     "KV releases (client gone between the legs) [A]",  # tests/e2e/test_faults.py
     "KV read once: re-prefills and stale KV recomputed [A]",  # tests/unit/proxy/flow/test_disagg_leaving.py
-    # Only a proxy with prefill_kv_admission exports these: tests/e2e/test_prefill_admission.py
+    # Only a proxy with admission.prefill_kv exports these: tests/e2e/test_prefill_admission.py
     # queries them on a real Prometheus scraping one.
     "Prefill KV room (admission) [A]",
     "Prefill KV room (admission) [B]",

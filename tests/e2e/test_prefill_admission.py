@@ -8,7 +8,7 @@ A burst of prompts that take the prefill worker three times a prefill leg's time
 sized from one prompt's prefill time on this machine) goes through two proxies in front of
 the stack's workers, one after the other: without
 admission the legs at the back of the worker's queue time out (504); with
-`prefill_kv_admission` (KV room and queued prefill time, at the rate the proxy measures)
+`admission.prefill_kv` (KV room and queued prefill time, at the rate the proxy measures)
 they wait in the proxy instead, and every request is served. A real Prometheus scrapes
 the admitting proxy meanwhile: the dashboard's admission panels (which the shared stack's
 own proxy, admission off, cannot fill) have data."""

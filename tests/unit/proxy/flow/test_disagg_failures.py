@@ -63,12 +63,12 @@ def test_every_prefill_outcome_is_exported_at_zero_before_any_request():
         (None, 5600, "not its own"),  # no host: the decode side would pick one itself
         ("", 5600, "not its own"),
         (["127.0.0.1"], 5600, "not its own"),
-        ("127.0.0.1", None, "outside kv_source_ports"),
-        ("127.0.0.1", 22, "outside kv_source_ports"),
-        ("127.0.0.1", 5664, "outside kv_source_ports"),
-        ("127.0.0.1", "5600", "outside kv_source_ports"),
-        ("127.0.0.1", True, "outside kv_source_ports"),
-        ("127.0.0.1", 5600.0, "outside kv_source_ports"),
+        ("127.0.0.1", None, "outside kv_transfer.source_ports"),
+        ("127.0.0.1", 22, "outside kv_transfer.source_ports"),
+        ("127.0.0.1", 5664, "outside kv_transfer.source_ports"),
+        ("127.0.0.1", "5600", "outside kv_transfer.source_ports"),
+        ("127.0.0.1", True, "outside kv_transfer.source_ports"),
+        ("127.0.0.1", 5600.0, "outside kv_transfer.source_ports"),
     ],
 )
 def test_prefill_naming_a_foreign_kv_source_is_refused(host, port, fragment):

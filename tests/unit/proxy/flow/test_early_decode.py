@@ -203,7 +203,7 @@ def test_a_prefill_that_answered_but_failed_the_proxy_check_is_not_run_again():
     with push_fleet(retries={"prefill_failure_policy": "error"}) as f:
         (prefill,) = f.prefills
         assert httpx.post(f.url + "/v1/completions", json=BODY).status_code == 200
-        prefill.remote_port = 1  # outside kv_source_ports
+        prefill.remote_port = 1  # outside kv_transfer.source_ports
         response = httpx.post(f.url + "/v1/completions", json=BODY, headers={"X-Request-Id": "answered"})
         assert response.status_code == 502
         assert wait_for(lambda: outcomes(f.url)["prefill_failed"] == 1)
