@@ -144,6 +144,9 @@ def test_a_large_non_streamed_decode_reply_comes_back_and_the_worker_stays_usabl
 
 
 def test_the_worker_body_limit_is_a_setting_and_an_over_limit_reply_is_a_502():
-    with RawWorker(decode_bytes=300_000) as worker, proxy_for(worker, worker_client={"max_body_bytes": 100_000}) as proxy:
+    with (
+        RawWorker(decode_bytes=300_000) as worker,
+        proxy_for(worker, worker_client={"max_body_bytes": 100_000}) as proxy,
+    ):
         response = httpx.post(proxy.url + "/v1/completions", json=BODY, timeout=30)
     assert response.status_code == 502 and "body_too_large" in response.json()["error"]["message"]
