@@ -2,7 +2,16 @@
 
 Every field has the same name on the command line, in the environment and in a TOML
 file: `--prefill.port 8100`, `PDSPEC_PREFILL__PORT=8100`, `[prefill] port = 8100`.
-Nested groups use a dot on the CLI and a double underscore in the environment.
+Nested groups use a dot on the CLI and a double underscore in the environment, at any
+depth: `--proxy.routing.prefill_policy kv_aware`, `PDSPEC_PROXY__ROUTING__PREFILL_POLICY`,
+`[proxy.routing] prefill_policy = "kv_aware"`.
+
+A setting exists only where it applies, and is refused elsewhere (`extra="forbid"`): the
+proxy's settings are in one group per concern, each proxy component built from its own
+(`RoutingSettings` for the routing, `HealthSettings` for the health and pairing checks,
+...); a prefill worker's own fields are on `PrefillWorkerSettings` only, a decode worker's
+on `DecodeWorkerSettings`; what the pair must agree on (the model, the KV transfer mode)
+is `ModelSettings`, set once.
 """
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -118,12 +119,14 @@ def test_a_flat_proxy_key_of_before_the_groups_is_refused():
         with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
             ProxySettings(**old)
     result = subprocess.run(
-        [sys.executable, "-m", "pdspec.cli", "proxy", "--proxy.prefill_kv_admission"],
+        [sys.executable, "-m", "pdspec.cli", "proxy"],
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, "PDSPEC_PROXY__HEALTH_INTERVAL_S": "1"},
     )
-    assert result.returncode != 0
+    assert result.returncode == 2
+    assert "--proxy.health_interval_s: no such setting for `pdspec proxy`" in result.stderr
 
 
 def test_a_decode_worker_refuses_a_prefill_workers_setting():
@@ -143,13 +146,23 @@ def test_a_decode_worker_refuses_a_prefill_workers_setting():
     # and the other way round
     with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
         UpCommand(prefill={"kv_load_failure_policy": "fail"})
+    # On the command line it is no option at all; in the environment (or a TOML file) it is named.
     result = subprocess.run(
         [sys.executable, "-m", "pdspec.cli", "up", "--decode.kv_only_drafter", "false"],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert result.returncode != 0 and "kv_only_drafter" in result.stderr
+    assert result.returncode == 2 and "unrecognized arguments: --decode.kv_only_drafter" in result.stderr
+    result = subprocess.run(
+        [sys.executable, "-m", "pdspec.cli", "up"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PDSPEC_DECODE__KV_ONLY_DRAFTER": "false"},
+    )
+    assert result.returncode == 2
+    assert "--decode.kv_only_drafter: no such setting for `pdspec up`" in result.stderr
 
 
 def test_the_kv_transfer_mode_is_set_once_for_the_pair():
