@@ -612,6 +612,11 @@ class PrefillWorkerSettings(WorkerSettings):
     """A prefill worker: the fields only it has, and its defaults in `pdspec up` and
     `pdspec prefill` (prefill_worker/role.py): its own ports and the first core."""
 
+    port: int = prefill_role.PORT
+    side_channel_port: int = prefill_role.SIDE_CHANNEL_PORT
+    kv_events_port: int = prefill_role.KV_EVENTS_PORT
+    cpu_omp_threads_bind: str | None = prefill_role.CPU_CORE
+
     kv_hold_poll_s: float = Field(
         0.2,
         ge=0,
@@ -633,27 +638,22 @@ class PrefillWorkerSettings(WorkerSettings):
         "ranks draft; false keeps vLLM's own vote (A/B runs).",
     )
 
-    port: int = prefill_role.PORT
-    side_channel_port: int = prefill_role.SIDE_CHANNEL_PORT
-    kv_events_port: int = prefill_role.KV_EVENTS_PORT
-    cpu_omp_threads_bind: str | None = prefill_role.CPU_CORE
-
 
 class DecodeWorkerSettings(WorkerSettings):
     """A decode worker: the fields only it has, and its defaults in `pdspec up` and
     `pdspec decode` (decode_worker/role.py): its own ports and the second core. A prefill
     worker's field (kv_only_drafter, kv_hold_poll_s, dp_idle_rank_vote) is refused."""
 
+    port: int = decode_role.PORT
+    side_channel_port: int = decode_role.SIDE_CHANNEL_PORT
+    kv_events_port: int = decode_role.KV_EVENTS_PORT
+    cpu_omp_threads_bind: str | None = decode_role.CPU_CORE
+
     kv_load_failure_policy: Literal["recompute", "fail"] = Field(
         "recompute",
         description="Decode worker: a KV pull that fails (its prefill worker died or restarted) is "
         "recomputed here (recompute), or ends the request with an error (fail, vLLM's default).",
     )
-
-    port: int = decode_role.PORT
-    side_channel_port: int = decode_role.SIDE_CHANNEL_PORT
-    kv_events_port: int = decode_role.KV_EVENTS_PORT
-    cpu_omp_threads_bind: str | None = decode_role.CPU_CORE
 
 
 class PrefillCommand(WorkerCommand):
