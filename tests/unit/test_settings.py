@@ -262,3 +262,20 @@ def test_the_e2e_suites_proxy_settings_and_options_name_fields_where_they_are():
                 errors += _option_errors([m.group(1), *m.group(2).split(".")], UpCommand, f"{where}:{node.lineno}")
     assert calls > 20 and options > 20
     assert errors == []
+
+
+def test_the_e2e_modules_proxy_setting_constants_validate():
+    """Module-level proxy settings (the routing fleets' ROUTING) validate as they are, values too."""
+    import importlib
+
+    from pdspec.settings import ProxySettings
+
+    groups = set(ProxySettings.model_fields) - {"host", "port", "prefill_urls", "decode_urls"}
+    checked = 0
+    for path in sorted((REPO / "tests" / "e2e").glob("test_*.py")):
+        module = importlib.import_module(f"tests.e2e.{path.stem}")
+        for name, value in vars(module).items():
+            if name.isupper() and isinstance(value, dict) and value and groups >= set(value):
+                ProxySettings.model_validate(value)
+                checked += 1
+    assert checked >= 2
