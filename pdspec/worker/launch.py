@@ -1,7 +1,9 @@
 """Turn pdspec's typed worker settings into a vLLM OpenAI-server command line.
 
-The prefill and decode workers differ only in their NIXL role and in what `role.py`
-of each package sets; everything else is shared here.
+The prefill and decode workers differ only in their NIXL role, in what `role.py` of each
+package sets and in the fields only their role has (PrefillWorkerSettings,
+DecodeWorkerSettings: `check_role_settings` refuses another role's class); everything else
+is shared here.
 """
 
 from __future__ import annotations
