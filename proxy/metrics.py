@@ -129,7 +129,7 @@ class ProxyMetrics:
             ),
             early_decodes=Counter(
                 "pdspec_proxy_early_decodes",
-                "Decode legs sent together with their prefill leg (proxy.early_decode, "
+                "Decode legs sent together with their prefill leg (proxy.kv_transfer.early_decode, "
                 "pushed KV), by outcome: used (the leg got its prefill's KV); stale_source (the prefill worker "
                 "answered as another engine); prefill_failed and client_gone (the leg was not used); completed or "
                 "not_completed (a failed prefill whose leg reached the decode worker, sent again to its worker, "
@@ -139,7 +139,7 @@ class ProxyMetrics:
             ),
             kv_room_waits=Counter(
                 "pdspec_proxy_kv_room_waits",
-                "Prefill legs that waited for room on a prefill worker (prefill_kv_admission: KV room, or queued "
+                "Prefill legs that waited for room on a prefill worker (admission.prefill_kv: KV room, or queued "
                 "prefill time under prefill_queue_budget_s), by how the wait ended: admitted, or timeout (503).",
                 ["outcome"],
                 registry=registry,
@@ -147,7 +147,7 @@ class ProxyMetrics:
             prefill_rate=Gauge(
                 "pdspec_proxy_prefill_rate_tokens_per_second",
                 "Each prefill worker's prefill rate as the proxy measures it: prompt tokens answered per second of "
-                "the time it had prefill legs in flight (prefill_kv_admission).",
+                "the time it had prefill legs in flight (admission.prefill_kv).",
                 ["worker"],
                 registry=registry,
             ),
@@ -155,14 +155,14 @@ class ProxyMetrics:
                 "pdspec_proxy_prefill_queued_seconds",
                 "The prefill time of the prompts the proxy has in flight on each prefill worker, at its measured "
                 "rate; admission sends a leg only while it stays within prefill_queue_budget_s, except a prompt "
-                "over the budget, which goes alone (prefill_kv_admission).",
+                "over the budget, which goes alone (admission.prefill_kv).",
                 ["worker"],
                 registry=registry,
             ),
             prefill_kv_free_tokens=Gauge(
                 "pdspec_proxy_prefill_kv_free_tokens",
                 "Free KV tokens of each prefill worker at the proxy's last reading, less the prompts sent to it "
-                "since (prefill_kv_admission).",
+                "since (admission.prefill_kv).",
                 ["worker"],
                 registry=registry,
             ),

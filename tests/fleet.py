@@ -44,7 +44,7 @@ class Fleet:
 
     @property
     def kv_source_ports(self) -> list[str]:
-        """The prefill workers' NIXL side channels, as the proxy's `kv_source_ports` takes them."""
+        """The prefill workers' NIXL side channels, as the proxy's `kv_transfer.source_ports` takes them."""
         return [f"{WORKERS['p1'][2]}-{WORKERS['p2'][2]}"]
 
     def log(self, name: str, run_dir: Path | None = None) -> Path:

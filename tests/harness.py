@@ -162,14 +162,20 @@ class Server:
 
 def start_worker(role: str, run_dir: Path, port: int, side_channel_port: int = 5600, **worker: object) -> Server:
     """One vLLM worker through pdspec's launcher: prefill, decode or colocated."""
-    from pdspec.settings import ModelSettings, WorkerSettings
-    from pdspec.worker.launch import launch_spec, prepare_run_dir
+    from pdspec.settings import ModelSettings
+    from pdspec.worker.launch import ROLE_SETTINGS, launch_spec, prepare_run_dir
 
     prepare_run_dir(role, run_dir)
     # KV-event ports apart from every other worker's: tests start a role's workers on
     # consecutive side-channel ports and the roles 100 apart, so the replay port is 50 up.
-    worker = {"kv_events_port": side_channel_port + 1000, "kv_events_replay_offset": 50, **worker}
-    settings = WorkerSettings(port=port, side_channel_port=side_channel_port, **worker)
+    # No core binding unless asked (the role classes' defaults bind `pdspec up`'s cores).
+    worker = {
+        "kv_events_port": side_channel_port + 1000,
+        "kv_events_replay_offset": 50,
+        "cpu_omp_threads_bind": None,
+        **worker,
+    }
+    settings = ROLE_SETTINGS[role](port=port, side_channel_port=side_channel_port, **worker)
     spec = launch_spec(role, ModelSettings(models_dir=models_dir()), settings, run_dir)
     log_path = run_dir / f"{role}-{port}.log"
     process = subprocess.Popen(
@@ -189,11 +195,30 @@ def start_colocated(run_dir: Path, port: int) -> Server:
     return server
 
 
+def merged(*layers: dict) -> dict:
+    """Proxy settings in their nested groups, later layers over earlier ones, group by group
+    (`merged(common, {"routing": {...}})` keeps common's other routing settings)."""
+    out: dict = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = merged(out[key], value)
+            else:
+                out[key] = value
+    return out
+
+
 def start_proxy(port: int, log_path: Path | None = None, **settings: object) -> Server:
-    """A proxy on `port` with `settings`; its log goes to `log_path` (none if None)."""
+    """A proxy on `port` with `settings` (ProxySettings' fields, in their groups:
+    `routing={"prefill_policy": ...}`), checked here before the proxy starts; its log goes
+    to `log_path` (none if None)."""
     import json
 
-    env = {**os.environ, "PDSPEC_PROXY": json.dumps({"port": port, **settings})}
+    from pdspec.settings import ProxySettings
+
+    settings = {"port": port, **settings}
+    ProxySettings.model_validate(settings)  # a misspelt or misplaced setting fails the test here, named
+    env = {**os.environ, "PDSPEC_PROXY": json.dumps(settings)}
     log = open(log_path, "wb") if log_path is not None else subprocess.DEVNULL
     process = subprocess.Popen(
         [sys.executable, "-m", "pdspec.cli", "proxy"],

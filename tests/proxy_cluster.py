@@ -5,6 +5,7 @@ import httpx
 
 from pdspec.settings import ProxySettings
 from proxy.app import create_app
+from tests.harness import merged
 from tests.standin import StandinBehaviour, ThreadServer, create_standin
 
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 5}
@@ -13,9 +14,11 @@ BODY = {"model": "m", "prompt": "hello", "max_tokens": 5}
 class Cluster:
     """Two prefill stand-ins and one decode stand-in behind a real proxy."""
 
-    def __init__(self, **settings):
+    def __init__(self, *layers: dict, **settings):
+        """`settings`: ProxySettings' fields in their groups; `layers` merged under them
+        (tests.harness.merged), so a shared group dict and one more setting of its group combine."""
         self.p1, self.p2, self.d = StandinBehaviour(), StandinBehaviour(), StandinBehaviour()
-        self.settings = settings
+        self.settings = merged(*layers, settings)
 
     def __enter__(self):
         self.servers = [ThreadServer(create_standin(b)).__enter__() for b in (self.p1, self.p2, self.d)]
@@ -23,7 +26,7 @@ class Cluster:
         settings = ProxySettings(
             prefill_urls=urls[:2],
             decode_urls=urls[2:],
-            **{"prefill_policy": "round_robin", "retry_backoff_s": 0.01, **self.settings},
+            **merged({"routing": {"prefill_policy": "round_robin"}, "retries": {"backoff_s": 0.01}}, self.settings),
         )
         self.app = create_app(settings)
         self.proxy = ThreadServer(self.app).__enter__()
@@ -47,10 +50,10 @@ class Fleet:
     """`prefill` prefill and `decode` decode stand-ins, each exporting `worker_info`, behind
     a real proxy with `settings`."""
 
-    def __init__(self, prefill: int, decode: int, worker_info: dict | None = None, **settings):
+    def __init__(self, prefill: int, decode: int, worker_info: dict | None = None, *layers: dict, **settings):
         self.prefills = [StandinBehaviour(worker_info=worker_info) for _ in range(prefill)]
         self.decodes = [StandinBehaviour(worker_info=worker_info) for _ in range(decode)]
-        self.settings = settings
+        self.settings = merged(*layers, settings)
 
     def __enter__(self):
         self.servers = [ThreadServer(create_standin(b)).__enter__() for b in self.prefills + self.decodes]

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pdspec.settings import ProxySettings
 from proxy.flow.fanout import choice_count
 
-MAX_CHOICES = ProxySettings().max_choices
+MAX_CHOICES = ProxySettings().clients.max_choices
 
 # The unit tests' runs, derandomized so CI runs the same bodies every time;
 # PDSPEC_DIFF_RANDOM=1 (and more PDSPEC_DIFF_EXAMPLES) explores new ones.

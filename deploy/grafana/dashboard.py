@@ -385,7 +385,7 @@ def build() -> dict:
     p.add(
         "timeseries",
         "Prefill KV room (admission)",
-        "With proxy.prefill_kv_admission: A, each prefill worker's free KV tokens at the proxy's last reading, "
+        "With proxy.admission.prefill_kv: A, each prefill worker's free KV tokens at the proxy's last reading, "
         "less the prompts sent since; B, prefill legs that waited for room, by how the wait ended.",
         [
             ("pdspec_proxy_prefill_kv_free_tokens", "{{worker}}"),
@@ -395,9 +395,9 @@ def build() -> dict:
     p.add(
         "timeseries",
         "Prefill queue (admission)",
-        "With proxy.prefill_kv_admission: the prefill time of the prompts the proxy has in flight on each "
+        "With proxy.admission.prefill_kv: the prefill time of the prompts the proxy has in flight on each "
         "prefill worker, at the rate it measures from the worker's replies; admission holds it under "
-        "proxy.prefill_queue_budget_s (half the prefill timeout by default), so legs wait in the proxy rather "
+        "proxy.admission.prefill_queue_budget_s (half the prefill timeout by default), so legs wait in the proxy rather "
         "than time out in vLLM's queue.",
         [("pdspec_proxy_prefill_queued_seconds", "{{worker}}")],
         unit="s",

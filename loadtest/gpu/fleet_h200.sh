@@ -53,7 +53,7 @@ trace multi_turn --name mt --seed 43 --turns 4 --start 2048 --answer 128 --messa
   --think-s 0.5 --levels 1x8,3x8,6x6,9x5 --warmup-sessions 8 --out /tmp/fleet-traces/mt.json.gz
 UP="--model.target deploy/shapes/qwen3-8b-v4096 --model.drafter deploy/shapes/qwen3-8b-eagle3-v4096
  --model.method eagle3 --model.num_speculative_tokens 3 --model.served_model_name Qwen3-8B-dummy
- --model.max_model_len 8192 --prefill.kv_transfer push --decode.kv_transfer push
+ --model.max_model_len 8192 --model.kv_transfer push
  --prefill.cuda_visible_devices 0 --decode.cuda_visible_devices 0
  --prefill.gpu_memory_utilization 0.2 --decode.gpu_memory_utilization 0.2
  --prefill.enforce_eager --decode.enforce_eager

@@ -17,7 +17,7 @@
 #   once at the decode worker alone with other prompts (--seed 100: the decode worker holds
 #   the first sweep's prompts in its prefix cache), prefilling locally: one engine.
 # Prefill chunks are 2,048 tokens on both workers (the latency workload's mbt).
-# EARLY=1: the stack's proxy sends the decode leg with the prefill leg (proxy.early_decode),
+# EARLY=1: the stack's proxy sends the decode leg with the prefill leg (proxy.kv_transfer.early_decode),
 # and a second proxy without it, on port 8001 in front of the same workers, is timed in the
 # probe's loop (`other_proxy_ttft_ms`) and swept last, time allowing (label 1p1d-usual).
 # Everything comes back in $OUT/handoff.tar.gz, with up-log.txt and the probe's JSON.
@@ -34,7 +34,7 @@ READY_S=${READY_S:-440}
 EAGER_ARGS=()
 [ -n "${EAGER:-}" ] && EAGER_ARGS=(--prefill.enforce_eager --decode.enforce_eager)
 EARLY_ARGS=()
-[ -n "${EARLY:-}" ] && EARLY_ARGS=(--proxy.early_decode)
+[ -n "${EARLY:-}" ] && EARLY_ARGS=(--proxy.kv_transfer.early_decode)
 source loadtest/gpu/device_env.sh 1 dry-run-ok
 RESULTS=/tmp/handoff-results
 rm -rf "$RESULTS" && mkdir -p "$OUT" "$RESULTS"
@@ -53,7 +53,7 @@ started=$(date +%s)
 # shellcheck disable=SC2086  # STACK is words on purpose
 setsid python3 -m pdspec.cli $STACK up "${GPU_ARGS[@]}" "${EAGER_ARGS[@]}" "${EARLY_ARGS[@]}" \
   --prefill.max_num_batched_tokens 2048 --decode.max_num_batched_tokens 2048 \
-  --prefill.kv_transfer "$KV_TRANSFER" --decode.kv_transfer "$KV_TRANSFER" \
+  --model.kv_transfer "$KV_TRANSFER" \
   --restart never --ready_timeout_s "$READY_S" > "$RESULTS/up-log.txt" 2>&1 &
 up=$!
 source loadtest/gpu/stack_lifecycle.sh

@@ -27,14 +27,14 @@ admitting=http://127.0.0.1:8000 plain=http://127.0.0.1:8001 prefill=http://127.0
 # STACK (a dry run on the CPU sets it to nothing: the local model pair) picks the stack.
 STACK=${STACK-"--config deploy/profiles/dummy/qwen3-8b-eagle3-1p1d.toml"}
 one_gpu_pair 0.4
-GPU_ARGS+=(--prefill.kv_transfer push --decode.kv_transfer push)
+GPU_ARGS+=(--model.kv_transfer push)
 [ -z "$STACK" ] && GPU_ARGS=()
 INPUT_LEN=${INPUT_LEN:-8192}
 
 started=$(date +%s)
 # shellcheck disable=SC2086  # STACK is words on purpose
 setsid python3 -m pdspec.cli $STACK up "${GPU_ARGS[@]}" --prefill.enforce_eager --decode.enforce_eager \
-  --proxy.prefill_kv_admission --proxy.queue_timeout_s 300 \
+  --proxy.admission.prefill_kv --proxy.admission.queue_timeout_s 300 \
   --restart never --ready_timeout_s "$READY_S" > "$RESULTS/up-log.txt" 2>&1 &
 up=$!
 EXTRA_PIDS=
@@ -53,8 +53,8 @@ wait_ready $admitting /ready "$READY_S" || exit 1
 echo "stack ready at $(( $(date +%s) - started )) s"
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv > "$RESULTS/nvidia-smi.txt" 2>&1
 # The same proxy settings as pdspec up's but admission off (pdspec up adds its prefill
-# worker's side-channel port to kv_source_ports; the default range holds it).
-PDSPEC_PROXY="{\"port\": 8001, \"prefill_urls\": [\"$prefill\"], \"decode_urls\": [\"$decode\"], \"prefill_kv_admission\": false}" \
+# worker's side-channel port to kv_transfer.source_ports; the default range holds it).
+PDSPEC_PROXY="{\"port\": 8001, \"prefill_urls\": [\"$prefill\"], \"decode_urls\": [\"$decode\"], \"admission\": {\"prefill_kv\": false}}" \
   setsid python3 -m pdspec.cli proxy > "$RESULTS/plain-proxy-log.txt" 2>&1 &
 EXTRA_PIDS=$!
 wait_ready $plain /ready 60 || exit 1

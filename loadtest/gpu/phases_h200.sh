@@ -31,8 +31,8 @@ mkdir -p "$OUT" "$RESULTS"
 # A dry run on the CPU sets PROFILES and SET to nothing (the local model pair) and WORKLOAD=cpu-seed.
 PROFILES=${PROFILES-"deploy/profiles/dummy/qwen3-8b-eagle3-1p1d.toml"}
 SET=${SET-"prefill.cuda_visible_devices=0 decode.cuda_visible_devices=0 prefill.gpu_memory_utilization=0.4
-  decode.gpu_memory_utilization=0.4 prefill.kv_transfer=push decode.kv_transfer=push
-  proxy.prefill_kv_admission=true proxy.queue_timeout_s=300"}
+  decode.gpu_memory_utilization=0.4 model.kv_transfer=push
+  proxy.admission.prefill_kv=true proxy.admission.queue_timeout_s=300"}
 [ -n "$SET" ] && [ -z "${COMPILED:-}" ] && SET="$SET prefill.enforce_eager=true decode.enforce_eager=true"
 set_args=()
 [ -n "$SET" ] && set_args=(--set $SET)

@@ -100,8 +100,8 @@ def main() -> None:
         "port": 9180,
         "prefill_urls": ["http://127.0.0.1:9190"],
         "decode_urls": ["http://127.0.0.1:9190"],
-        "access_log": args.access_log,
-        "max_inflight": 1024,
+        "observability": {"access_log": args.access_log},
+        "admission": {"max_inflight": 1024},
     }
     proxy = start(
         [sys.executable, "-m", "pdspec.cli", "proxy"], core=0, env={"PDSPEC_PROXY": json.dumps(proxy_settings)}

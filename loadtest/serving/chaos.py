@@ -13,7 +13,7 @@ mixed load would measure that). Outcomes:
 - `failed_clean`: a clean error (an HTTP error or an SSE error event) for a request that
   ran while no worker of a role was up (by the proxy's count or the workers' own /health)
   or whose decode worker was faulted under it (the reply's X-Pdspec-Decode-Worker names it:
-  the fleet runs with `proxy.served_by_headers`; a request without one counts any decode
+  the fleet runs with `proxy.observability.served_by_headers`; a request without one counts any decode
   fault while it ran);
 - `lost`: a hang, a wrong output, a malformed reply, the proxy's "Internal proxy error"
   (an exception it did not expect: never excused by a fault), or an error while the fleet
@@ -394,7 +394,7 @@ def run(args) -> dict:
         str(args.prefill_replicas),
         "--decode.replicas",
         str(args.decode_replicas),
-        "--proxy.served_by_headers",
+        "--proxy.observability.served_by_headers",
     )
     process = start(fleet_argv, "pdspec up: ready:", lines)
     fleet = Fleet(

@@ -58,20 +58,20 @@ from loadtest.serving.serve_client import stream_completion
 from loadtest.serving.serve_stats import RequestResult
 
 POLICIES: dict[str, dict] = {
-    "round_robin": {"prefill_policy": "round_robin", "decode_policy": "round_robin"},
-    "least_outstanding": {"prefill_policy": "least_outstanding", "decode_policy": "least_outstanding"},
-    "prefix_affinity": {"prefill_policy": "prefix_affinity", "decode_policy": "least_outstanding"},
-    "kv_aware": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware"},
+    "round_robin": {"routing": {"prefill_policy": "round_robin", "decode_policy": "round_robin"}},
+    "least_outstanding": {"routing": {"prefill_policy": "least_outstanding", "decode_policy": "least_outstanding"}},
+    "prefix_affinity": {"routing": {"prefill_policy": "prefix_affinity", "decode_policy": "least_outstanding"}},
+    "kv_aware": {"routing": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware"}},
     "kv_aware_conditional": {
-        "prefill_policy": "kv_aware",
-        "decode_policy": "kv_aware",
-        "disaggregation": "conditional",
+        "routing": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware", "disaggregation": "conditional"}
     },
     "colocated_kv_aware": {
-        "prefill_policy": "kv_aware",
-        "decode_policy": "kv_aware",
-        "disaggregation": "conditional",
-        "local_prefill_max_tokens": 10**9,
+        "routing": {
+            "prefill_policy": "kv_aware",
+            "decode_policy": "kv_aware",
+            "disaggregation": "conditional",
+            "local_prefill_max_tokens": 10**9,
+        }
     },
 }
 COLOCATED = "colocated_kv_aware"
@@ -199,9 +199,9 @@ def policy_settings(name: str, workers: dict[str, list[str]], port: int, kv_sour
         "port": port,
         "prefill_urls": workers["prefill"],
         "decode_urls": decode,
-        "kv_source_ports": [kv_source_ports],
-        "served_by_headers": True,
         **POLICIES[name],
+        "kv_transfer": {"source_ports": [kv_source_ports]},
+        "observability": {"served_by_headers": True},
     }
 
 

@@ -11,7 +11,7 @@ For each of `--requests` fresh random prompts (no prefix-cache hit helps) it mea
   prefills the prompt itself (what one worker on one core costs, prefill included);
 
 with `--other-proxy-url` (a second proxy in front of the same workers, another setting:
-without `proxy.early_decode`, say), `other_proxy_ttft_ms` too, taken in the same loop so
+without `proxy.kv_transfer.early_decode`, say), `other_proxy_ttft_ms` too, taken in the same loop so
 that the two proxies' figures alternate;
 
 and, from each worker's /metrics around each pulled leg (so the decode worker's local

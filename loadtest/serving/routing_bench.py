@@ -51,14 +51,16 @@ from loadtest.serving.serve_client import completion_body, stream_completion
 from proxy.routing.kv_index import block_keys
 
 POLICIES = {
-    "round_robin": {"prefill_policy": "round_robin", "decode_policy": "round_robin"},
-    "prefix_affinity": {"prefill_policy": "prefix_affinity", "decode_policy": "least_outstanding"},
-    "kv_aware": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware"},
+    "round_robin": {"routing": {"prefill_policy": "round_robin", "decode_policy": "round_robin"}},
+    "prefix_affinity": {"routing": {"prefill_policy": "prefix_affinity", "decode_policy": "least_outstanding"}},
+    "kv_aware": {"routing": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware"}},
     "kv_aware_conditional": {
-        "prefill_policy": "kv_aware",
-        "decode_policy": "kv_aware",
-        "disaggregation": "conditional",
-        "local_prefill_max_tokens": 256,
+        "routing": {
+            "prefill_policy": "kv_aware",
+            "decode_policy": "kv_aware",
+            "disaggregation": "conditional",
+            "local_prefill_max_tokens": 256,
+        }
     },
 }
 MODEL = "pdspec-tiny"
@@ -319,9 +321,9 @@ def start_proxies(args, workers: dict, out: Path) -> dict[str, tuple[subprocess.
             "port": port,
             "prefill_urls": workers["prefill"],
             "decode_urls": workers["decode"],
-            "kv_source_ports": ["5600-5604"],
-            "served_by_headers": True,
             **policy,
+            "kv_transfer": {"source_ports": ["5600-5604"]},
+            "observability": {"served_by_headers": True},
         }
         process = subprocess.Popen(
             [sys.executable, "-m", "pdspec.cli", "proxy"],

@@ -28,7 +28,7 @@ class RequestResult:
     itl_s: list[float] = field(default_factory=list)
     error: str = ""
     # The proxy's Server-Timing phases in ms and the workers that served it, when it sends
-    # them (pdspec's proxy.served_by_headers); empty otherwise.
+    # them (pdspec's proxy.observability.served_by_headers); empty otherwise.
     phases_ms: dict[str, float] = field(default_factory=dict)
     served_by: dict[str, str] = field(default_factory=dict)
 

@@ -1,7 +1,9 @@
 """Turn pdspec's typed worker settings into a vLLM OpenAI-server command line.
 
-The prefill and decode workers differ only in their NIXL role and in what `role.py`
-of each package sets; everything else is shared here.
+The prefill and decode workers differ only in their NIXL role, in what `role.py` of each
+package sets and in the fields only their role has (PrefillWorkerSettings,
+DecodeWorkerSettings: `check_role_settings` refuses another role's class); everything else
+is shared here.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pdspec.contract import KV_EVENTS_TOPIC
-from pdspec.settings import ModelSettings, WorkerSettings
+from pdspec.settings import DecodeWorkerSettings, ModelSettings, PrefillWorkerSettings, WorkerSettings
 from pdspec.worker.engine.control import (
     DP_IDLE_RANK_VOTE_ENV,
     DRAFTS_ENV,
@@ -145,17 +147,36 @@ def is_cpu_build() -> bool:
     return current_platform.is_cpu()
 
 
-def kv_transfer_config(role: Literal["prefill", "decode"], worker: WorkerSettings, cpu: bool) -> dict:
+# The settings class of each role: a prefill or decode worker's has the fields only that role has.
+ROLE_SETTINGS: dict[str, type[WorkerSettings]] = {
+    "prefill": PrefillWorkerSettings,
+    "decode": DecodeWorkerSettings,
+    "colocated": WorkerSettings,
+}
+
+
+def check_role_settings(role: Role, worker: WorkerSettings) -> None:
+    """A prefill worker is launched from PrefillWorkerSettings, a decode worker from
+    DecodeWorkerSettings (their role-only fields have no default elsewhere); TypeError otherwise."""
+    if not isinstance(worker, ROLE_SETTINGS[role]):
+        raise TypeError(f"a {role} worker's settings are {ROLE_SETTINGS[role].__name__}, got {type(worker).__name__}")
+
+
+def kv_transfer_config(
+    role: Literal["prefill", "decode"], transfer: Literal["pull", "push"], worker: WorkerSettings, cpu: bool
+) -> dict:
+    """vLLM's kv_transfer_config for one role; `transfer` is the pair's (model.kv_transfer)."""
     device = worker.kv_buffer_device
     if device == "auto":
         device = "cpu" if cpu else "cuda"
     config = {
-        "kv_connector": KV_CONNECTORS[worker.kv_transfer],
+        "kv_connector": KV_CONNECTORS[transfer],
         "kv_role": KV_ROLES[role],
         "kv_buffer_device": device,
         "kv_connector_extra_config": {"kv_lease_duration": worker.kv_lease_s},
     }
-    if role == "decode":
+    check_role_settings(role, worker)
+    if isinstance(worker, DecodeWorkerSettings):
         # A KV pull that fails (the prefill worker died or restarted under it) is
         # recomputed here, not a 500 for the client.
         config["kv_load_failure_policy"] = worker.kv_load_failure_policy
@@ -195,6 +216,7 @@ def engine_options(role: Role, model: ModelSettings, worker: WorkerSettings, cpu
     (`vllm_argv`), and so is the engine of `loadtest.prefill_bench --as-prefill-worker`, so
     the benchmark measures the engine a prefill worker runs. `extra_vllm_args` (raw
     command-line flags) are the one thing not in here."""
+    check_role_settings(role, worker)
     target, drafter = resolve_model_paths(model)
     options: dict[str, Any] = {
         "model": target,
@@ -222,7 +244,7 @@ def engine_options(role: Role, model: ModelSettings, worker: WorkerSettings, cpu
     if dtype is not None:
         options["dtype"] = dtype
     if role != "colocated":
-        options["kv_transfer_config"] = kv_transfer_config(role, worker, cpu)
+        options["kv_transfer_config"] = kv_transfer_config(role, model.kv_transfer, worker, cpu)
         if worker.kv_events:
             options["kv_events_config"] = kv_events_config(worker)
         if worker.scale_out_api:
@@ -280,12 +302,9 @@ def worker_env(role: Role, worker: WorkerSettings, run_dir: Path, cpu: bool) -> 
         "VLLM_NIXL_SIDE_CHANNEL_HOST": worker.side_channel_host,
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(worker.side_channel_port),
         PROGRESS_DELAY_ENV: str(worker.nixl_progress_delay_us),
-        KV_HOLD_POLL_ENV: f"{worker.kv_hold_poll_s:g}",
         SPIN_WINDOW_ENV: f"{worker.spin_window_ms:g}",
         DRAFTS_ENV: worker.drafts,
         DRAFTS_FILE_ENV: str(drafts_file(run_dir, role)),
-        KV_ONLY_ENV: "1" if worker.kv_only_drafter else "0",
-        DP_IDLE_RANK_VOTE_ENV: "1" if worker.dp_idle_rank_vote else "0",
         ROLE_ENV: role,
         # Keep caches inside the run's own folder, not in the user's home.
         "VLLM_CACHE_ROOT": str(role_dir / "vllm-cache"),
@@ -298,6 +317,11 @@ def worker_env(role: Role, worker: WorkerSettings, run_dir: Path, cpu: bool) -> 
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
     }
+    check_role_settings(role, worker)
+    if isinstance(worker, PrefillWorkerSettings):  # the prefill-only engine features' settings
+        env[KV_HOLD_POLL_ENV] = f"{worker.kv_hold_poll_s:g}"
+        env[KV_ONLY_ENV] = "1" if worker.kv_only_drafter else "0"
+        env[DP_IDLE_RANK_VOTE_ENV] = "1" if worker.dp_idle_rank_vote else "0"
     if role == "decode":  # the stale-KV guard (decode_worker/engine/stale_kv.py): half the prefill worker's lease
         env[STALE_KV_AFTER_ENV] = f"{worker.kv_lease_s / 2:g}"
     if worker.test_hooks and role == "prefill":

@@ -17,7 +17,7 @@ held blocks in between (a request that needs them is a waiting request, and then
 engine steps as vLLM does), so the blocks are freed at most `poll_s` later, unseen.
 
 What sees the lag: only observers of the held blocks, such as the proxy's KV-room
-admission (`prefill_kv_admission`), which learns of the freed room up to `poll_s` later.
+admission (`admission.prefill_kv`), which learns of the freed room up to `poll_s` later.
 vLLM's stall watchdog (0.33, off unless its dump directory is set) only dumps stacks, after
 a timeout far above the 5 s this wait is bounded by (`kv_hold_poll_s`).
 

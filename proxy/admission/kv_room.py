@@ -1,4 +1,4 @@
-"""Admission by KV room on the prefill workers (`prefill_kv_admission`).
+"""Admission by KV room on the prefill workers (`admission.prefill_kv`).
 
 A prefill worker keeps a prompt's KV from its prefill until a decode worker has read it.
 When the decode workers take KV more slowly than the prefill workers make it (decode
@@ -54,6 +54,7 @@ from typing import Any
 
 import orjson
 
+from pdspec.settings import AdmissionSettings
 from proxy.admission.prefill_rate import PrefillRate
 from proxy.errors import ProxyError
 from proxy.fleet.pool import WorkerPool
@@ -166,6 +167,32 @@ class KvRoom:
         self._line: deque[object] = deque()  # the requests waiting for room, oldest first
         self._timed: set[str] = set()  # workers whose rate and queued time are exported
         self._read = asyncio.Event()  # set (and replaced) after each reading and each leg's end
+
+    @classmethod
+    def from_settings(
+        cls,
+        client: UpstreamClient,
+        pool: WorkerPool,
+        settings: AdmissionSettings,
+        metrics,
+        headers: dict[str, str] | None = None,
+        queue_budget_s: float | None = None,
+    ) -> KvRoom:
+        """The KV room check the `admission` group describes (its queue's wait and Retry-After
+        too). `queue_budget_s`: the budget in force (ProxySettings.queue_budget(), which
+        defaults it from the prefill legs' timeout, a `worker_client` setting)."""
+        return cls(
+            client,
+            pool,
+            settings.prefill_kv_headroom,
+            settings.prefill_kv_read_interval_s,
+            settings.queue_timeout_s,
+            settings.retry_after_s,
+            metrics,
+            settings.prompt_chars_per_token,
+            headers,
+            queue_budget_s,
+        )
 
     def tokens_of(self, body: dict[str, Any], planned: int | None) -> tuple[int, int]:
         """(the prompt's tokens, exact or estimated; its characters, 0 when exact)."""

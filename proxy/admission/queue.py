@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from pdspec.settings import AdmissionSettings
 from proxy.errors import ProxyError
 
 
@@ -17,6 +18,11 @@ class Admission:
         self._slots = asyncio.Semaphore(max_inflight)
         self.inflight = 0
         self.waiting = 0
+
+    @classmethod
+    def from_settings(cls, settings: AdmissionSettings) -> Admission:
+        """The queue the `admission` group describes."""
+        return cls(settings.max_inflight, settings.max_queue, settings.queue_timeout_s, settings.retry_after_s)
 
     async def acquire(self) -> None:
         """Take a slot, wait in the queue for one, or raise 429/503. Pair with `release()`."""

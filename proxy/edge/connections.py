@@ -5,7 +5,7 @@ response has been sent, and llhttp (through httptools) joins a header's value pi
 piece, so its cost grows with the square of the header's size: one 256 MB header
 blocked the event loop for a minute, long enough for the proxy's own health checks to
 time out and eject every worker. This protocol is uvicorn's, plus, each from
-`ClientLimits` (the settings' `client_*` fields):
+`ClientLimits` (the settings' `clients` group):
 - `max_header_bytes`: the request line and headers together; beyond it, 431 and close.
   It is checked on every chunk the socket hands over (at most 256 KiB on uvloop) before
   the parser sees it, up to the head's end (`\r\n\r\n`) when the chunk holds it: a head
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from pdspec.settings import ClientSettings
 from proxy.errors import error_body
 
 
@@ -41,6 +42,17 @@ class ClientLimits:
     body_timeout_s: float
     idle_timeout_s: float
     max_connections: int
+
+    @classmethod
+    def from_settings(cls, settings: ClientSettings) -> ClientLimits:
+        """The limits of the `clients` group (its request limits are the endpoint's)."""
+        return cls(
+            settings.max_header_bytes,
+            settings.head_timeout_s,
+            settings.body_timeout_s,
+            settings.idle_timeout_s,
+            settings.max_connections,
+        )
 
 
 def refusal(status: int, message: str) -> bytes:

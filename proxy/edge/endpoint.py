@@ -21,7 +21,7 @@ import logging
 import secrets
 import time
 
-from pdspec.settings import ProxySettings
+from pdspec.settings import ClientSettings
 from proxy.admission.queue import Admission
 from proxy.apis.api import Api
 from proxy.apis.limits import ModelLimits
@@ -45,18 +45,22 @@ class OpenAIEndpoint:
     def __init__(
         self,
         api: Api,
-        settings: ProxySettings,
+        clients: ClientSettings,
         api_keys: ApiKeys,
         admission: Admission,
         limits: ModelLimits,
         disaggregator: Disaggregator,
         metrics: ProxyMetrics,
         tracing: Tracing,
+        access_log: bool = False,
     ) -> None:
+        """`clients`: the request limits (max_body_bytes, max_choices); `access_log`: log
+        every request, not only failed ones (the `observability` group's)."""
         self.api = api
         self.path = api.path
         self.endpoint = api.name
-        self.settings = settings
+        self.clients = clients
+        self.access_log = access_log
         self.api_keys = api_keys
         self.admission = admission
         self.limits = limits
@@ -77,10 +81,10 @@ class OpenAIEndpoint:
                 raise ProxyError(405, f"Method {scope['method']} is not allowed; use POST.")
             self.api_keys.check(header(scope, b"authorization"))
             check_content_type(header(scope, b"content-type"))
-            body = parse_json_object(await read_body(scope, receive, self.settings.max_body_bytes))
+            body = parse_json_object(await read_body(scope, receive, self.clients.max_body_bytes))
             self.api.validate(body)
             if self.api.fans_out:
-                check_choices(body, self.settings.max_choices)
+                check_choices(body, self.clients.max_choices)
             if self.api.limit_fields:
                 await self.limits.check(body, self.api.limit_fields)
             if self.api.prepare is not None:
@@ -123,7 +127,7 @@ class OpenAIEndpoint:
             self.metrics.inflight.set(self.admission.inflight)
             self._count(status)
             trace.finish(status)
-            if status >= 400 or self.settings.access_log:
+            if status >= 400 or self.access_log:
                 log.log(
                     logging.WARNING if status >= 500 else logging.INFO,
                     "%s %s -> %d in %.1f ms",

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from pdspec.settings import HealthSettings
 from proxy.fleet.pairing import Pairing
 from proxy.fleet.pool import Worker, WorkerPool
 from proxy.fleet.worker_info import InfoUnreadable, fetch_worker_info
@@ -54,6 +55,33 @@ class HealthChecker:
         self.on_discarded = on_discarded
         self.after_round = after_round  # sees each round's decisions (cache-aware routing's subscriptions)
         self._raised: set[str] = set()  # workers whose last probe raised (its traceback logged)
+
+    @classmethod
+    def from_settings(
+        cls,
+        client: UpstreamClient,
+        pools: list[WorkerPool],
+        settings: HealthSettings,
+        pairing: Pairing | None = None,
+        loop_lag: LoopLag | None = None,
+        on_discarded=lambda: None,
+        after_round: Callable[[], None] | None = None,
+    ) -> HealthChecker:
+        """The checker the `health` group describes, over `pools` (the pairing check is built
+        from the same group: Pairing.from_settings)."""
+        return cls(
+            client,
+            pools,
+            settings.interval_s,
+            settings.timeout_s,
+            settings.eject_after_failures,
+            settings.readmit_after_successes,
+            pairing,
+            settings.worker_info_interval_s,
+            loop_lag,
+            on_discarded,
+            after_round,
+        )
 
     async def probe(self, worker: Worker) -> bool | None:
         """True: healthy; False: failed; None: timed out while the proxy's own event loop

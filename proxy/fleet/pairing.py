@@ -11,7 +11,7 @@ it, and the prefill worker proposes with K=0 anyway), as may the drafts policy.
 
 The rule: every admitted worker, in both pools, agrees with one reference config, so any
 prefill worker may hand off to any decode worker.
-- Fields in `proxy.expected_worker_config` must equal the values given there.
+- Fields in `proxy.health.expected_worker_config` must equal the values given there.
 - The other fields must equal the *reference*: chosen, when there is none, among the
   healthy workers whose info is known (and that match the expected values): the config
   that both pools have, held by the most workers (ties: configured order, prefill pool
@@ -21,7 +21,7 @@ prefill worker may hand off to any decode worker.
   move the reference. When no healthy worker holds it any more (every worker restarted
   with a new config), it is chosen again.
 - A worker whose /metrics has no `pdspec_worker_info` (plain vLLM) is admitted unverified,
-  with a warning, or refused: `proxy.unverified_workers` (default `admit`).
+  with a warning, or refused: `proxy.health.unverified_workers` (default `admit`).
 - A worker whose info could not be read yet (/metrics failed) is not admitted until it
   is read.
 A refused worker takes no requests; `/ready` names it, the fields and the worker it
@@ -34,12 +34,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from pdspec.settings import HealthSettings
 from proxy.fleet.pool import Worker, WorkerPool
 from proxy.fleet.worker_info import PAIRING_FIELDS
 
 log = logging.getLogger("pdspec.proxy.pairing")
 
-EXPECTED = "proxy.expected_worker_config"
+EXPECTED = "proxy.health.expected_worker_config"
 NO_INFO = "worker_info"  # the "field" of a refusal for a worker that exports no info
 
 
@@ -67,6 +68,13 @@ class Pairing:
         self.unverified = unverified
         self.count_refusal = count_refusal or (lambda pool, field: None)
         self.reference: dict[str, str] | None = None  # learned from workers: every pairing field
+
+    @classmethod
+    def from_settings(
+        cls, settings: HealthSettings, count_refusal: Callable[[str, str], None] | None = None
+    ) -> Pairing:
+        """The pairing check the `health` group describes (expected_worker_config, unverified_workers)."""
+        return cls(settings.expected_worker_config, settings.unverified_workers, count_refusal)
 
     # --- deciding ----------------------------------------------------------------------
 
@@ -116,7 +124,7 @@ class Pairing:
                     pool,
                     worker,
                     {NO_INFO: {"worker": "absent", "reference": "required"}},
-                    "proxy.unverified_workers=refuse",
+                    "proxy.health.unverified_workers=refuse",
                 )
             return
         reference = {**(self.reference or {}), **self.expected}

@@ -11,7 +11,7 @@ Failure handling, in order of the request's life:
   it, `retry` tries other prefill workers (bounded, with backoff), `fallback` sends the
   request to a decode worker without KV params, which then prefills it itself;
 - hand-off: the prefill worker's `kv_transfer_params` must name that worker's own host
-  (or one of `kv_source_hosts`) and a port of `kv_source_ports`, so no reply can steer a
+  (or one of `kv_transfer.source_hosts`) and a port of `kv_transfer.source_ports`, so no reply can steer a
   decode worker to pull KV from anywhere else;
 - decode leg: retried on another decode worker only before its first byte reached the
   client; afterwards a broken stream ends with an SSE error event, never a hang. A
@@ -66,7 +66,7 @@ log = logging.getLogger("pdspec.proxy")
 def server_timing(**durations_s: float) -> str:
     """A Server-Timing header (W3C) of the request's phases, in milliseconds: `route` (the
     route plan: token ids, cache lookup), `prefill` (the prefill leg, retries and the wait
-    for KV room under `prefill_kv_admission` included; 0 when the decode worker
+    for KV room under `admission.prefill_kv` included; 0 when the decode worker
     prefilled), `decode` (to the decode reply's headers when it streams, to its end when
     not: the KV pull and the first token come after them; a re-prefill after a failed KV
     read counts here)."""
@@ -106,18 +106,18 @@ class Disaggregator:
         self.decode_pool = decode_pool
         self.metrics = metrics
         self.settings = settings
-        self.worker_headers = worker_auth_headers(settings.worker_api_key)
+        self.worker_headers = worker_auth_headers(settings.worker_client.api_key)
         # Children of the metrics every request touches, bound once (labels() costs a lock).
         self.prefill_seconds = metrics.leg_seconds.labels("prefill")
         self.relay_metrics = RelayMetrics.of(metrics)  # what the decode replies' relays count
         self.prefill_ok = metrics.prefill_outcomes.labels("ok")
         self._releases: set[asyncio.Task] = set()
-        self.kv_source_ports = [port_range(spec) for spec in settings.kv_source_ports]
-        self.early = EarlyDecode(client, metrics, self.worker_headers) if settings.early_decode else None
+        self.kv_source_ports = [port_range(spec) for spec in settings.kv_transfer.source_ports]
+        self.early = EarlyDecode(client, metrics, self.worker_headers) if settings.kv_transfer.early_decode else None
 
     async def serve(self, ex: Exchange) -> Reply:
         reason = ex.api.decode_only_reason(ex.body)
-        if reason == "structured_output" and self.settings.structured_outputs == "disaggregated":
+        if reason == "structured_output" and self.settings.routing.structured_outputs == "disaggregated":
             reason = None
         if reason is not None:
             self.metrics.decode_only.labels(reason).inc()
@@ -142,7 +142,7 @@ class Disaggregator:
             try:
                 prefilled_at = time.perf_counter()
                 reply = await self._decode(ex, prefilled)
-                if self.settings.served_by_headers:
+                if self.settings.observability.served_by_headers:
                     reply.headers["X-Pdspec-Prefill-Worker"] = prefilled.worker_url or "local"
                     reply.headers["Server-Timing"] = server_timing(
                         route=routed_at - started,
@@ -167,8 +167,8 @@ class Disaggregator:
         """The prefill leg, tried as `prefill_failure_policy` says; its first attempt sends
         the decode leg along where early decode applies (`early_ok`: not for a decode
         retry's fresh KV, whose decode leg `_decode` sends itself)."""
-        policy = self.settings.prefill_failure_policy
-        tries = 1 + (self.settings.prefill_retries if policy == "retry" else 0)
+        policy = self.settings.retries.prefill_failure_policy
+        tries = 1 + (self.settings.retries.prefill_retries if policy == "retry" else 0)
         api, plan, trace = ex.api, ex.plan, ex.trace
         key = leg_key(ex.body, plan, self.prefill_pool.policy)
         leg = orjson.dumps(api.prefill_body(ex.body))
@@ -209,7 +209,7 @@ class Disaggregator:
                 trace.end(span, "worker 4xx")
                 raise
             if prefilled is None:  # failed: pause, then the next worker, if it has room by then
-                await backoff(attempt, tries, self.settings.retry_backoff_s)
+                await backoff(attempt, tries, self.settings.retries.backoff_s)
                 if self.kv_room is not None and attempt + 1 < tries:
                     full.clear()  # `attempts` reads it at each pick
                     full |= await self.kv_room.wait_for_room(tokens)
@@ -260,7 +260,7 @@ class Disaggregator:
                     api.path,
                     leg,
                     {"X-Request-Id": request_id, **self.worker_headers, **trace_headers},
-                    self.settings.prefill_timeout_s,
+                    self.settings.worker_client.prefill_timeout_s,
                 )
                 data = await resp.read()
             except UpstreamError as exc:
@@ -285,11 +285,11 @@ class Disaggregator:
     def _check_remote(self, params: dict, worker: Worker) -> None:
         """The decode worker will connect to (remote_host, remote_port) and pull KV from
         it: it must be the NIXL side channel of the prefill worker that answered. The
-        host must be that worker's own (or listed in `kv_source_hosts`); a missing one
+        host must be that worker's own (or listed in `kv_transfer.source_hosts`); a missing one
         is refused too (vLLM's would then be whatever the decode side defaults to); the
-        port must be an integer in `kv_source_ports`."""
+        port must be an integer in `kv_transfer.source_ports`."""
         host = params.get("remote_host")
-        if not isinstance(host, str) or not (host == worker.host or host in self.settings.kv_source_hosts):
+        if not isinstance(host, str) or not (host == worker.host or host in self.settings.kv_transfer.source_hosts):
             raise LegFailed(
                 502,
                 f"prefill worker {worker.url} named a KV source that is not its own: remote_host={host!r}",
@@ -299,7 +299,7 @@ class Disaggregator:
         if type(port) is not int or not any(low <= port <= high for low, high in self.kv_source_ports):
             raise LegFailed(
                 502,
-                f"prefill worker {worker.url} named a KV source port outside kv_source_ports: remote_port={port!r}",
+                f"prefill worker {worker.url} named a KV source port outside kv_transfer.source_ports: remote_port={port!r}",
                 "foreign_remote_port",
             )
 
@@ -344,14 +344,14 @@ class Disaggregator:
         KV, and nothing else can free it. A worker never admitted, or refused by the
         pairing check (its drafter or block size differs), is never tried."""
         targets: list[Worker] = []
-        for _ in range(1 + self.settings.decode_retries):
+        for _ in range(1 + self.settings.retries.decode_retries):
             try:
                 targets.append(self.decode_pool.pick(exclude={w.url for w in targets}))
             except NoHealthyWorker:
                 break
         if not targets:
             ejected = [w for w in self.decode_pool.workers if w.seen_healthy and w.refusal is None]
-            targets = ejected[: 1 + self.settings.decode_retries]
+            targets = ejected[: 1 + self.settings.retries.decode_retries]
         return targets
 
     async def _release_once(self, path: str, leg: bytes, request_id: str, reason: str) -> None:
@@ -368,7 +368,7 @@ class Disaggregator:
                         path,
                         leg,
                         {"X-Request-Id": request_id, **self.worker_headers},
-                        self.settings.decode_timeout_s,
+                        self.settings.worker_client.decode_timeout_s,
                     )
                     await resp.read()
                     outcome = "ok" if resp.status == 200 else status_class(f"http_{resp.status}")
@@ -424,7 +424,7 @@ class Disaggregator:
         # Timed apart from the span, which is None when tracing is off.
         handoff_started = time.perf_counter() if prefilled.kv_transfer_params else None
         failure: LegFailed | None = None
-        tries = 1 + self.settings.decode_retries
+        tries = 1 + self.settings.retries.decode_retries
         early, prefilled.early = prefilled.early, None  # the first attempt, already on its way
 
         def sent() -> None:
@@ -440,7 +440,7 @@ class Disaggregator:
                     leg = orjson.dumps(api.decode_body(body, prefilled.kv_transfer_params))
                 if self.kv_router is not None:
                     self.kv_router.routed(self.decode_pool, worker, plan)
-                if self.settings.served_by_headers:
+                if self.settings.observability.served_by_headers:
                     headers["X-Pdspec-Decode-Worker"] = worker.url
                 span = trace.start("decode", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
                 try:
@@ -457,7 +457,7 @@ class Disaggregator:
                     trace.end(span, exc.message)
                     failure = exc
                     self.metrics.leg_failures.labels("decode", exc.reason).inc()
-                    await backoff(attempt, tries, self.settings.retry_backoff_s)
+                    await backoff(attempt, tries, self.settings.retries.backoff_s)
                     continue
                 except PassThrough:
                     trace.end(span, "worker 4xx")
@@ -506,7 +506,7 @@ class Disaggregator:
                 path,
                 leg,
                 {"X-Request-Id": request_id, **self.worker_headers, **trace_headers},
-                self.settings.decode_timeout_s,
+                self.settings.worker_client.decode_timeout_s,
                 on_sent=on_sent,
             )
         except UpstreamError as exc:

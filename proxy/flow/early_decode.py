@@ -30,7 +30,7 @@ Failure policy (proxy/flow/disagg.py calls these):
   more to the same worker in the background (`_complete`). A refused one (4xx) is not: the
   worker computed nothing, and the decode worker, checking the same body the same way,
   refused it too. Should that worker be gone for good, the decode worker keeps those
-  blocks until it restarts: the reason early decode is opt-in (`proxy.early_decode`).
+  blocks until it restarts: the reason early decode is opt-in (`proxy.kv_transfer.early_decode`).
 - the early leg itself fails: as any decode attempt that went on the wire (the retry
   prefills again), or, had it never been sent, as one that did not.
 Outcomes are counted in `pdspec_proxy_early_decodes_total`.

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pdspec.settings import ProxySettings
+from pdspec.settings import RoutingSettings
 from proxy.fleet.pool import NoHealthyWorker, Worker, WorkerPool
 from proxy.metrics import ProxyMetrics, remove_series
 from proxy.routing.keys import new_part_key, rendezvous_key, token_affinity_key
@@ -62,7 +62,7 @@ class _Subscription:
 class KvRouter:
     def __init__(
         self,
-        settings: ProxySettings,
+        settings: RoutingSettings,
         client: UpstreamClient,
         prefill_pool: WorkerPool,
         decode_pool: WorkerPool,
@@ -80,7 +80,7 @@ class KvRouter:
         self._retired: dict[str, int] = {}  # counts of subscriptions that ended
 
     @staticmethod
-    def wanted(settings: ProxySettings) -> bool:
+    def wanted(settings: RoutingSettings) -> bool:
         return (
             "kv_aware" in (settings.prefill_policy, settings.decode_policy) or settings.disaggregation == "conditional"
         )
@@ -158,7 +158,7 @@ class KvRouter:
         tokenizer = next(iter(self.decode_pool.healthy()), None)
         if block_size is None or tokenizer is None:
             return None
-        timeout_s = self.settings.routing_tokenize_timeout_s
+        timeout_s = self.settings.tokenize_timeout_s
         if api.render_path is not None and api.render_body is not None:
             ids = await rendered_token_ids(
                 self.client, tokenizer.url, api.render_path, api.render_body(body), timeout_s, self.worker_headers

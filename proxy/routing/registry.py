@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pdspec.settings import ProxySettings
+from pdspec.settings import RoutingSettings
 from proxy.routing.policies.kv_aware import KvAware
 from proxy.routing.policies.least_outstanding import LeastOutstanding
 from proxy.routing.policies.prefix_affinity import PrefixAffinity
@@ -25,8 +25,8 @@ def make(name: str, **weights) -> Policy:
     return POLICIES[name](**weights)
 
 
-def for_pool(settings: ProxySettings, pool: Literal["prefill", "decode"]) -> Policy:
-    """The policy of the prefill or the decode pool, as the settings ask: kv_aware weighs a
+def for_pool(settings: RoutingSettings, pool: Literal["prefill", "decode"]) -> Policy:
+    """The policy of the prefill or the decode pool, as the `routing` group asks: kv_aware weighs a
     leg at `kv_aware_load_tokens` on both pools and cache churn at `kv_aware_churn_weight`
     on the prefill pool only (churn is what prefill legs compute; a decode worker's cache
     fills with what it pulls, chosen by its load)."""

@@ -48,6 +48,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from pdspec.settings import WorkerClientSettings
 from proxy.upstream.errors import ExtraBytes, UpstreamError, body_too_large, empty_line, headers_too_large
 
 # Stop reading from a worker while this much of its body waits for a slow streaming
@@ -506,6 +507,13 @@ class UpstreamClient:
         self.max_header_bytes = max_header_bytes
         self.max_body_bytes = max_body_bytes
         self._pools: dict[str, _OriginPool] = {}
+
+    @classmethod
+    def from_settings(cls, settings: WorkerClientSettings) -> UpstreamClient:
+        """The client the `worker_client` group describes (its leg deadlines and key are the flow's)."""
+        return cls(
+            settings.connect_timeout_s, settings.idle_timeout_s, settings.max_header_bytes, settings.max_body_bytes
+        )
 
     def _pool(self, origin: str) -> _OriginPool:
         pool = self._pools.get(origin)

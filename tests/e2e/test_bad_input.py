@@ -67,8 +67,9 @@ def keyed_proxy(stack):
         18050,
         prefill_urls=[stack.prefill_url],
         decode_urls=[stack.decode_url],
-        api_keys=["secret-key"],
-        kv_source_ports=[str(harness.STACK_BASE_PORT + 300)],  # the stack's prefill side channel (tests/harness.py)
+        clients={"api_keys": ["secret-key"]},
+        # the stack's prefill side channel (tests/harness.py)
+        kv_transfer={"source_ports": [str(harness.STACK_BASE_PORT + 300)]},
     )
     harness.wait_healthy(proxy.url, proxy.process, path="/ready")
     yield proxy

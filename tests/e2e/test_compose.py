@@ -51,7 +51,7 @@ def run(cmd: list[str], timeout: float = 1800, **kwargs) -> subprocess.Completed
 def port_free(port: int) -> bool:
     """Whether a server could listen on `port` now. With SO_REUSEADDR, as servers bind (uvicorn
     does): connections the proxy closed itself (idle keep-alive ones, after
-    client_idle_timeout_s) leave TIME_WAIT entries on the port for a minute, which are not a
+    clients.idle_timeout_s) leave TIME_WAIT entries on the port for a minute, which are not a
     process left behind."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -35,21 +35,20 @@ def cluster(fleet_2p1d, tmp_path_factory):
     p1, p2, d = (fleet_2p1d[name] for name in ("p1", "p2", "d"))
     common = {
         "decode_urls": [d.url],
-        "health_interval_s": 0.5,
-        "prefill_timeout_s": 30,
-        "decode_timeout_s": 60,
-        "kv_source_ports": KV_SOURCE_PORTS,
+        "health": {"interval_s": 0.5},
+        "worker_client": {"prefill_timeout_s": 30, "decode_timeout_s": 60},
+        "kv_transfer": {"source_ports": KV_SOURCE_PORTS},
     }
     single = harness.start_proxy(
-        BASE, run / "single.log", prefill_urls=[p1.url], prefill_failure_policy="error", **common
+        BASE, run / "single.log", prefill_urls=[p1.url], **common, retries={"prefill_failure_policy": "error"}
     )
     double = harness.start_proxy(
         BASE + 1,
         run / "double.log",
         prefill_urls=[p1.url, p2.url],
-        prefill_failure_policy="retry",
-        prefill_policy="round_robin",
         **common,
+        retries={"prefill_failure_policy": "retry"},
+        routing={"prefill_policy": "round_robin"},
     )
     try:
         for proxy in (single, double):
@@ -169,11 +168,10 @@ def test_client_gone_between_the_legs_frees_the_prefill_kv_before_its_lease_ends
             BASE + 2,
             prefill_urls=[cluster["p1"].url],
             decode_urls=[standin.url, cluster["d"].url],
-            decode_policy="round_robin",
-            decode_retries=1,
-            retry_backoff_s=5.0,
-            health_interval_s=60,
-            kv_source_ports=KV_SOURCE_PORTS,
+            routing={"decode_policy": "round_robin"},
+            retries={"decode_retries": 1, "backoff_s": 5.0},
+            health={"interval_s": 60},
+            kv_transfer={"source_ports": KV_SOURCE_PORTS},
         )
         try:
             harness.wait_healthy(proxy.url, proxy.process, path="/ready")
@@ -234,10 +232,10 @@ def test_client_leaving_n_choices_frees_every_leg_and_all_kv(cluster):
         proxy = harness.start_proxy(
             BASE + 3,
             prefill_urls=[cluster["p1"].url, standin.url],
-            prefill_policy="round_robin",
             decode_urls=[cluster["d"].url],
-            health_interval_s=0.5,
-            kv_source_ports=KV_SOURCE_PORTS,
+            routing={"prefill_policy": "round_robin"},
+            health={"interval_s": 0.5},
+            kv_transfer={"source_ports": KV_SOURCE_PORTS},
         )
         try:
             harness.wait_healthy(proxy.url, proxy.process, path="/ready")
@@ -278,10 +276,10 @@ def test_a_refused_decode_leg_gets_no_second_read_and_the_lease_frees_the_kv(clu
             BASE + 4,
             prefill_urls=[cluster["p1"].url],
             decode_urls=[standin.url, cluster["d"].url],
-            decode_policy="round_robin",
-            decode_retries=0,
-            health_interval_s=0.5,
-            kv_source_ports=KV_SOURCE_PORTS,
+            routing={"decode_policy": "round_robin"},
+            retries={"decode_retries": 0},
+            health={"interval_s": 0.5},
+            kv_transfer={"source_ports": KV_SOURCE_PORTS},
         )
         try:
             harness.wait_healthy(proxy.url, proxy.process, path="/ready")

@@ -8,7 +8,7 @@ prefill worker makes it, so the prefill worker's KV fills with prompts held for 
 the KV bottleneck of 1P1D on one GPU, where prefill legs timed out (504) while the prefill
 worker waited for blocks. The same burst goes through two proxies in front of the same
 workers, one after the other: without admission, prefill legs time out; with
-`prefill_kv_admission`, the requests wait in the proxy for room instead, and every one is
+`admission.prefill_kv`, the requests wait in the proxy for room instead, and every one is
 served.
 
 The decode worker's stale-KV guard (decode_worker/engine/stale_kv.py): a decode request
@@ -91,12 +91,16 @@ def through_proxy(workers, port: int, **settings) -> tuple[list[int], dict]:
     assert harness.wait_idle(prefill.url, timeout_s=60) == (0, 0)  # the last run's KV gone
     proxy = harness.start_proxy(
         port,
-        prefill_urls=[prefill.url],
-        decode_urls=[decode.url],
-        prefill_timeout_s=PREFILL_TIMEOUT_S,
-        queue_timeout_s=240,
-        kv_source_ports=[str(BASE + 300)],
-        **settings,
+        **harness.merged(
+            {
+                "prefill_urls": [prefill.url],
+                "decode_urls": [decode.url],
+                "worker_client": {"prefill_timeout_s": PREFILL_TIMEOUT_S},
+                "admission": {"queue_timeout_s": 240},
+                "kv_transfer": {"source_ports": [str(BASE + 300)]},
+            },
+            settings,
+        ),
     )
     try:
         harness.wait_healthy(proxy.url, proxy.process, path="/ready")
@@ -126,7 +130,9 @@ def test_without_admission_prefill_legs_time_out_waiting_for_kv(workers):
 
 
 def test_with_admission_every_request_waits_for_room_and_is_served(workers):
-    statuses, metrics = through_proxy(workers, BASE + 1, prefill_kv_admission=True, prefill_kv_read_interval_s=0.25)
+    statuses, metrics = through_proxy(
+        workers, BASE + 1, admission={"prefill_kv": True, "prefill_kv_read_interval_s": 0.25}
+    )
     assert statuses == [200] * BURST, statuses
     assert metrics["pdspec_proxy_leg_failures_total"] == {}, json.dumps(metrics)
     waits = metrics["pdspec_proxy_kv_room_waits_total"]

@@ -14,7 +14,7 @@ from tests import harness
 from tests.e2e.test_kv_transfer import by_source, scrape_with_sources
 from tests.prompts import completion_body, completion_outputs, unique_prompt
 
-PUSH = ["--prefill.kv_transfer", "push", "--decode.kv_transfer", "push"]
+PUSH = ["--model.kv_transfer", "push"]
 EARLY_PORT, EARLY_FAULT_PORT = 25050, 25051
 
 
@@ -72,11 +72,14 @@ def test_the_kv_only_drafter_pass_stays_on_with_push(push_stack):
 def early_proxy(stack, port: int, **settings) -> harness.Server:
     proxy = harness.start_proxy(
         port,
-        prefill_urls=[stack.prefill_url],
-        decode_urls=[stack.decode_url],
-        early_decode=True,
-        kv_source_ports=["25300"],
-        **settings,
+        **harness.merged(
+            {
+                "prefill_urls": [stack.prefill_url],
+                "decode_urls": [stack.decode_url],
+                "kv_transfer": {"early_decode": True, "source_ports": ["25300"]},
+            },
+            settings,
+        ),
     )
     harness.wait_healthy(proxy.url, proxy.process, path="/ready")
     return proxy
@@ -161,7 +164,12 @@ def test_a_timed_out_early_prefill_is_completed_and_leaves_no_blocks_held(push_s
     """The prefill leg times out behind other work (the proxy drops it, vLLM aborts it):
     the decode worker's registered blocks wait for a prefill of that request id, which the
     proxy sends again to the same worker. The request itself is served by the fallback."""
-    proxy = early_proxy(push_stack, EARLY_FAULT_PORT, prefill_timeout_s=0.3, prefill_failure_policy="fallback")
+    proxy = early_proxy(
+        push_stack,
+        EARLY_FAULT_PORT,
+        worker_client={"prefill_timeout_s": 0.3},
+        retries={"prefill_failure_policy": "fallback"},
+    )
     try:
         assert client.post(proxy.url + "/v1/completions", json=completion_body(unique_prompt(5))).status_code == 200
 

@@ -29,11 +29,13 @@ QUESTIONS = [
     "# Is helper_9 pure?\n",
 ]
 ROUTING = {
-    "prefill_policy": "kv_aware",
-    "decode_policy": "kv_aware",
-    "disaggregation": "conditional",
-    "local_prefill_max_tokens": 160,
-    "served_by_headers": True,
+    "routing": {
+        "prefill_policy": "kv_aware",
+        "decode_policy": "kv_aware",
+        "disaggregation": "conditional",
+        "local_prefill_max_tokens": 160,
+    },
+    "observability": {"served_by_headers": True},
 }
 
 
@@ -43,14 +45,13 @@ def fleet(fleet_2p1d):
     common = {
         "prefill_urls": fleet_2p1d.prefill_urls,
         "decode_urls": fleet_2p1d.decode_urls,
-        "health_interval_s": 0.5,
-        "kv_source_ports": fleet_2p1d.kv_source_ports,
-        "prefill_timeout_s": 60,
-        "decode_timeout_s": 120,
+        "health": {"interval_s": 0.5},
+        "kv_transfer": {"source_ports": fleet_2p1d.kv_source_ports},
+        "worker_client": {"prefill_timeout_s": 60, "decode_timeout_s": 120},
     }
     routed = harness.start_proxy(BASE, **common, **ROUTING)
     # The reference: every request disaggregated, routed by the prompt's hash.
-    plain = harness.start_proxy(BASE + 1, **common, prefill_policy="prefix_affinity")
+    plain = harness.start_proxy(BASE + 1, **common, routing={"prefill_policy": "prefix_affinity"})
     servers = {"routed": routed, "plain": plain, "shared": fleet_2p1d, **fleet_2p1d.servers}
     try:
         for proxy in (routed, plain):

@@ -34,7 +34,7 @@ FAULT_ONLY_PANELS = {
     "Proxy leg failures per second [A]",  # provoked below: a prompt the prefill worker refuses
     "KV releases (client gone between the legs) [A]",  # tests/e2e/test_faults.py
     "KV read once: re-prefills and stale KV recomputed [A]",  # tests/unit/proxy/flow/test_disagg_leaving.py
-    # Only a proxy with prefill_kv_admission exports these: tests/e2e/test_prefill_admission.py
+    # Only a proxy with admission.prefill_kv exports these: tests/e2e/test_prefill_admission.py
     # queries them on a real Prometheus scraping one.
     "Prefill KV room (admission) [A]",
     "Prefill KV room (admission) [B]",
@@ -255,15 +255,15 @@ def test_faults_fire_their_alerts(stack, client, prometheus, tmp_path):
         f"http://127.0.0.1:{free_port(18971, 18980)}",
         f"http://127.0.0.1:{free_port(18981, 18990)}",
     )
-    common = {"health_interval_s": 0.5, "prefill_timeout_s": 30, "decode_timeout_s": 60}
+    common = {"health": {"interval_s": 0.5}, "worker_client": {"prefill_timeout_s": 30, "decode_timeout_s": 60}}
     # A: its only prefill worker is gone and its policy is fallback: decode-only on the
     # real decode worker.
     fallback = harness.start_proxy(
         free_port(18991, 18995),
         prefill_urls=[gone_prefill],
         decode_urls=[stack.decode_url],
-        prefill_failure_policy="fallback",
         **common,
+        retries={"prefill_failure_policy": "fallback"},
     )
     # B: its only decode worker is gone: the real prefill worker prefills, nobody reads
     # the KV (it expires after its lease), and the client gets a 5xx.
@@ -271,8 +271,8 @@ def test_faults_fire_their_alerts(stack, client, prometheus, tmp_path):
         free_port(18996, 18999),
         prefill_urls=[stack.prefill_url],
         decode_urls=[gone_decode],
-        prefill_failure_policy="error",
         **common,
+        retries={"prefill_failure_policy": "error"},
     )
     try:
         for proxy in (fallback, no_decode):

@@ -100,9 +100,10 @@ def test_proxy_refuses_a_decode_worker_with_another_block_size(stack, mismatched
         PROXY_PORT,
         prefill_urls=[stack.prefill_url],
         decode_urls=[mismatched_decode.url, stack.decode_url],
-        decode_policy="round_robin",
-        health_interval_s=0.5,
-        kv_source_ports=[str(harness.STACK_BASE_PORT + 300)],  # the stack's prefill side channel (tests/harness.py)
+        routing={"decode_policy": "round_robin"},
+        health={"interval_s": 0.5},
+        # the stack's prefill side channel (tests/harness.py)
+        kv_transfer={"source_ports": [str(harness.STACK_BASE_PORT + 300)]},
     )
     try:
         harness.wait_healthy(proxy.url, proxy.process, path="/ready")  # the stack's own pair serves

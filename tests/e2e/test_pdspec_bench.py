@@ -39,15 +39,14 @@ def test_pdspec_bench_starts_benchmarks_and_stops_its_stack(tmp_path):
         str(BASE_PORT),
         "--no-progress",
         "--set",
-        "prefill.kv_transfer=push",
-        "decode.kv_transfer=push",
-        "proxy.early_decode=true",
+        "model.kv_transfer=push",
+        "proxy.kv_transfer.early_decode=true",
     ]
     done = subprocess.run(argv, cwd=harness.REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     (stack,) = json.loads((out / "bench.json").read_text())["stacks"]
-    assert stack.get("error") is None and stack["overrides"]["proxy.early_decode"] is True
+    assert stack.get("error") is None and stack["overrides"]["proxy.kv_transfer.early_decode"] is True
     phases = stack["report"]["phases"]
     assert sorted(p["policy"] for p in phases) == ["always", "auto"]
     assert all(p["failed"] == 0 and p["completed"] == p["requests"] > 0 for p in phases)

@@ -8,7 +8,7 @@ A burst of prompts that take the prefill worker three times a prefill leg's time
 sized from one prompt's prefill time on this machine) goes through two proxies in front of
 the stack's workers, one after the other: without
 admission the legs at the back of the worker's queue time out (504); with
-`prefill_kv_admission` (KV room and queued prefill time, at the rate the proxy measures)
+`admission.prefill_kv` (KV room and queued prefill time, at the rate the proxy measures)
 they wait in the proxy instead, and every request is served. A real Prometheus scrapes
 the admitting proxy meanwhile: the dashboard's admission panels (which the shared stack's
 own proxy, admission off, cannot fill) have data."""
@@ -70,12 +70,16 @@ def through_proxy(stack, load: tuple[float, int], port: int, while_up=None, **se
     assert harness.wait_idle(stack.prefill_url, timeout_s=60) == (0, 0)  # nothing left from the tests before
     proxy = harness.start_proxy(
         port,
-        prefill_urls=[stack.prefill_url],
-        decode_urls=[stack.decode_url],
-        prefill_timeout_s=prefill_timeout_s,
-        queue_timeout_s=240,
-        kv_source_ports=[str(harness.STACK_BASE_PORT + 300)],
-        **settings,
+        **harness.merged(
+            {
+                "prefill_urls": [stack.prefill_url],
+                "decode_urls": [stack.decode_url],
+                "worker_client": {"prefill_timeout_s": prefill_timeout_s},
+                "admission": {"queue_timeout_s": 240},
+                "kv_transfer": {"source_ports": [str(harness.STACK_BASE_PORT + 300)]},
+            },
+            settings,
+        ),
     )
     try:
         harness.wait_healthy(proxy.url, proxy.process, path="/ready")
@@ -125,7 +129,11 @@ def test_with_admission_the_burst_waits_in_the_proxy_and_every_request_is_served
 
     try:
         statuses, metrics = through_proxy(
-            stack, load, PORT + 1, while_up=panels_have_data, prefill_kv_admission=True, prefill_kv_read_interval_s=0.25
+            stack,
+            load,
+            PORT + 1,
+            while_up=panels_have_data,
+            admission={"prefill_kv": True, "prefill_kv_read_interval_s": 0.25},
         )
     finally:
         prometheus.stop()

@@ -39,11 +39,13 @@ QUESTIONS = [
     "Is the last one pure?",
 ]
 ROUTING = {
-    "prefill_policy": "kv_aware",
-    "decode_policy": "kv_aware",
-    "served_by_headers": True,
-    # A render of ~750 tokens on two busy cores can take longer than the default 0.5 s.
-    "routing_tokenize_timeout_s": 10,
+    "routing": {
+        "prefill_policy": "kv_aware",
+        "decode_policy": "kv_aware",
+        # A render of ~750 tokens on two busy cores can take longer than the default 0.5 s.
+        "tokenize_timeout_s": 10,
+    },
+    "observability": {"served_by_headers": True},
 }
 
 
@@ -54,11 +56,10 @@ def fleet(fleet_2p1d):
         BASE,
         prefill_urls=fleet_2p1d.prefill_urls,
         decode_urls=fleet_2p1d.decode_urls,
-        health_interval_s=0.5,
-        kv_source_ports=fleet_2p1d.kv_source_ports,
-        prefill_timeout_s=60,
-        decode_timeout_s=120,
         **ROUTING,
+        health={"interval_s": 0.5},
+        kv_transfer={"source_ports": fleet_2p1d.kv_source_ports},
+        worker_client={"prefill_timeout_s": 60, "decode_timeout_s": 120},
     )
     try:
         harness.wait_healthy(proxy.url, proxy.process, path="/ready")

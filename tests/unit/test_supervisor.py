@@ -39,7 +39,7 @@ def test_xpyd_fleet(tmp_path):
     proxy = proxy_settings_for(up)
     assert proxy.prefill_urls == ["http://127.0.0.1:8100", "http://127.0.0.1:8101"]
     assert len(proxy.decode_urls) == 3
-    assert proxy.kv_source_ports[-1] == "5600-5604"  # both prefill side channels may be named
+    assert proxy.kv_transfer.source_ports[-1] == "5600-5604"  # both prefill side channels may be named
     # Each replica's engine has its own control files and metrics folder.
     assert replica_run_dir(tmp_path, "prefill", 0) == tmp_path
     assert (tmp_path / "replicas" / "prefill-1" / "prefill" / "prometheus").is_dir()
@@ -135,18 +135,10 @@ def test_workers_sharing_a_gpu_and_pulling_are_warned(tmp_path, monkeypatch):
     assert kv_transfer_advice(plan_children(shared), shared) is None  # a CPU build: no GPUs
     advice = kv_transfer_advice(gpu_children(tmp_path, shared, monkeypatch), shared)
     assert advice is not None and "share GPU 0" in advice and "push" in advice
-    pushing = UpCommand(run_dir=tmp_path, prefill={"kv_transfer": "push"}, decode={"kv_transfer": "push"})
+    pushing = UpCommand(run_dir=tmp_path, model={"kv_transfer": "push"})
     assert kv_transfer_advice(gpu_children(tmp_path, pushing, monkeypatch), pushing) is None
     apart = UpCommand(run_dir=tmp_path, prefill={"cuda_visible_devices": "0"}, decode={"cuda_visible_devices": "1"})
     assert kv_transfer_advice(gpu_children(tmp_path, apart, monkeypatch), apart) is None
-
-
-def test_prefill_and_decode_moving_kv_differently_are_refused():
-    from pdspec.supervisor import StartupError, check_kv_transfer
-
-    check_kv_transfer(UpCommand(prefill={"kv_transfer": "push"}, decode={"kv_transfer": "push"}))
-    with pytest.raises(StartupError, match="prefill.kv_transfer is push but decode.kv_transfer is pull"):
-        check_kv_transfer(UpCommand(prefill={"kv_transfer": "push"}))
 
 
 def test_on_the_cpu_build_everything_starts_at_once(tmp_path):

@@ -331,7 +331,7 @@ def test_probes_tell_the_same_restart_story_as_pdspec_up_and_compose(overlay):
     from pdspec.settings import ProxySettings
 
     proxy = ProxySettings()
-    proxy_eject_s = proxy.health_interval_s * proxy.eject_after_failures
+    proxy_eject_s = proxy.health.interval_s * proxy.health.eject_after_failures
     for role in WORKERS:
         deployment = objects(overlay, "Deployment")[role]
         c = container(deployment)

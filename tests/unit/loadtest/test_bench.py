@@ -239,7 +239,7 @@ def test_ports_pass_pdspec_ups_check_and_stacks_share_none():
     claimed = []
     for index in range(10):
         ports = stack_ports(8000, index)
-        check_ports(load_settings(None, {**ports, "prefill.kv_transfer": "push", "decode.kv_transfer": "push"}))
+        check_ports(load_settings(None, {**ports, "model.kv_transfer": "push"}))
         side = [ports[f"{role}.side_channel_port"] + rank for role in ("prefill", "decode") for rank in range(4)]
         events = [ports[f"{role}.kv_events_port"] + offset for role in ("prefill", "decode") for offset in (0, 1)]
         claimed += [ports["proxy.port"], ports["prefill.port"], ports["decode.port"], *side, *events]

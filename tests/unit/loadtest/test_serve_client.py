@@ -35,7 +35,7 @@ def test_a_streamed_completion_keeps_the_proxys_phases_and_workers():
         async with httpx.AsyncClient(timeout=30) as client:
             return await stream_completion(client, url, completion_body("m", list(range(10, 60)), 3))
 
-    with Fleet(1, 1, INFO, served_by_headers=True) as fleet:
+    with Fleet(1, 1, INFO, observability={"served_by_headers": True}) as fleet:
         fleet.prefills[0].delay_s = 0.2
         result = asyncio.run(one(fleet.url))
         assert result.ok, result.error

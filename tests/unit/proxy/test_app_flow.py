@@ -18,7 +18,9 @@ def behaviour():
 @pytest.fixture
 def proxy_url(behaviour):
     with ThreadServer(create_standin(behaviour)) as worker:
-        settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url], prefill_timeout_s=5)
+        settings = ProxySettings(
+            prefill_urls=[worker.url], decode_urls=[worker.url], worker_client={"prefill_timeout_s": 5}
+        )
         with ThreadServer(create_app(settings)) as proxy:
             yield proxy.url
 
@@ -114,7 +116,7 @@ def test_unreachable_worker_is_a_clean_503_and_not_ready():
 
 def test_oversized_body_is_413(behaviour):
     with ThreadServer(create_standin(behaviour)) as worker:
-        settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url], max_body_bytes=1000)
+        settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url], clients={"max_body_bytes": 1000})
         with ThreadServer(create_app(settings)) as proxy:
             response = httpx.post(proxy.url + "/v1/completions", json={**BODY, "prompt": "x" * 2000})
     assert response.status_code == 413
@@ -258,7 +260,9 @@ def test_structured_outputs_go_through_pd_by_default(proxy_url, behaviour, extra
 @pytest.mark.parametrize("extra", STRUCTURED)
 def test_structured_outputs_decode_only_setting(behaviour, extra):
     with ThreadServer(create_standin(behaviour)) as worker:
-        settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url], structured_outputs="decode_only")
+        settings = ProxySettings(
+            prefill_urls=[worker.url], decode_urls=[worker.url], routing={"structured_outputs": "decode_only"}
+        )
         with ThreadServer(create_app(settings)) as proxy:
             assert_served_decode_only(proxy.url, behaviour, extra, "structured_output")
 

@@ -14,6 +14,7 @@ import pytest
 
 from pdspec.settings import ProxySettings
 from proxy.app import create_app
+from tests.harness import merged
 from tests.standin import ThreadServer
 
 
@@ -106,7 +107,9 @@ def proxy_for(worker: RawWorker, **settings) -> ThreadServer:
     return ThreadServer(
         create_app(
             ProxySettings(
-                prefill_urls=[worker.url], decode_urls=[worker.url], prefill_failure_policy="error", **settings
+                prefill_urls=[worker.url],
+                decode_urls=[worker.url],
+                **merged({"retries": {"prefill_failure_policy": "error"}}, settings),
             )
         )
     )
@@ -131,7 +134,7 @@ def test_interim_replies_never_hand_one_request_another_ones_kv_params(interim):
 def test_a_large_non_streamed_decode_reply_comes_back_and_the_worker_stays_usable():
     """Over 256 KiB the client paused reading and never resumed: no answer until the
     decode timeout, then a paused connection in the pool timed out the next legs."""
-    with RawWorker(decode_bytes=900_000) as worker, proxy_for(worker, decode_timeout_s=20) as proxy:
+    with RawWorker(decode_bytes=900_000) as worker, proxy_for(worker, worker_client={"decode_timeout_s": 20}) as proxy:
         for _ in range(3):
             response = httpx.post(proxy.url + "/v1/completions", json=BODY, timeout=30)
             assert response.status_code == 200, response.text[:200]
@@ -141,6 +144,9 @@ def test_a_large_non_streamed_decode_reply_comes_back_and_the_worker_stays_usabl
 
 
 def test_the_worker_body_limit_is_a_setting_and_an_over_limit_reply_is_a_502():
-    with RawWorker(decode_bytes=300_000) as worker, proxy_for(worker, worker_max_body_bytes=100_000) as proxy:
+    with (
+        RawWorker(decode_bytes=300_000) as worker,
+        proxy_for(worker, worker_client={"max_body_bytes": 100_000}) as proxy,
+    ):
         response = httpx.post(proxy.url + "/v1/completions", json=BODY, timeout=30)
     assert response.status_code == 502 and "body_too_large" in response.json()["error"]["message"]

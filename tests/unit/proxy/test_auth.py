@@ -75,9 +75,8 @@ def proxy_url(behaviour):
         settings = ProxySettings(
             prefill_urls=[worker.url],
             decode_urls=[worker.url],
-            api_keys=KEYS,
-            worker_api_key="worker-secret",
-            max_body_bytes=1000,
+            clients={"api_keys": KEYS, "max_body_bytes": 1000},
+            worker_client={"api_key": "worker-secret"},
         )
         with ThreadServer(create_app(settings)) as proxy:
             yield proxy.url

@@ -38,7 +38,9 @@ def attributes(span) -> dict:
 def test_spans_for_prefill_handoff_and_decode_share_the_request_trace():
     spans, behaviour = [], StandinBehaviour()
     with ThreadServer(collector(spans)) as otlp, ThreadServer(create_standin(behaviour)) as worker:
-        settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url], otlp_traces_endpoint=otlp.url)
+        settings = ProxySettings(
+            prefill_urls=[worker.url], decode_urls=[worker.url], observability={"otlp_traces_endpoint": otlp.url}
+        )
         with ThreadServer(create_app(settings)) as proxy:
             response = httpx.post(proxy.url + "/v1/completions", json=BODY, headers={"X-Request-Id": "trace-me"})
             assert response.status_code == 200
@@ -63,7 +65,9 @@ def test_incoming_traceparent_becomes_the_parent():
     spans, behaviour = [], StandinBehaviour()
     parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     with ThreadServer(collector(spans)) as otlp, ThreadServer(create_standin(behaviour)) as worker:
-        settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url], otlp_traces_endpoint=otlp.url)
+        settings = ProxySettings(
+            prefill_urls=[worker.url], decode_urls=[worker.url], observability={"otlp_traces_endpoint": otlp.url}
+        )
         with ThreadServer(create_app(settings)) as proxy:
             httpx.post(proxy.url + "/v1/completions", json=BODY, headers={"traceparent": parent})
     root = next(span for span in spans if span.name == "pdspec.request")
@@ -83,7 +87,9 @@ def test_no_exporter_means_no_trace_headers():
 def test_access_log_has_a_line_per_request_with_its_request_id(caplog):
     behaviour = StandinBehaviour()
     with ThreadServer(create_standin(behaviour)) as worker:
-        settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url], access_log=True)
+        settings = ProxySettings(
+            prefill_urls=[worker.url], decode_urls=[worker.url], observability={"access_log": True}
+        )
         with ThreadServer(create_app(settings)) as proxy, caplog.at_level(logging.INFO, logger="pdspec.proxy"):
             httpx.post(proxy.url + "/v1/completions", json=BODY, headers={"X-Request-Id": "log-me"})
             httpx.post(proxy.url + "/v1/completions", content=b"{", headers={"X-Request-Id": "bad-one"})

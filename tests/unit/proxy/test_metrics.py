@@ -22,7 +22,7 @@ def test_handoff_is_timed_from_the_prefill_reply_to_the_first_decode_byte():
 
 
 def test_fallback_requests_have_no_handoff():
-    with Cluster(prefill_failure_policy="fallback", prefill_retries=0) as c:
+    with Cluster(retries={"prefill_failure_policy": "fallback", "prefill_retries": 0}) as c:
         c.p1.prefill_status = c.p2.prefill_status = 500
         assert httpx.post(c.url + "/v1/completions", json=BODY, timeout=10).status_code == 200
         metrics = httpx.get(c.url + "/metrics").text
@@ -30,7 +30,7 @@ def test_fallback_requests_have_no_handoff():
 
 
 def test_queued_gauge_counts_requests_waiting_for_a_slot():
-    with Cluster(max_inflight=1, max_queue=4) as c:
+    with Cluster(admission={"max_inflight": 1, "max_queue": 4}) as c:
         c.d.delay_s = 3.0
         threads = [
             threading.Thread(target=httpx.post, args=(c.url + "/v1/completions",), kwargs={"json": BODY, "timeout": 20})
@@ -62,7 +62,7 @@ async def test_a_request_cancelled_by_the_proxys_own_shutdown_counts_503_not_500
     import asyncio
     import json
 
-    from pdspec.settings import ProxySettings
+    from pdspec.settings import ClientSettings
     from proxy.admission.queue import Admission
     from proxy.apis.completions import COMPLETIONS
     from proxy.apis.limits import ModelLimits
@@ -82,7 +82,7 @@ async def test_a_request_cancelled_by_the_proxys_own_shutdown_counts_503_not_500
     limits.known = True
     metrics = ProxyMetrics.create()
     endpoint = OpenAIEndpoint(
-        COMPLETIONS, ProxySettings(), ApiKeys([]), Admission(4, 4, 5.0, 1), limits, Hanging(), metrics, Tracing(None)
+        COMPLETIONS, ClientSettings(), ApiKeys([]), Admission(4, 4, 5.0, 1), limits, Hanging(), metrics, Tracing(None)
     )
     scope = {
         "type": "http",

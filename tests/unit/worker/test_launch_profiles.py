@@ -7,8 +7,8 @@ import pytest
 import tomllib
 from pydantic_settings import CliApp
 
-from pdspec.settings import UpCommand, WorkerSettings
-from pdspec.worker.launch import KV_ROLES, scheduler_cls, vllm_argv, worker_env
+from pdspec.settings import UpCommand
+from pdspec.worker.launch import KV_ROLES, ROLE_SETTINGS, scheduler_cls, vllm_argv, worker_env
 
 PROFILES = Path(__file__).resolve().parents[3] / "deploy" / "profiles"
 
@@ -108,11 +108,11 @@ def test_shapes_fit_the_shipped_tokenizer():
 
 @pytest.mark.parametrize("vote, env_value", [([], "1"), (["--no-worker.dp_idle_rank_vote"], "0")])
 def test_dp2_prefill_profile_spans_both_gpus_with_the_vote_switch(monkeypatch, tmp_path, vote, env_value):
-    from pdspec.settings import WorkerCommand
+    from pdspec.settings import PrefillCommand
     from pdspec.worker.engine.control import DP_IDLE_RANK_VOTE_ENV
 
     monkeypatch.setenv("PDSPEC_CONFIG", str(PROFILES / "dummy" / "qwen3-30b-a3b-eagle3-prefill-dp2.toml"))
-    command = CliApp.run(WorkerCommand, cli_args=vote)
+    command = CliApp.run(PrefillCommand, cli_args=vote)  # `pdspec prefill`
     argv = vllm_argv("prefill", command.model, command.worker, cpu=False)
     assert argv[argv.index("--data-parallel-size") + 1] == "2"
     assert json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_role"] == KV_ROLES["prefill"]
@@ -134,5 +134,5 @@ def test_qwen3_profiles_parse_tool_calls_and_thinking_on_every_worker(profile):
     model = ModelSettings(**tomllib.loads(profile.read_text())["model"])
     assert (model.tool_call_parser, model.enable_auto_tool_choice, model.reasoning_parser) == ("hermes", True, "qwen3")
     for role in ("prefill", "decode"):
-        flags = option_flags(engine_options(role, model, WorkerSettings(), cpu=False))
+        flags = option_flags(engine_options(role, model, ROLE_SETTINGS[role](), cpu=False))
         assert "--tool-call-parser" in flags and "--enable-auto-tool-choice" in flags and "--reasoning-parser" in flags

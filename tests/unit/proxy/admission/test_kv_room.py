@@ -120,7 +120,7 @@ def test_without_a_budget_only_the_kv_room_counts():
 
 @pytest.mark.parametrize("timeout, budget, expected", [(20.0, None, 10.0), (20.0, 3.0, 3.0), (20.0, 0.0, None)])
 def test_the_budget_defaults_to_half_the_prefill_timeout(timeout, budget, expected):
-    settings = ProxySettings(prefill_timeout_s=timeout, prefill_queue_budget_s=budget)
+    settings = ProxySettings(worker_client={"prefill_timeout_s": timeout}, admission={"prefill_queue_budget_s": budget})
     assert settings.queue_budget() == expected
 
 
@@ -174,13 +174,16 @@ BODY = {"model": "m", "prompt": "x" * 300, "max_tokens": 5}  # about 100 tokens
 
 
 def admission(**settings) -> dict:
+    """Proxy settings with KV room admission; `settings`: admission settings over these."""
     return {
-        "prefill_kv_admission": True,
-        "prefill_kv_read_interval_s": 0.05,
-        "prefill_policy": "round_robin",
-        "retry_after_s": 2,
-        "prompt_chars_per_token": 3.0,
-        **settings,
+        "admission": {
+            "prefill_kv": True,
+            "prefill_kv_read_interval_s": 0.05,
+            "retry_after_s": 2,
+            "prompt_chars_per_token": 3.0,
+            **settings,
+        },
+        "routing": {"prefill_policy": "round_robin"},
     }
 
 
@@ -284,12 +287,14 @@ def queued_prefill_burst(**settings) -> tuple[list[int], str, StandinBehaviour]:
     legs time out after 1 s: the legs at the back of the worker's queue outlive their timeout
     unless the proxy holds them."""
     fleet = Fleet(
-        prefill=1,
-        decode=1,
-        prefill_timeout_s=1.0,
-        queue_timeout_s=30,
-        prefill_policy="round_robin",
-        retry_after_s=2,
+        1,
+        1,
+        None,
+        {
+            "worker_client": {"prefill_timeout_s": 1.0},
+            "admission": {"queue_timeout_s": 30, "retry_after_s": 2},
+            "routing": {"prefill_policy": "round_robin"},
+        },
         **settings,
     )
     (worker,) = fleet.prefills
@@ -308,7 +313,7 @@ def test_without_admission_the_legs_at_the_back_of_a_prefill_queue_time_out():
 
 
 def test_with_admission_a_prefill_queue_waits_in_the_proxy_and_every_request_is_served():
-    statuses, metrics, worker = queued_prefill_burst(prefill_kv_admission=True, prefill_kv_read_interval_s=0.05)
+    statuses, metrics, worker = queued_prefill_burst(admission={"prefill_kv": True, "prefill_kv_read_interval_s": 0.05})
     assert statuses == [200] * 8, statuses
     assert 'pdspec_proxy_leg_failures_total{leg="prefill"' not in metrics
     assert sample(metrics, 'pdspec_proxy_kv_room_waits_total{outcome="admitted"}') >= 1
@@ -390,10 +395,8 @@ def test_a_client_that_leaves_mid_prefill_leaves_nothing_queued_on_the_worker():
     fleet = Fleet(
         prefill=1,
         decode=1,
-        prefill_kv_admission=True,
-        prefill_kv_read_interval_s=0.05,
-        queue_timeout_s=30,
-        prefill_policy="round_robin",
+        admission={"prefill_kv": True, "prefill_kv_read_interval_s": 0.05, "queue_timeout_s": 30},
+        routing={"prefill_policy": "round_robin"},
     )
     (worker,) = fleet.prefills
     worker.prefill_tokens_per_s = 1000

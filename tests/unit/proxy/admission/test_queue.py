@@ -21,6 +21,7 @@ from proxy.admission.queue import Admission
 from proxy.app import create_app
 from proxy.asgi import Reply
 from proxy.errors import ProxyError
+from tests.harness import merged
 from tests.standin import StandinBehaviour, ThreadServer, create_standin
 
 GUARD_S = 5  # only against a hang
@@ -185,7 +186,7 @@ async def proxy(worker_url: str, **settings):
             prefill_urls=[worker_url],
             decode_urls=[worker_url],
             gc_interval_s=0,
-            **{"max_inflight": 1, "max_queue": 0, **settings},
+            **merged({"admission": {"max_inflight": 1, "max_queue": 0}}, settings),
         )
     )
     async with app.router.lifespan_context(app):
@@ -195,7 +196,7 @@ async def proxy(worker_url: str, **settings):
 
 
 async def test_a_client_beyond_the_limit_gets_429_and_no_leg_is_sent(worker_url, behaviour):
-    async with proxy(worker_url, retry_after_s=2) as (admission, client):
+    async with proxy(worker_url, admission={"retry_after_s": 2}) as (admission, client):
         await admission.acquire()  # the only slot
         response = await client.post("/v1/completions", json=BODY, headers={"X-Request-Id": "over"})
         admission.release()
@@ -212,7 +213,10 @@ async def test_a_client_beyond_the_limit_gets_429_and_no_leg_is_sent(worker_url,
 
 
 async def test_a_queued_client_that_times_out_gets_503(worker_url, behaviour):
-    async with proxy(worker_url, max_queue=1, queue_timeout_s=0.02, retry_after_s=4) as (admission, client):
+    async with proxy(worker_url, admission={"max_queue": 1, "queue_timeout_s": 0.02, "retry_after_s": 4}) as (
+        admission,
+        client,
+    ):
         await admission.acquire()
         response = await client.post("/v1/chat/completions", json={"model": "m", "messages": []})
         assert admission.waiting == 0
@@ -224,7 +228,7 @@ async def test_a_queued_client_that_times_out_gets_503(worker_url, behaviour):
 
 
 async def test_a_queued_client_is_served_when_the_slot_comes_free(worker_url):
-    async with proxy(worker_url, max_queue=1) as (admission, client):
+    async with proxy(worker_url, admission={"max_queue": 1}) as (admission, client):
         await admission.acquire()
         queued = asyncio.create_task(client.post("/v1/completions", json=BODY))
         await settle(lambda: admission.waiting == 1)
@@ -252,7 +256,10 @@ async def test_the_slot_is_given_back_after_a_served_request(worker_url, stream)
 async def test_the_slot_is_given_back_after_a_failed_request(worker_url, behaviour, failure, broken, fixed):
     setattr(behaviour, failure, broken)
     stream = failure == "break_stream_after"
-    async with proxy(worker_url, prefill_failure_policy="error", decode_retries=0) as (admission, client):
+    async with proxy(worker_url, retries={"prefill_failure_policy": "error", "decode_retries": 0}) as (
+        admission,
+        client,
+    ):
         failed = await client.post("/v1/completions", json={**BODY, "stream": stream})
         assert admission.inflight == 0
         setattr(behaviour, failure, fixed)

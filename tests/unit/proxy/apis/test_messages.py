@@ -105,7 +105,7 @@ def test_structured_output_and_forced_tools_go_through_pd_by_default():
 
 def test_structured_output_and_forced_tools_are_served_decode_only_under_the_setting():
     for extra in CONSTRAINED:
-        with Cluster(structured_outputs="decode_only") as c:
+        with Cluster(routing={"structured_outputs": "decode_only"}) as c:
             assert httpx.post(c.url + "/v1/messages", json={**BODY, **extra}).status_code == 200
         assert prefill_legs(c.p1) + prefill_legs(c.p2) == [] and c.d.received[0]["kv_transfer_params"] is None
 
@@ -113,7 +113,7 @@ def test_structured_output_and_forced_tools_are_served_decode_only_under_the_set
 def test_a_refused_decode_sends_no_release():
     """The decode worker frees the KV of a request it refuses; a second read could see blocks
     already holding another request's KV."""
-    with Cluster(decode_retries=0) as c:
+    with Cluster(retries={"decode_retries": 0}) as c:
         c.d.fail_decodes = 1
         response = httpx.post(c.url + "/v1/messages", json={**BODY, "stream": True})
         metrics = httpx.get(c.url + "/metrics").text

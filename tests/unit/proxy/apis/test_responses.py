@@ -177,7 +177,7 @@ def test_structured_output_goes_through_pd_by_default():
 
 
 def test_structured_output_is_served_decode_only_under_the_setting():
-    with Cluster(structured_outputs="decode_only") as c:
+    with Cluster(routing={"structured_outputs": "decode_only"}) as c:
         response = httpx.post(c.url + "/v1/responses", json=STRUCTURED_BODY)
         metrics = httpx.get(c.url + "/metrics").text
     assert response.status_code == 200
@@ -186,12 +186,12 @@ def test_structured_output_is_served_decode_only_under_the_setting():
 
 
 def test_prefill_failure_follows_the_policy():
-    with Cluster(prefill_failure_policy="error") as c:
+    with Cluster(retries={"prefill_failure_policy": "error"}) as c:
         c.p1.prefill_status = c.p2.prefill_status = 500
         failed = httpx.post(c.url + "/v1/responses", json=BODY)
     assert failed.status_code == 502 and failed.json()["error"]["type"] == "server_error"
     assert c.d.received == []
-    with Cluster(prefill_failure_policy="fallback") as c:
+    with Cluster(retries={"prefill_failure_policy": "fallback"}) as c:
         c.p1.prefill_status = c.p2.prefill_status = 500
         fallback = httpx.post(c.url + "/v1/responses", json=BODY)
     assert fallback.status_code == 200 and c.d.received[0]["kv_transfer_params"] is None
@@ -203,7 +203,7 @@ def test_prefill_failure_follows_the_policy():
 
 
 def test_prefill_without_kv_params_is_an_error_not_a_silent_recompute():
-    with Cluster(prefill_failure_policy="error") as c:
+    with Cluster(retries={"prefill_failure_policy": "error"}) as c:
         c.p1.omit_kv_params = c.p2.omit_kv_params = True
         response = httpx.post(c.url + "/v1/responses", json=BODY)
     assert response.status_code == 502 and "kv_transfer_params" in response.json()["error"]["message"]
@@ -214,7 +214,7 @@ def test_prefill_without_kv_params_is_an_error_not_a_silent_recompute():
 def test_a_refused_decode_sends_no_release(stream):
     """The decode worker frees the KV of a request it refuses; a second read could see blocks
     already holding another request's KV."""
-    with Cluster(decode_retries=0) as c:
+    with Cluster(retries={"decode_retries": 0}) as c:
         c.d.fail_decodes = 1
         response = httpx.post(c.url + "/v1/responses", json={**BODY, "stream": stream})
         metrics = httpx.get(c.url + "/metrics").text

@@ -24,7 +24,7 @@ BODY = {"model": "m", "prompt": "hello", "max_tokens": 5}
 @pytest.fixture
 def proxy():
     with ThreadServer(create_standin(StandinBehaviour())) as worker:
-        settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url], health_interval_s=0.2)
+        settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url], health={"interval_s": 0.2})
         app = create_app(settings)
         refusals = app.state.metrics.client_refusals
         protocol = limited_protocol(LIMITS, lambda reason: refusals.labels(reason).inc())

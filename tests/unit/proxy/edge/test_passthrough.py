@@ -15,7 +15,11 @@ def fleet():
     prefill, decode = StandinBehaviour(), StandinBehaviour()
     with ThreadServer(create_standin(prefill)) as p, ThreadServer(create_standin(decode)) as d:
         settings = ProxySettings(
-            prefill_urls=[p.url], decode_urls=[d.url], api_keys=["k"], worker_api_key="w", health_interval_s=0.05
+            prefill_urls=[p.url],
+            decode_urls=[d.url],
+            clients={"api_keys": ["k"]},
+            worker_client={"api_key": "w"},
+            health={"interval_s": 0.05},
         )
         with ThreadServer(create_app(settings)) as proxy:
             yield proxy.url, prefill, decode
@@ -50,7 +54,7 @@ def test_the_client_key_is_checked(fleet, path):
 
 def test_no_healthy_decode_worker_is_a_503():
     with ThreadServer(create_standin(StandinBehaviour())) as p:
-        settings = ProxySettings(prefill_urls=[p.url], decode_urls=["http://127.0.0.1:9"], health_interval_s=0.05)
+        settings = ProxySettings(prefill_urls=[p.url], decode_urls=["http://127.0.0.1:9"], health={"interval_s": 0.05})
         with ThreadServer(create_app(settings)) as proxy:
             response = httpx.post(proxy.url + "/tokenize", json={"prompt": "x"})
     assert response.status_code == 503 and response.json()["error"]["type"] == "server_error"

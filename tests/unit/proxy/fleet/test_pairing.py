@@ -12,6 +12,7 @@ from pdspec.settings import ProxySettings
 from proxy.app import create_app
 from proxy.fleet.pairing import EXPECTED, Pairing
 from proxy.fleet.pool import WorkerPool
+from tests.harness import merged
 from tests.standin import StandinBehaviour, ThreadServer, create_standin
 
 A = {
@@ -186,7 +187,7 @@ class Cluster:
         settings = ProxySettings(
             prefill_urls=urls[: self.n_prefill],
             decode_urls=urls[self.n_prefill :],
-            **{"health_interval_s": 0.05, **self.settings},
+            **merged({"health": {"interval_s": 0.05}}, self.settings),
         )
         self.proxy = ThreadServer(create_app(settings)).__enter__()
         self.url = self.proxy.url
@@ -252,7 +253,7 @@ def test_mismatched_decode_worker_is_refused_and_ready_says_why():
 
 def test_requests_avoid_the_refused_one_of_two_decode_workers():
     with Cluster(
-        [info("prefill")], [info("decode"), info("decode", method="dflash")], decode_policy="round_robin"
+        [info("prefill")], [info("decode"), info("decode", method="dflash")], routing={"decode_policy": "round_robin"}
     ) as c:
         body = c.wait_ready(200)
         statuses = [httpx.post(c.url + "/v1/completions", json=BODY).status_code for _ in range(6)]
@@ -265,7 +266,9 @@ def test_requests_avoid_the_refused_one_of_two_decode_workers():
 
 
 def test_worker_that_rejoins_with_another_config_is_refused_then_back_when_fixed():
-    with Cluster([info("prefill")], [info("decode")], eject_after_failures=1, readmit_after_successes=1) as c:
+    with Cluster(
+        [info("prefill")], [info("decode")], health={"eject_after_failures": 1, "readmit_after_successes": 1}
+    ) as c:
         c.wait_ready(200)
         decode = c.behaviours[1]
         decode.healthy = False  # restarting...
@@ -289,7 +292,7 @@ def test_worker_that_rejoins_with_another_config_is_refused_then_back_when_fixed
 
 
 def test_info_is_read_again_only_every_interval():
-    with Cluster([info("prefill")], [info("decode")], worker_info_interval_s=0.5) as c:
+    with Cluster([info("prefill")], [info("decode")], health={"worker_info_interval_s": 0.5}) as c:
         c.wait_ready(200)
         reads_at_start = c.behaviours[1].metrics_reads
         c.behaviours[1].worker_info = info("decode", model="/m/other")  # changed without a failed check
@@ -304,7 +307,7 @@ def test_info_is_read_again_only_every_interval():
 
 @pytest.mark.parametrize("setting, status", [("admit", 200), ("refuse", 503)])
 def test_plain_vllm_worker_is_admitted_or_refused_by_setting(setting, status):
-    with Cluster([info("prefill")], [None], unverified_workers=setting) as c:
+    with Cluster([info("prefill")], [None], health={"unverified_workers": setting}) as c:
         body = c.wait_ready(status)
     if setting == "admit":
         assert body["pairing"]["unverified"] == [{"pool": "decode", "worker": c.servers[1].url}]
@@ -327,7 +330,7 @@ def test_unreadable_metrics_keep_a_new_worker_out_until_read():
 
 
 def test_expected_config_setting_through_the_app():
-    with Cluster([info("prefill")], [info("decode")], expected_worker_config={"block_size": 64}) as c:
+    with Cluster([info("prefill")], [info("decode")], health={"expected_worker_config": {"block_size": 64}}) as c:
         body = c.ready().json()
     assert body["ready"] is False
     assert {r["against"] for r in body["pairing"]["refused"]} == {EXPECTED}

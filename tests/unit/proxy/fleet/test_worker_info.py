@@ -97,11 +97,11 @@ def test_kv_connector_label_is_the_transfer_direction():
     (NixlConnector is vLLM's alias of its pull connector)."""
     from vllm.config import KVTransferConfig
 
-    from pdspec.settings import WorkerSettings
+    from pdspec.settings import PrefillWorkerSettings
     from pdspec.worker.launch import kv_transfer_config
 
     for transfer in ("pull", "push"):
-        config = KVTransferConfig(**kv_transfer_config("prefill", WorkerSettings(kv_transfer=transfer), cpu=True))
+        config = KVTransferConfig(**kv_transfer_config("prefill", transfer, PrefillWorkerSettings(), cpu=True))
         assert worker_info.kv_connector_label(config) == transfer
     assert worker_info.kv_connector_label(None) == ""  # a colocated server: no connector
 
@@ -172,13 +172,15 @@ def test_engine_plugin_without_a_drafter_publishes_info_and_skips_nothing(tmp_pa
 def test_plugin_is_loaded_without_a_drafter_too_unless_turned_off():
     from pathlib import Path
 
-    from pdspec.settings import ModelSettings, WorkerSettings
+    from pdspec.settings import DecodeWorkerSettings, ModelSettings
     from pdspec.worker import launch
 
     model = ModelSettings(models_dir=Path("/m"), method="none")
-    assert "--speculative-config" not in launch.vllm_argv("decode", model, WorkerSettings(), cpu=True)
-    assert launch.scheduler_cls("decode") in launch.vllm_argv("decode", model, WorkerSettings(), cpu=True)
-    assert "--scheduler-cls" not in launch.vllm_argv("decode", model, WorkerSettings(engine_plugin=False), cpu=True)
+    assert "--speculative-config" not in launch.vllm_argv("decode", model, DecodeWorkerSettings(), cpu=True)
+    assert launch.scheduler_cls("decode") in launch.vllm_argv("decode", model, DecodeWorkerSettings(), cpu=True)
+    assert "--scheduler-cls" not in launch.vllm_argv(
+        "decode", model, DecodeWorkerSettings(engine_plugin=False), cpu=True
+    )
 
 
 def test_the_proxy_reads_which_engine_features_are_off():

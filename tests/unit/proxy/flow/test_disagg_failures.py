@@ -16,7 +16,7 @@ def prefill_legs(b: StandinBehaviour) -> int:
 
 
 def test_retry_moves_the_prefill_to_another_worker():
-    with Cluster(prefill_failure_policy="retry") as c:
+    with Cluster(retries={"prefill_failure_policy": "retry"}) as c:
         c.p1.prefill_status = c.p2.prefill_status = 200
         c.p1.prefill_status = 500
         statuses = [httpx.post(c.url + "/v1/completions", json=BODY).status_code for _ in range(4)]
@@ -30,7 +30,7 @@ def test_retry_moves_the_prefill_to_another_worker():
 
 
 def test_error_policy_returns_the_failure():
-    with Cluster(prefill_failure_policy="error") as c:
+    with Cluster(retries={"prefill_failure_policy": "error"}) as c:
         c.p1.prefill_status = c.p2.prefill_status = 500
         response = httpx.post(c.url + "/v1/completions", json=BODY)
     assert response.status_code == 502 and response.json()["error"]["type"] == "server_error"
@@ -38,7 +38,7 @@ def test_error_policy_returns_the_failure():
 
 
 def test_fallback_policy_decodes_without_kv_params():
-    with Cluster(prefill_failure_policy="fallback") as c:
+    with Cluster(retries={"prefill_failure_policy": "fallback"}) as c:
         c.p1.prefill_status = c.p2.prefill_status = 500
         response = httpx.post(c.url + "/v1/completions", json=BODY)
         metrics = httpx.get(c.url + "/metrics").text
@@ -63,16 +63,16 @@ def test_every_prefill_outcome_is_exported_at_zero_before_any_request():
         (None, 5600, "not its own"),  # no host: the decode side would pick one itself
         ("", 5600, "not its own"),
         (["127.0.0.1"], 5600, "not its own"),
-        ("127.0.0.1", None, "outside kv_source_ports"),
-        ("127.0.0.1", 22, "outside kv_source_ports"),
-        ("127.0.0.1", 5664, "outside kv_source_ports"),
-        ("127.0.0.1", "5600", "outside kv_source_ports"),
-        ("127.0.0.1", True, "outside kv_source_ports"),
-        ("127.0.0.1", 5600.0, "outside kv_source_ports"),
+        ("127.0.0.1", None, "outside kv_transfer.source_ports"),
+        ("127.0.0.1", 22, "outside kv_transfer.source_ports"),
+        ("127.0.0.1", 5664, "outside kv_transfer.source_ports"),
+        ("127.0.0.1", "5600", "outside kv_transfer.source_ports"),
+        ("127.0.0.1", True, "outside kv_transfer.source_ports"),
+        ("127.0.0.1", 5600.0, "outside kv_transfer.source_ports"),
     ],
 )
 def test_prefill_naming_a_foreign_kv_source_is_refused(host, port, fragment):
-    with Cluster(prefill_failure_policy="error") as c:
+    with Cluster(retries={"prefill_failure_policy": "error"}) as c:
         c.p1.remote_host = c.p2.remote_host = host
         c.p1.remote_port = c.p2.remote_port = port
         response = httpx.post(c.url + "/v1/completions", json=BODY)
@@ -84,7 +84,7 @@ def test_prefill_naming_a_foreign_kv_source_is_refused(host, port, fragment):
 def test_kv_source_must_be_the_answering_prefill_worker():
     """Both prefill workers are in the pool, but each may only name itself: p1 naming
     p2's address (here 127.0.0.2 stands for another pool member) is refused."""
-    with Cluster(prefill_failure_policy="error", prefill_policy="round_robin") as c:
+    with Cluster(retries={"prefill_failure_policy": "error"}, routing={"prefill_policy": "round_robin"}) as c:
         c.p1.remote_host = c.p2.remote_host = "127.0.0.2"
         c.app.state.pools[0].workers.append(type(c.app.state.pools[0].workers[0])("http://127.0.0.2:9", healthy=False))
         response = httpx.post(c.url + "/v1/completions", json=BODY)
@@ -92,7 +92,7 @@ def test_kv_source_must_be_the_answering_prefill_worker():
 
 
 def test_kv_source_hosts_and_ports_can_be_widened():
-    with Cluster(kv_source_hosts=["10.0.0.7"], kv_source_ports=["7000-7010", "7100"]) as c:
+    with Cluster(kv_transfer={"source_hosts": ["10.0.0.7"], "source_ports": ["7000-7010", "7100"]}) as c:
         c.p1.remote_host = c.p2.remote_host = "10.0.0.7"
         statuses = []
         for port in (7000, 7010, 7100, 5600):
@@ -102,7 +102,7 @@ def test_kv_source_hosts_and_ports_can_be_widened():
 
 
 def test_backpressure_answers_429_with_retry_after():
-    with Cluster(max_inflight=1, max_queue=0) as c:
+    with Cluster(admission={"max_inflight": 1, "max_queue": 0}) as c:
         c.d.delay_s = 3.0  # long enough for a loaded machine to send the second request meanwhile
         results = {}
 
@@ -123,7 +123,7 @@ def test_backpressure_answers_429_with_retry_after():
 
 @pytest.mark.parametrize("header, status", [(None, 401), ("Bearer wrong", 401), ("Basic abc", 401), ("Bearer k1", 200)])
 def test_api_keys(header, status):
-    with Cluster(api_keys=["k1", "k2"], worker_api_key="worker-secret") as c:
+    with Cluster(clients={"api_keys": ["k1", "k2"]}, worker_client={"api_key": "worker-secret"}) as c:
         headers = {"Authorization": header} if header else {}
         response = httpx.post(c.url + "/v1/completions", json=BODY, headers=headers)
     assert response.status_code == status
@@ -137,14 +137,14 @@ def test_api_keys(header, status):
 
 @pytest.mark.parametrize("keys, status", [(["k1"], 404), ([], 200)])
 def test_api_docs_are_off_when_api_keys_are_set(keys, status):
-    with Cluster(api_keys=keys) as c:
+    with Cluster(clients={"api_keys": keys}) as c:
         for path in ("/docs", "/redoc", "/openapi.json"):
             for headers in ({}, {"Authorization": "Bearer k1"}):
                 assert httpx.get(c.url + path, headers=headers).status_code == status, (path, headers)
 
 
 def test_ready_follows_worker_health():
-    with Cluster(health_interval_s=0.05, eject_after_failures=1, readmit_after_successes=1) as c:
+    with Cluster(health={"interval_s": 0.05, "eject_after_failures": 1, "readmit_after_successes": 1}) as c:
         assert httpx.get(c.url + "/ready").status_code == 200
         c.d.healthy = False
         while httpx.get(c.url + "/ready").status_code != 503:  # health checks run every 50 ms
@@ -178,7 +178,7 @@ def test_client_gone_between_the_legs_gets_its_prefill_kv_released():
     """The decode worker cannot be reached, and the client leaves during the retry backoff:
     no decode worker got the request, so the proxy sends a one-token decode with the same
     KV params, which makes a real decode worker read (and so free) the KV."""
-    with Cluster(decode_retries=1, retry_backoff_s=1.0, health_interval_s=60) as c:
+    with Cluster(retries={"decode_retries": 1, "backoff_s": 1.0}, health={"interval_s": 60}) as c:
         c.servers[2].__exit__(None, None, None)  # the decode worker is gone
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(c.url + "/v1/completions", json={**BODY, "stream": True}, timeout=0.3)

@@ -27,7 +27,7 @@ def test_client_leaving_n2_stream_while_one_choice_decodes_closes_every_leg():
     worker is slow, so the merged reply has not started when the client leaves. Both
     legs in flight must end: the decode stream's connection closes (vLLM aborts it) and
     the slow prefill is cancelled."""
-    with Cluster(prefill_policy="round_robin") as c:
+    with Cluster(routing={"prefill_policy": "round_robin"}) as c:
         c.p2.delay_s = 30.0
         c.d.stream_event_delay_s = 1.0  # a long generation
         with pytest.raises(httpx.ReadTimeout):
@@ -39,7 +39,7 @@ def test_client_leaving_n2_stream_while_one_choice_decodes_closes_every_leg():
 
 
 def test_client_leaving_a_merged_stream_closes_every_choice_without_counting_errors():
-    with Cluster(prefill_policy="round_robin") as c:
+    with Cluster(routing={"prefill_policy": "round_robin"}) as c:
         c.d.stream_event_delay_s = 1.0
         with httpx.stream("POST", c.url + "/v1/completions", json=STREAMED_N2, timeout=30) as response:
             assert response.status_code == 200
@@ -76,7 +76,7 @@ def assert_one_read(decode: list[dict]) -> None:
 def test_a_refused_decode_is_not_followed_by_a_second_read_of_its_kv(status):
     """vLLM's serving layer frees the KV of a request it refuses (it notifies the prefill
     worker): a release leg would read blocks that may already hold another request's KV."""
-    with Cluster(decode_retries=0) as c:
+    with Cluster(retries={"decode_retries": 0}) as c:
         c.d.fail_decodes, c.d.fail_status = 1, status
         response = httpx.post(c.url + "/v1/completions", json=BODY)
         assert response.status_code == (status if status < 500 else 502)
@@ -87,7 +87,7 @@ def test_a_refused_decode_is_not_followed_by_a_second_read_of_its_kv(status):
 
 def test_a_timed_out_decode_sends_no_release():
     """The decode worker has the request (a hung one reads the KV when it resumes)."""
-    with Cluster(decode_retries=0, decode_timeout_s=0.5) as c:
+    with Cluster(retries={"decode_retries": 0}, worker_client={"decode_timeout_s": 0.5}) as c:
         c.d.delay_s = 2.0  # longer than the decode leg may take
         assert httpx.post(c.url + "/v1/completions", json=BODY).status_code == 504
         assert wait_for(lambda: c.d.cancelled == 1)  # it saw the proxy leave
@@ -99,7 +99,9 @@ def test_a_timed_out_decode_sends_no_release():
 def test_a_decode_retry_after_a_handed_over_attempt_prefills_again():
     """A decode worker got the leg and failed: it may still read that KV, so the retry on
     the other decode worker carries the KV of a second prefill."""
-    with Fleet(prefill=1, decode=2, decode_policy="round_robin", decode_retries=1, retry_backoff_s=0.01) as f:
+    with Fleet(
+        prefill=1, decode=2, routing={"decode_policy": "round_robin"}, retries={"decode_retries": 1, "backoff_s": 0.01}
+    ) as f:
         failing, serving = f.decodes
         failing.fail_decodes = 1
         for _ in range(2):  # round robin: one of the two requests tries the failing worker first
@@ -122,7 +124,11 @@ def test_a_decode_retry_after_a_handed_over_attempt_prefills_again():
 def test_a_decode_retry_after_an_unreachable_worker_keeps_the_kv():
     """Nothing reached the first decode worker, so the KV is still unread: one prefill."""
     with Fleet(
-        prefill=1, decode=2, decode_policy="round_robin", decode_retries=1, retry_backoff_s=0.01, health_interval_s=60
+        prefill=1,
+        decode=2,
+        routing={"decode_policy": "round_robin"},
+        retries={"decode_retries": 1, "backoff_s": 0.01},
+        health={"interval_s": 60},
     ) as f:
         f.servers[1].__exit__(None, None, None)  # the first decode worker is gone
         for _ in range(2):  # round robin: one of the two requests tries the gone worker first
@@ -135,7 +141,7 @@ def test_a_decode_retry_after_an_unreachable_worker_keeps_the_kv():
 
 def test_no_healthy_decode_worker_sends_the_release_to_an_ejected_one():
     """An ejected decode worker may still be up; it is the only one that can free the KV."""
-    with Cluster(decode_retries=0, health_interval_s=0.05, eject_after_failures=1) as c:
+    with Cluster(retries={"decode_retries": 0}, health={"interval_s": 0.05, "eject_after_failures": 1}) as c:
         c.d.healthy = False
         assert wait_for(lambda: httpx.get(c.url + "/ready").status_code == 503)
         response = httpx.post(c.url + "/v1/completions", json=BODY)
@@ -146,7 +152,7 @@ def test_no_healthy_decode_worker_sends_the_release_to_an_ejected_one():
 
 
 def test_unreachable_decode_worker_still_gets_a_release_attempt_counted():
-    with Cluster(decode_retries=0, health_interval_s=60) as c:
+    with Cluster(retries={"decode_retries": 0}, health={"interval_s": 60}) as c:
         c.servers[2].__exit__(None, None, None)  # the decode worker is gone
         assert httpx.post(c.url + "/v1/completions", json=BODY).status_code == 502
         assert wait_for(lambda: releases(c.url) == {("connect_error", "connect_error"): 1.0}), releases(c.url)
@@ -155,7 +161,7 @@ def test_unreachable_decode_worker_still_gets_a_release_attempt_counted():
 def test_stream_broken_before_its_first_event_sends_no_release():
     """Headers came from the decode worker: it had the request, and vLLM frees the KV of a
     request it aborts."""
-    with Cluster(decode_retries=0) as c:
+    with Cluster(retries={"decode_retries": 0}) as c:
         c.d.break_stream_after = 0
         with httpx.stream("POST", c.url + "/v1/completions", json={**BODY, "stream": True}) as response:
             body = response.read()
@@ -180,7 +186,7 @@ def prefill_legs(behaviour) -> list[dict]:
 
 
 def test_client_leaving_while_queued_gives_up_its_place_and_sends_no_prefill():
-    with Cluster(max_inflight=1, max_queue=4) as c:
+    with Cluster(admission={"max_inflight": 1, "max_queue": 4}) as c:
         c.d.delay_s = 2.0  # the first request holds the only slot this long
         first = {}
         thread = threading.Thread(

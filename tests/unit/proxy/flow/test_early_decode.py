@@ -99,14 +99,14 @@ def test_an_ejected_worker_forgets_its_kv_source():
 
 
 def test_early_decode_is_off_by_default():
-    assert ProxySettings().early_decode is False
+    assert ProxySettings().kv_transfer.early_decode is False
 
 
 # --- through the proxy -----------------------------------------------------------------
 
 
 def push_fleet(decode: int = 1, **settings) -> Fleet:
-    fleet = Fleet(prefill=1, decode=decode, early_decode=True, retry_backoff_s=0.01, **settings)
+    fleet = Fleet(1, decode, None, {"kv_transfer": {"early_decode": True}, "retries": {"backoff_s": 0.01}}, **settings)
     fleet.prefills[0].transfer_mode = "push"
     return fleet
 
@@ -129,7 +129,9 @@ def test_the_decode_leg_goes_out_with_the_prefill_once_the_worker_is_known_to_pu
     assert counts["used"] == 1 and counts["stale_source"] == 0
 
 
-@pytest.mark.parametrize("settings", [{"early_decode": False}, {}], ids=["setting_off", "worker_pulls"])
+@pytest.mark.parametrize(
+    "settings", [{"kv_transfer": {"early_decode": False}}, {}], ids=["setting_off", "worker_pulls"]
+)
 def test_no_early_leg_when_off_or_when_the_worker_pulls(settings):
     fleet = Fleet(prefill=1, decode=1, **settings)
     if settings:  # setting off, worker pushes
@@ -167,7 +169,7 @@ def test_a_failed_prefill_is_completed_on_its_worker_so_the_decode_blocks_are_wr
     """The early leg registered blocks with the first prefill worker: that worker must end
     a prefill of this request id before the decode worker frees them. The request itself
     goes on with a retry on the other prefill worker."""
-    with Cluster(early_decode=True, prefill_retries=1) as c:
+    with Cluster(kv_transfer={"early_decode": True}, retries={"prefill_retries": 1}) as c:
         c.p1.transfer_mode = c.p2.transfer_mode = "push"
         for _ in range(2):  # round robin: both prefill workers are known to push
             assert httpx.post(c.url + "/v1/completions", json=BODY).status_code == 200
@@ -198,10 +200,10 @@ def test_a_client_leaving_during_the_prefill_lets_it_end_and_closes_the_early_le
 def test_a_prefill_that_answered_but_failed_the_proxy_check_is_not_run_again():
     """The worker ended that prefill (it WRITEs the KV to the early leg's blocks): a second
     one would hold KV that no decode leg registers for."""
-    with push_fleet(prefill_failure_policy="error") as f:
+    with push_fleet(retries={"prefill_failure_policy": "error"}) as f:
         (prefill,) = f.prefills
         assert httpx.post(f.url + "/v1/completions", json=BODY).status_code == 200
-        prefill.remote_port = 1  # outside kv_source_ports
+        prefill.remote_port = 1  # outside kv_transfer.source_ports
         response = httpx.post(f.url + "/v1/completions", json=BODY, headers={"X-Request-Id": "answered"})
         assert response.status_code == 502
         assert wait_for(lambda: outcomes(f.url)["prefill_failed"] == 1)
@@ -214,7 +216,7 @@ def test_a_decode_retry_after_a_failed_early_leg_prefills_again_without_another_
     """The early leg went on the wire and failed: the retry gets KV of its own, and its
     decode leg goes the usual way (one more early leg would be a second decode leg for
     that KV, opened by nobody's request)."""
-    with push_fleet(decode=2, decode_policy="round_robin", decode_retries=1) as f:
+    with push_fleet(decode=2, routing={"decode_policy": "round_robin"}, retries={"decode_retries": 1}) as f:
         (prefill,), (first, second) = f.prefills, f.decodes
         assert httpx.post(f.url + "/v1/completions", json=BODY).status_code == 200  # learns; decoded by `first`
         second.fail_decodes = 1  # round robin: the next early leg goes to `second`
@@ -232,7 +234,7 @@ def test_a_decode_retry_after_a_failed_early_leg_prefills_again_without_another_
 def test_a_used_early_leg_whose_reply_breaks_gets_no_release():
     """The early leg got the KV (the prefill worker WRITEs it there): a release leg would be
     a second decode leg for it."""
-    with push_fleet(decode_retries=0) as f:
+    with push_fleet(retries={"decode_retries": 0}) as f:
         (decode,) = f.decodes
         assert httpx.post(f.url + "/v1/completions", json=BODY).status_code == 200
         decode.truncate_decodes = 1
@@ -264,7 +266,7 @@ def test_a_prefill_that_ends_after_its_client_left_is_released_when_the_early_le
 
 def test_a_refused_prefill_is_not_sent_again():
     """A 4xx: the prefill worker computed nothing, and the decode worker refuses the same body."""
-    with push_fleet(prefill_failure_policy="error") as f:
+    with push_fleet(retries={"prefill_failure_policy": "error"}) as f:
         (prefill,) = f.prefills
         assert httpx.post(f.url + "/v1/completions", json=BODY).status_code == 200
         prefill.fail_prefills, prefill.fail_status = 1, 400
@@ -278,7 +280,7 @@ def test_a_refused_prefill_is_not_sent_again():
 def test_admission_counts_a_prefill_whose_client_left_until_it_ends():
     """With an early leg the prefill runs on after its client left (it must end): admission
     by KV room and queued time keeps counting it on its worker until then."""
-    with push_fleet(prefill_kv_admission=True, prefill_kv_read_interval_s=0.05, queue_timeout_s=30) as f:
+    with push_fleet(admission={"prefill_kv": True, "prefill_kv_read_interval_s": 0.05, "queue_timeout_s": 30}) as f:
         (prefill,) = f.prefills
         prefill.prefill_tokens_per_s = 1000
         body = {**BODY, "prompt": list(range(300))}

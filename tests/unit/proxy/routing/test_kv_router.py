@@ -12,7 +12,7 @@ import pytest
 
 from proxy.fleet.pool import CHURN_HALF_LIFE_S, DecayingSum, Worker
 from proxy.routing.kv_events import Stored
-from tests.harness import wait_for
+from tests.harness import merged, wait_for
 from tests.proxy_cluster import Fleet, sample
 from tests.standin import StandinBehaviour, decode_legs
 
@@ -27,10 +27,8 @@ INFO = {
     "drafts_policy": "auto",
 }
 KV_AWARE = {
-    "prefill_policy": "kv_aware",
-    "decode_policy": "kv_aware",
-    "kv_routed_ttl_s": 600,
-    "health_interval_s": 0.05,
+    "routing": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware", "kv_routed_ttl_s": 600},
+    "health": {"interval_s": 0.05},
 }
 LONG = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n" * 3
 
@@ -67,7 +65,7 @@ def test_new_contexts_after_a_shared_system_prompt_spread_over_the_workers():
     context after it the scores tie. The tie-break keys on the part no worker holds (the
     context), not on the prompt's shared start: new contexts spread over both workers
     instead of all churning one worker's cache while the other's stays cold."""
-    with Fleet(2, 1, INFO, **KV_AWARE, kv_aware_churn_weight=0) as fleet:  # the tie-break alone
+    with Fleet(2, 1, INFO, KV_AWARE, routing={"kv_aware_churn_weight": 0}) as fleet:  # the tie-break alone
         for server in fleet.servers[:2]:
             publish_held(fleet, server.url, LONG)
         for i in range(16):  # all on one worker by chance: 2 in 2**16
@@ -93,7 +91,7 @@ def test_prefix_affinity_keeps_a_conversation_on_one_prefill_worker_beside_a_kv_
     """A route plan exists (the decode pool is kv_aware), so prefix_affinity's key comes
     from the plan's ids: their start, which every turn of a conversation shares, not
     kv_aware's key (the first block no worker holds), which moves on with every turn."""
-    with Fleet(2, 1, INFO, **{**KV_AWARE, "prefill_policy": "prefix_affinity"}) as fleet:
+    with Fleet(2, 1, INFO, **merged(KV_AWARE, {"routing": {"prefill_policy": "prefix_affinity"}})) as fleet:
         history = LONG
         for turn in range(12):  # all on one worker by chance, with a moving key: 2 in 2**12
             history += f"# turn {turn}: " + chr(ord("A") + turn) * 40 + "\n"
@@ -168,7 +166,13 @@ def test_a_decode_leg_leases_its_prompt_tokens_while_it_streams():
 
 
 def test_conditional_disaggregation_prefills_on_the_decode_worker_that_holds_the_prompt():
-    settings = {**KV_AWARE, "disaggregation": "conditional", "local_prefill_max_tokens": 64, "served_by_headers": True}
+    settings = merged(
+        KV_AWARE,
+        {
+            "routing": {"disaggregation": "conditional", "local_prefill_max_tokens": 64},
+            "observability": {"served_by_headers": True},
+        },
+    )
     with Fleet(1, 1, INFO, **settings) as fleet:
         first = complete(fleet, LONG)
         assert prefill_legs(fleet.prefills[0]) == 1
@@ -202,7 +206,7 @@ def publish_held(fleet: Fleet, worker_url: str, text: str) -> None:
 
 
 def test_a_prompt_without_token_ids_is_routed_by_load_and_served():
-    with Fleet(2, 1, INFO, **{**KV_AWARE, "disaggregation": "conditional"}) as fleet:
+    with Fleet(2, 1, INFO, **merged(KV_AWARE, {"routing": {"disaggregation": "conditional"}})) as fleet:
         fleet.decodes[0].tokenize_status = 500
         complete(fleet, LONG)
         assert sum(prefill_legs(b) for b in fleet.prefills) == 1  # always disaggregated without ids
@@ -235,7 +239,7 @@ def test_server_timing_says_where_a_request_spent_its_time_before_its_stream():
     """With served_by_headers, a reply's Server-Timing has its phases in milliseconds:
     the route plan (the /tokenize call here), the prefill leg, the decode leg to its
     reply's headers. Each stand-in's delay shows up in its own phase."""
-    with Fleet(1, 1, INFO, **KV_AWARE, served_by_headers=True) as fleet:
+    with Fleet(1, 1, INFO, **KV_AWARE, observability={"served_by_headers": True}) as fleet:
         fleet.decodes[0].tokenize_delay_s = 0.2
         fleet.prefills[0].delay_s = 0.6
         with httpx.stream(
@@ -319,7 +323,7 @@ def test_a_responses_request_goes_to_the_workers_holding_its_rendered_prefix(hol
     """Planned from `/v1/responses/render`'s ids: the prefill and decode workers whose
     events hold the shared `instructions` get it, whichever they are (both parametrized
     holders must win, so the prompt's hash alone cannot pass the test)."""
-    with Fleet(2, 2, INFO, **KV_AWARE, served_by_headers=True) as fleet:
+    with Fleet(2, 2, INFO, **KV_AWARE, observability={"served_by_headers": True}) as fleet:
         prefill, decode = fleet.servers[holder].url, fleet.servers[2 + holder].url
         held_render_prefix(fleet, prefill, INSTRUCTIONS)
         held_render_prefix(fleet, decode, INSTRUCTIONS)
@@ -339,7 +343,7 @@ def test_a_responses_request_goes_to_the_workers_holding_its_rendered_prefix(hol
 
 @pytest.mark.parametrize("holder", [0, 1])
 def test_a_messages_request_goes_to_the_workers_holding_its_rendered_system(holder):
-    with Fleet(2, 2, INFO, **KV_AWARE, served_by_headers=True) as fleet:
+    with Fleet(2, 2, INFO, **KV_AWARE, observability={"served_by_headers": True}) as fleet:
         prefill, decode = fleet.servers[holder].url, fleet.servers[2 + holder].url
         held_render_prefix(fleet, prefill, INSTRUCTIONS)
         held_render_prefix(fleet, decode, INSTRUCTIONS)
@@ -355,7 +359,7 @@ def test_a_messages_request_goes_to_the_workers_holding_its_rendered_system(hold
 def test_requests_sharing_a_messages_system_follow_one_another():
     """The body's affinity key leaves a Messages `system` out; the rendered ids' start
     (the plan's rendezvous key) and the routing notes keep a burst sharing one together."""
-    with Fleet(2, 2, INFO, **KV_AWARE, served_by_headers=True) as fleet:
+    with Fleet(2, 2, INFO, **KV_AWARE, observability={"served_by_headers": True}) as fleet:
         served = {
             (r.headers["x-pdspec-prefill-worker"], r.headers["x-pdspec-decode-worker"])
             for r in (
@@ -369,7 +373,7 @@ def test_requests_sharing_a_messages_system_follow_one_another():
 
 @pytest.mark.parametrize("breakage", ["scale_out_off", "render_404", "render_slow", "odd_reply"])
 def test_a_request_whose_render_fails_is_routed_without_cache_knowledge_and_served(breakage):
-    settings = {**KV_AWARE, "disaggregation": "conditional", "routing_tokenize_timeout_s": 0.2}
+    settings = merged(KV_AWARE, {"routing": {"disaggregation": "conditional", "tokenize_timeout_s": 0.2}})
     with Fleet(2, 1, INFO, **settings) as fleet:
         behaviour = fleet.decodes[0]
         if breakage == "scale_out_off":

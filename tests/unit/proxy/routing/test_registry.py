@@ -17,13 +17,18 @@ def test_every_policy_the_settings_accept_is_registered_under_its_name():
 
 def test_each_pool_gets_a_policy_of_its_own_with_its_weights():
     settings = ProxySettings(
-        prefill_policy="kv_aware", decode_policy="kv_aware", kv_aware_load_tokens=300, kv_aware_churn_weight=0.7
+        routing={
+            "prefill_policy": "kv_aware",
+            "decode_policy": "kv_aware",
+            "kv_aware_load_tokens": 300,
+            "kv_aware_churn_weight": 0.7,
+        }
     )
-    prefill, decode = registry.for_pool(settings, "prefill"), registry.for_pool(settings, "decode")
+    prefill, decode = registry.for_pool(settings.routing, "prefill"), registry.for_pool(settings.routing, "decode")
     assert isinstance(prefill, KvAware) and isinstance(decode, KvAware) and prefill is not decode
     assert (prefill.load_tokens, prefill.churn_weight) == (300, 0.7)
     assert (decode.load_tokens, decode.churn_weight) == (300, 0.0)  # churn is what prefill legs compute
-    default = ProxySettings()
+    default = ProxySettings().routing
     assert registry.for_pool(default, "prefill").name == default.prefill_policy
     assert registry.for_pool(default, "decode").name == default.decode_policy
 
