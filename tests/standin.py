@@ -26,6 +26,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from loadtest.micro.instant_worker import InstantWorker, start_server
+
 
 @dataclass
 class StandinBehaviour:
@@ -468,4 +470,29 @@ class ThreadServer:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+        self.sock.close()
+
+
+class InstantWorkerThread:
+    """The benchmarks' instant worker (loadtest/micro/instant_worker.py) on its own event loop
+    in a background thread, on a free loopback port bound before it serves."""
+
+    def __init__(self, worker: InstantWorker | None = None) -> None:
+        self.worker = worker or InstantWorker()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def __enter__(self) -> InstantWorkerThread:
+        self.thread.start()
+        self.server = asyncio.run_coroutine_threadsafe(start_server(self.worker, sock=self.sock), self.loop).result(10)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)  # kept-alive connections end with the loop
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
         self.sock.close()

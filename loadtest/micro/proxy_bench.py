@@ -12,75 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
+from loadtest.micro.pinned import start, stop, wait_http
+from loadtest.micro.wrk import post_script, run_wrk
 
-LUA = """
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{"model": "bench", "prompt": "hello world, this is a benchmark", "max_tokens": 16}'
-"""
-
-
-def wait_http(url: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1).status_code < 500:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)  # poll interval
-    raise RuntimeError(f"{url} did not come up")
-
-
-def start(argv: list[str], core: int, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        ["taskset", "-c", str(core), *argv],
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-
-
-def stop(process: subprocess.Popen) -> None:
-    os.killpg(process.pid, signal.SIGTERM)
-    process.wait(timeout=10)
-
-
-def run_wrk(url: str, connections: int, seconds: int, script: Path) -> dict:
-    out = subprocess.run(
-        ["taskset", "-c", "1", "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-
-    def latency_ms(label: str) -> float:
-        match = re.search(rf"^\s+{label}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
-        value, unit = float(match.group(1)), match.group(2)
-        return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
-
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    timeouts = re.search(r"timeout (\d+)", out)
-    return {
-        "connections": connections,
-        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-        "p50_ms": latency_ms("50"),
-        "p99_ms": latency_ms("99"),
-        "non_2xx": int(errors.group(1)) if errors else 0,
-        "timeouts": int(timeouts.group(1)) if timeouts else 0,
-    }
+BODY = '{"model": "bench", "prompt": "hello world, this is a benchmark", "max_tokens": 16}'
 
 
 def main() -> None:
@@ -94,8 +34,8 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp())
     script = work / "post.lua"
-    script.write_text(LUA)
-    worker = start([sys.executable, "-m", "loadtest.micro.instant_worker", "--port", "9190"], core=1)
+    script.write_text(post_script([BODY]))
+    worker = start([sys.executable, "-m", "loadtest.micro.instant_worker", "--port", "9190"], cpus="1")
     proxy_settings = {
         "port": 9180,
         "prefill_urls": ["http://127.0.0.1:9190"],
@@ -104,20 +44,20 @@ def main() -> None:
         "admission": {"max_inflight": 1024},
     }
     proxy = start(
-        [sys.executable, "-m", "pdspec.cli", "proxy"], core=0, env={"PDSPEC_PROXY": json.dumps(proxy_settings)}
+        [sys.executable, "-m", "pdspec.cli", "proxy"], cpus="0", env={"PDSPEC_PROXY": json.dumps(proxy_settings)}
     )
     rows = []
     try:
         wait_http("http://127.0.0.1:9190/health")
         wait_http("http://127.0.0.1:9180/ready")
-        run_wrk("http://127.0.0.1:9180/v1/completions", 8, 2, script)  # warm-up
+        run_wrk("http://127.0.0.1:9180/v1/completions", 8, 2, str(script))  # warm-up
         rows.append(
-            {"target": "worker direct", **run_wrk("http://127.0.0.1:9190/v1/completions", 1, args.seconds, script)}
+            {"target": "worker direct", **run_wrk("http://127.0.0.1:9190/v1/completions", 1, args.seconds, str(script))}
         )
         for connections in (1, 8, 64):
-            result = run_wrk("http://127.0.0.1:9180/v1/completions", connections, args.seconds, script)
+            result = run_wrk("http://127.0.0.1:9180/v1/completions", connections, args.seconds, str(script))
             rows.append({"target": "proxy", **result})
-            print(rows[-1], flush=True)
+            print({k: v for k, v in rows[-1].items() if k != "report"}, flush=True)
     finally:
         stop(proxy)
         stop(worker)
@@ -129,7 +69,7 @@ def main() -> None:
     for r in rows:
         table.append(
             f"| {r['target']} | {r['connections']} | {r['rps']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} "
-            f"| {r['non_2xx']} | {r['timeouts']} |"
+            f"| {r['non_2xx']} | {r['socket_errors']['timeout']} |"
         )
     direct, one = rows[0], rows[1]
     summary = (
