@@ -26,7 +26,7 @@ from proxy.admission.queue import Admission
 from proxy.apis.api import Api
 from proxy.apis.limits import ModelLimits
 from proxy.apis.validation import check_content_type, parse_json_object
-from proxy.asgi import DisconnectWatch, Reply, header, read_body, send_reply
+from proxy.asgi import CONNECTION_EXTENSION, DisconnectWatch, Reply, header, read_body, send_reply
 from proxy.auth import ApiKeys
 from proxy.errors import ProxyError
 from proxy.flow.disagg import Disaggregator
@@ -91,7 +91,7 @@ class OpenAIEndpoint:
                 self.api.prepare(body, request_id)
             # Watched from here on: a client that leaves while queued gives up its place
             # (no prefill is sent), and one that leaves later cancels its legs.
-            watch = DisconnectWatch(receive, send)
+            watch = DisconnectWatch(receive, send, scope.get("extensions", {}).get(CONNECTION_EXTENSION))
             try:
                 await self.admission.acquire()
                 try:
