@@ -87,32 +87,75 @@ async def send_reply(send: Send, reply: Reply) -> None:
             await aclose()
 
 
+CONNECTION_EXTENSION = "pdspec.connection"  # scope["extensions"] key of the request's `ClientConnection`
+
+
+class ClientConnection:
+    """What the server protocol (proxy/edge/connections.py) tells a request about its
+    connection, in `scope["extensions"][CONNECTION_EXTENSION]`: `lost()` runs the callbacks
+    registered with `on_lost` when the connection goes (each at most once). A request
+    registers while it waits for its reply and unregisters when the reply is sent, so a
+    kept-alive connection holds nothing of the requests it served."""
+
+    __slots__ = ("is_lost", "_callbacks")
+
+    def __init__(self) -> None:
+        self.is_lost = False
+        self._callbacks: set[Callable[[], None]] = set()
+
+    def on_lost(self, callback: Callable[[], None]) -> None:
+        if self.is_lost:
+            callback()
+        else:
+            self._callbacks.add(callback)
+
+    def forget(self, callback: Callable[[], None]) -> None:
+        self._callbacks.discard(callback)
+
+    def lost(self) -> None:
+        self.is_lost = True
+        callbacks, self._callbacks = self._callbacks, set()
+        for callback in callbacks:
+            callback()
+
+
 class DisconnectWatch:
     """Cancels the request's task if its client disconnects before the reply is sent.
 
-    One watcher task per request waits on `receive()`; cancelling the request's own task
-    unwinds its worker calls, whose connections close, so vLLM aborts them and frees
-    their KV blocks. Use after the body was read, and send through `watch.send`: once the
-    last byte is handed over, the end of the connection is no longer a disconnect.
+    Under the proxy's own server protocol the request's `ClientConnection` calls back when
+    the connection is lost: nothing runs per request but a set insertion. Under any other
+    ASGI server, one watcher task per request waits on `receive()`. Either way, cancelling
+    the request's own task unwinds its worker calls, whose connections close, so vLLM
+    aborts them and frees their KV blocks. Use after the body was read, and send through
+    `watch.send`: once the last byte is handed over, the end of the connection is no longer
+    a disconnect.
 
-    The watcher is never cancelled: the server wakes it when the response completes, and
-    it ends normally. (Cancelling it made a garbage cycle per request, and the garbage
+    The watcher task is never cancelled: the server wakes it when the response completes,
+    and it ends normally. (Cancelling it made a garbage cycle per request, and the garbage
     collector's passes over them were most of the proxy's p99 under load.)"""
 
-    __slots__ = ("receive", "_send", "disconnected", "finished", "_task", "_watcher")
+    __slots__ = ("receive", "_send", "disconnected", "finished", "_task", "_watcher", "_connection")
 
-    def __init__(self, receive: Receive, send: Send) -> None:
+    def __init__(self, receive: Receive, send: Send, connection: ClientConnection | None = None) -> None:
         self.receive = receive
         self._send = send
         self.disconnected = False
         self.finished = False
         self._task = asyncio.current_task()
-        self._watcher = asyncio.ensure_future(self._watch())
+        self._connection = connection
+        if connection is not None:
+            self._watcher = None
+            connection.on_lost(self._lost)
+        else:
+            self._watcher = asyncio.ensure_future(self._watch())
 
     async def _watch(self) -> None:
         while not self.finished:
             if (await self.receive())["type"] == "http.disconnect":
                 break
+        self._lost()
+
+    def _lost(self) -> None:
         if not self.finished:
             self.disconnected = True
             self._task.cancel()
@@ -126,3 +169,7 @@ class DisconnectWatch:
     def stop(self) -> None:
         """The reply is sent, or will be sent by the caller: no cancelling from now on."""
         self.finished = True
+        if self._connection is not None:
+            self._connection.forget(self._lost)
+            self._connection = None
+            self._task = None

@@ -4,9 +4,8 @@ unit tests of failures, clients leaving and metrics."""
 import httpx
 
 from pdspec.settings import ProxySettings
-from proxy.app import create_app
 from tests.harness import merged
-from tests.standin import StandinBehaviour, ThreadServer, create_standin
+from tests.standin import StandinBehaviour, ThreadServer, create_standin, proxy_server
 
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 5}
 
@@ -28,8 +27,8 @@ class Cluster:
             decode_urls=urls[2:],
             **merged({"routing": {"prefill_policy": "round_robin"}, "retries": {"backoff_s": 0.01}}, self.settings),
         )
-        self.app = create_app(settings)
-        self.proxy = ThreadServer(self.app).__enter__()
+        self.proxy = proxy_server(settings).__enter__()
+        self.app = self.proxy.server.config.app
         self.url = self.proxy.url
         return self
 
@@ -59,8 +58,10 @@ class Fleet:
         self.servers = [ThreadServer(create_standin(b)).__enter__() for b in self.prefills + self.decodes]
         urls = [s.url for s in self.servers]
         n = len(self.prefills)
-        self.app = create_app(ProxySettings(prefill_urls=urls[:n], decode_urls=urls[n:], **self.settings))
-        self.proxy = ThreadServer(self.app).__enter__()
+        self.proxy = proxy_server(
+            ProxySettings(prefill_urls=urls[:n], decode_urls=urls[n:], **self.settings)
+        ).__enter__()
+        self.app = self.proxy.server.config.app
         self.url = self.proxy.url
         return self
 

@@ -443,6 +443,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def proxy_server(settings) -> ThreadServer:
+    """A real proxy for `settings` (ProxySettings), served as `pdspec proxy` serves it: its
+    own client protocol and uvicorn options (proxy/serve.py); not yet entered."""
+    from proxy.app import create_app
+    from proxy.serve import server_options
+
+    app = create_app(settings)
+    return ThreadServer(app, **server_options(settings, app))
+
+
 class ThreadServer:
     """An ASGI app under uvicorn in a background thread, on a free loopback port."""
 
@@ -454,7 +464,7 @@ class ThreadServer:
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", **config)
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, **{"log_level": "warning", **config})
         )
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from pdspec.settings import ClientSettings
+from proxy.asgi import CONNECTION_EXTENSION, ClientConnection
 from proxy.errors import error_body
 
 
@@ -82,6 +83,7 @@ def limited_protocol(limits: ClientLimits, on_refusal: Callable[[str], None] = l
             self._head_bytes = 0
             self._head_tail = b""
             self._phase_timer: asyncio.TimerHandle | None = None
+            self._client_connection = ClientConnection()  # tells the requests when it is lost
             if len(self.connections) > limits.max_connections:
                 self._refuse(
                     503,
@@ -94,6 +96,11 @@ def limited_protocol(limits: ClientLimits, on_refusal: Callable[[str], None] = l
         def connection_lost(self, exc) -> None:
             self._disarm()
             super().connection_lost(exc)
+            self._client_connection.lost()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self.scope["extensions"] = {CONNECTION_EXTENSION: self._client_connection}
 
         def data_received(self, data: bytes) -> None:
             if self._awaiting_head:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import os
 import secrets
 import time
 
@@ -26,7 +28,7 @@ from proxy.admission.queue import Admission
 from proxy.apis.api import Api
 from proxy.apis.limits import ModelLimits
 from proxy.apis.validation import check_content_type, parse_json_object
-from proxy.asgi import DisconnectWatch, Reply, header, read_body, send_reply
+from proxy.asgi import CONNECTION_EXTENSION, DisconnectWatch, Reply, header, read_body, send_reply
 from proxy.auth import ApiKeys
 from proxy.errors import ProxyError
 from proxy.flow.disagg import Disaggregator
@@ -91,7 +93,7 @@ class OpenAIEndpoint:
                 self.api.prepare(body, request_id)
             # Watched from here on: a client that leaves while queued gives up its place
             # (no prefill is sent), and one that leaves later cancels its legs.
-            watch = DisconnectWatch(receive, send)
+            watch = DisconnectWatch(receive, send, scope.get("extensions", {}).get(CONNECTION_EXTENSION))
             try:
                 await self.admission.acquire()
                 try:
@@ -173,9 +175,30 @@ def check_choices(body: dict, max_choices: int) -> None:
         raise ProxyError(400, f"'n' is {n}; this proxy serves at most {max_choices} choices.", param="n")
 
 
+class RequestIds:
+    """New request ids: 32 hex digits, a random 64-bit prefix drawn once per process (again
+    in a forked child) and a counter, so none repeats within a process and two processes'
+    collide with odds of 2^-64. (One `secrets.token_hex` per request was a system call on
+    the hot path; the ids were never secret: clients may send their own.)"""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._prefix = secrets.token_hex(8)
+        self._counter = itertools.count()
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._counter):016x}"
+
+
+_new_ids = RequestIds()
+
+
 def request_id_of(scope) -> str:
     """The client's X-Request-Id if it is sane, else a new one."""
     incoming = header(scope, b"x-request-id")
     if incoming and len(incoming) <= 128 and incoming.isascii() and incoming.isprintable():
         return incoming
-    return secrets.token_hex(16)
+    return _new_ids.next()

@@ -6,8 +6,7 @@ import httpx
 import pytest
 
 from pdspec.settings import ProxySettings
-from proxy.app import create_app
-from tests.standin import StandinBehaviour, ThreadServer, create_standin, decode_legs
+from tests.standin import StandinBehaviour, ThreadServer, create_standin, decode_legs, proxy_server
 
 
 @pytest.fixture
@@ -21,7 +20,7 @@ def proxy_url(behaviour):
         settings = ProxySettings(
             prefill_urls=[worker.url], decode_urls=[worker.url], worker_client={"prefill_timeout_s": 5}
         )
-        with ThreadServer(create_app(settings)) as proxy:
+        with proxy_server(settings) as proxy:
             yield proxy.url
 
 
@@ -106,7 +105,7 @@ def test_stream_broken_mid_way_ends_with_an_sse_error_event(proxy_url, behaviour
 
 def test_unreachable_worker_is_a_clean_503_and_not_ready():
     settings = ProxySettings(prefill_urls=["http://127.0.0.1:9"], decode_urls=["http://127.0.0.1:9"])
-    with ThreadServer(create_app(settings)) as proxy:
+    with proxy_server(settings) as proxy:
         response = httpx.post(proxy.url + "/v1/completions", json=BODY)
         ready = httpx.get(proxy.url + "/ready")
     assert response.status_code == 503
@@ -117,7 +116,7 @@ def test_unreachable_worker_is_a_clean_503_and_not_ready():
 def test_oversized_body_is_413(behaviour):
     with ThreadServer(create_standin(behaviour)) as worker:
         settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url], clients={"max_body_bytes": 1000})
-        with ThreadServer(create_app(settings)) as proxy:
+        with proxy_server(settings) as proxy:
             response = httpx.post(proxy.url + "/v1/completions", json={**BODY, "prompt": "x" * 2000})
     assert response.status_code == 413
     assert behaviour.received == []
@@ -263,7 +262,7 @@ def test_structured_outputs_decode_only_setting(behaviour, extra):
         settings = ProxySettings(
             prefill_urls=[worker.url], decode_urls=[worker.url], routing={"structured_outputs": "decode_only"}
         )
-        with ThreadServer(create_app(settings)) as proxy:
+        with proxy_server(settings) as proxy:
             assert_served_decode_only(proxy.url, behaviour, extra, "structured_output")
 
 

@@ -10,10 +10,9 @@ import openai
 import pytest
 
 from pdspec.settings import ProxySettings
-from proxy.app import create_app
 from proxy.auth import ApiKeys
 from proxy.errors import ProxyError
-from tests.standin import StandinBehaviour, ThreadServer, create_standin
+from tests.standin import StandinBehaviour, ThreadServer, create_standin, proxy_server
 
 KEYS = ["k1", "k2"]
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 5}
@@ -78,7 +77,7 @@ def proxy_url(behaviour):
             clients={"api_keys": KEYS, "max_body_bytes": 1000},
             worker_client={"api_key": "worker-secret"},
         )
-        with ThreadServer(create_app(settings)) as proxy:
+        with proxy_server(settings) as proxy:
             yield proxy.url
 
 
@@ -166,7 +165,7 @@ def test_a_proxy_without_keys_serves_everyone():
     behaviour = StandinBehaviour()
     with ThreadServer(create_standin(behaviour)) as worker:
         settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url])
-        with ThreadServer(create_app(settings)) as proxy:
+        with proxy_server(settings) as proxy:
             plain = httpx.post(proxy.url + "/v1/completions", json=BODY)
             with_any = httpx.post(proxy.url + "/v1/completions", json=BODY, headers=auth("whatever"))
             models = httpx.get(proxy.url + "/v1/models")

@@ -10,9 +10,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from starlette.responses import Response
 
 from pdspec.settings import ProxySettings
-from proxy.app import create_app
 from proxy.logs import JsonFormatter
-from tests.standin import StandinBehaviour, ThreadServer, create_standin
+from tests.standin import StandinBehaviour, ThreadServer, create_standin, proxy_server
 
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 5}
 
@@ -41,7 +40,7 @@ def test_spans_for_prefill_handoff_and_decode_share_the_request_trace():
         settings = ProxySettings(
             prefill_urls=[worker.url], decode_urls=[worker.url], observability={"otlp_traces_endpoint": otlp.url}
         )
-        with ThreadServer(create_app(settings)) as proxy:
+        with proxy_server(settings) as proxy:
             response = httpx.post(proxy.url + "/v1/completions", json=BODY, headers={"X-Request-Id": "trace-me"})
             assert response.status_code == 200
         # leaving the proxy flushes its span batch to the collector
@@ -68,7 +67,7 @@ def test_incoming_traceparent_becomes_the_parent():
         settings = ProxySettings(
             prefill_urls=[worker.url], decode_urls=[worker.url], observability={"otlp_traces_endpoint": otlp.url}
         )
-        with ThreadServer(create_app(settings)) as proxy:
+        with proxy_server(settings) as proxy:
             httpx.post(proxy.url + "/v1/completions", json=BODY, headers={"traceparent": parent})
     root = next(span for span in spans if span.name == "pdspec.request")
     assert root.trace_id.hex() == "0af7651916cd43dd8448eb211c80319c"
@@ -79,7 +78,7 @@ def test_no_exporter_means_no_trace_headers():
     behaviour = StandinBehaviour()
     with ThreadServer(create_standin(behaviour)) as worker:
         settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url])
-        with ThreadServer(create_app(settings)) as proxy:
+        with proxy_server(settings) as proxy:
             httpx.post(proxy.url + "/v1/completions", json=BODY)
     assert all("traceparent" not in h for h in behaviour.headers)
 
@@ -90,7 +89,7 @@ def test_access_log_has_a_line_per_request_with_its_request_id(caplog):
         settings = ProxySettings(
             prefill_urls=[worker.url], decode_urls=[worker.url], observability={"access_log": True}
         )
-        with ThreadServer(create_app(settings)) as proxy, caplog.at_level(logging.INFO, logger="pdspec.proxy"):
+        with proxy_server(settings) as proxy, caplog.at_level(logging.INFO, logger="pdspec.proxy"):
             httpx.post(proxy.url + "/v1/completions", json=BODY, headers={"X-Request-Id": "log-me"})
             httpx.post(proxy.url + "/v1/completions", content=b"{", headers={"X-Request-Id": "bad-one"})
     lines = {r.request_id: r for r in caplog.records if getattr(r, "request_id", None)}
@@ -102,7 +101,7 @@ def test_failed_requests_are_logged_even_without_the_access_log(caplog):
     behaviour = StandinBehaviour()
     with ThreadServer(create_standin(behaviour)) as worker:
         settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url])
-        with ThreadServer(create_app(settings)) as proxy, caplog.at_level(logging.INFO, logger="pdspec.proxy"):
+        with proxy_server(settings) as proxy, caplog.at_level(logging.INFO, logger="pdspec.proxy"):
             httpx.post(proxy.url + "/v1/completions", json=BODY, headers={"X-Request-Id": "fine"})
             httpx.post(proxy.url + "/v1/completions", content=b"{", headers={"X-Request-Id": "broken"})
     ids = [getattr(r, "request_id", None) for r in caplog.records]
@@ -126,7 +125,7 @@ def test_reference_cycles_are_collected_on_the_proxys_interval():
     behaviour = StandinBehaviour()
     with ThreadServer(create_standin(behaviour)) as worker:
         settings = ProxySettings(prefill_urls=[worker.url], decode_urls=[worker.url], gc_interval_s=0.2)
-        with ThreadServer(create_app(settings)):
+        with proxy_server(settings):
             assert not gc.isenabled()
             collected = threading.Event()
 

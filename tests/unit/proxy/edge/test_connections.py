@@ -210,3 +210,25 @@ def test_head_part_counts_up_to_the_blank_line(tail, data, expected):
     from proxy.edge.connections import head_part
 
     assert head_part(tail, data) == expected
+
+
+def test_each_request_is_told_its_connection():
+    """The protocol puts the connection in the scope's extensions (proxy/asgi.py), the same
+    object for every request of a kept-alive connection, another for another connection."""
+    from proxy.asgi import CONNECTION_EXTENSION
+
+    seen = []
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        seen.append(scope.get("extensions", {}).get(CONNECTION_EXTENSION))
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    with ThreadServer(app, http=limited_protocol(LIMITS)) as server:
+        with httpx.Client() as client:
+            client.get(server.url + "/a")
+            client.get(server.url + "/b")
+        httpx.get(server.url + "/c")
+    assert seen[0] is not None and seen[0] is seen[1] and seen[2] is not seen[0]

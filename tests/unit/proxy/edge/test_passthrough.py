@@ -6,8 +6,8 @@ import httpx
 import pytest
 
 from pdspec.settings import ProxySettings
-from proxy.app import SCALE_OUT_PATHS, create_app
-from tests.standin import StandinBehaviour, ThreadServer, create_standin
+from proxy.app import SCALE_OUT_PATHS
+from tests.standin import StandinBehaviour, ThreadServer, create_standin, proxy_server
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def fleet():
             worker_client={"api_key": "w"},
             health={"interval_s": 0.05},
         )
-        with ThreadServer(create_app(settings)) as proxy:
+        with proxy_server(settings) as proxy:
             yield proxy.url, prefill, decode
 
 
@@ -55,7 +55,7 @@ def test_the_client_key_is_checked(fleet, path):
 def test_no_healthy_decode_worker_is_a_503():
     with ThreadServer(create_standin(StandinBehaviour())) as p:
         settings = ProxySettings(prefill_urls=[p.url], decode_urls=["http://127.0.0.1:9"], health={"interval_s": 0.05})
-        with ThreadServer(create_app(settings)) as proxy:
+        with proxy_server(settings) as proxy:
             response = httpx.post(proxy.url + "/tokenize", json={"prompt": "x"})
     assert response.status_code == 503 and response.json()["error"]["type"] == "server_error"
 

@@ -9,11 +9,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdspec.settings import ProxySettings
-from proxy.app import create_app
 from proxy.fleet.pairing import EXPECTED, Pairing
 from proxy.fleet.pool import WorkerPool
 from tests.harness import merged
-from tests.standin import StandinBehaviour, ThreadServer, create_standin
+from tests.standin import StandinBehaviour, ThreadServer, create_standin, proxy_server
 
 A = {
     "role": "x",
@@ -189,7 +188,7 @@ class Cluster:
             decode_urls=urls[self.n_prefill :],
             **merged({"health": {"interval_s": 0.05}}, self.settings),
         )
-        self.proxy = ThreadServer(create_app(settings)).__enter__()
+        self.proxy = proxy_server(settings).__enter__()
         self.url = self.proxy.url
         return self
 

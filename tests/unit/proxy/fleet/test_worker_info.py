@@ -196,8 +196,7 @@ def test_ready_shows_a_prefill_worker_with_a_feature_off():
     import httpx
 
     from pdspec.settings import ProxySettings
-    from proxy.app import create_app
-    from tests.standin import StandinBehaviour, ThreadServer, create_standin
+    from tests.standin import StandinBehaviour, ThreadServer, create_standin, proxy_server
 
     prefill = StandinBehaviour(
         worker_info={"role": "prefill", "model": "m", "drafter": "d", "method": "eagle3", "block_size": "16"},
@@ -206,7 +205,7 @@ def test_ready_shows_a_prefill_worker_with_a_feature_off():
     decode = StandinBehaviour(worker_info={**prefill.worker_info, "role": "decode"})
     with ThreadServer(create_standin(prefill)) as p, ThreadServer(create_standin(decode)) as d:
         settings = ProxySettings(prefill_urls=[p.url], decode_urls=[d.url])
-        with ThreadServer(create_app(settings)) as proxy:
+        with proxy_server(settings) as proxy:
             body = httpx.get(proxy.url + "/ready").json()
     assert body["ready"] is True  # slower, not wrong: still ready
     assert body["engine_features_off"] == [
