@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import random
 import socket
 import threading
 import time
@@ -439,6 +440,22 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def unused_port(low: int = 31000, high: int = 39999) -> int:
+    """A port in low..high that nothing is bound to now, for a server of another process,
+    which binds it itself (unlike ThreadServer's, the port may be taken in between: rare,
+    the search starts at random, and the server then fails to start, named)."""
+    start = random.randrange(low, high + 1)
+    for offset in range(high - low + 1):
+        port = low + (start - low + offset) % (high - low + 1)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low}-{high}")
 
 
 class ThreadServer:
