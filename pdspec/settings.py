@@ -511,11 +511,11 @@ class ProxySettings(BaseModel):
     workers: int = Field(
         1,
         ge=1,
-        description="Proxy processes on the port (SO_REUSEPORT: the kernel spreads connections over them), "
-        "so the proxy uses that many cores. 1: one process, no parent. More: a parent starts them and starts a "
-        "process that exits again (proxy/processes.py); admission.max_inflight, admission.max_queue and "
-        "clients.max_connections are divided among them, so they hold for the proxy as a whole; each process "
-        "health-checks the workers, subscribes to their KV events and routes on its own; /metrics sums them all.",
+        description="Proxy processes on its port, so it uses that many cores (SO_REUSEPORT: the kernel spreads "
+        "connections over them). 1: one process, no parent. More: a parent starts them and restarts one that exits "
+        "(proxy/processes.py); each health-checks the workers, reads their KV events and routes on its own; they "
+        "divide admission.max_inflight, admission.max_queue and clients.max_connections, so these hold for the "
+        "proxy as a whole; any of them answers /ready and /metrics for all (docs/proxy.md, the proxy across cores).",
     )
     # Membership: a static list of URLs, or DNS names re-resolved periodically (a headless
     # Kubernetes service): "dns://prefill.pdspec.svc:8100" yields one worker per address.
