@@ -31,7 +31,7 @@ one still running after `STOP_GRACE_S` is killed; the parent removes the metrics
 and exits 0. The processes stay in the parent's process group, so a signal to the group
 (`pdspec up` stopping its children, a terminal's Ctrl-C) reaches them too, and each gets
 SIGTERM when the parent dies (Linux's PR_SET_PDEATHSIG), so not even a killed parent
-leaves one serving.
+leaves one serving; its metrics folder goes when the next proxy starts (`fresh_metrics_dir`).
 
 State. Each process is a whole proxy: its own worker pools, health checks and pairing
 check, KV-event subscriptions and index, routing policies' state, admission queue and KV
@@ -70,6 +70,7 @@ log = logging.getLogger("pdspec.proxy.processes")
 SLOT_ENV = "PDSPEC_PROXY_PROCESS"
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # where prometheus_client keeps a process's values
 LISTENING = b"L"  # what a process writes to its pipe once it listens
+METRICS_DIR_PREFIX = "pdspec-proxy-metrics-"  # then the parent's pid
 
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 600.0
@@ -156,11 +157,32 @@ def run_processes(settings: ProxySettings) -> int:
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc)
         return STARTUP_FAILURE
-    metrics_dir = Path(tempfile.mkdtemp(prefix="pdspec-proxy-metrics-"))
+    metrics_dir = fresh_metrics_dir()
     try:
         return asyncio.run(ProxyProcesses(settings, metrics_dir).run())
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def fresh_metrics_dir() -> Path:
+    """A new folder for the processes' metrics, named after this parent, in the temporary
+    folder (TMPDIR); the folders of parents no longer running (killed before they could
+    remove theirs) are removed first, so restarts of a killed proxy leave none behind."""
+    for stale in Path(tempfile.gettempdir()).glob(f"{METRICS_DIR_PREFIX}*"):
+        pid = stale.name.removeprefix(METRICS_DIR_PREFIX).partition("-")[0]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-"))
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 @dataclass

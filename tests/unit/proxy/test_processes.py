@@ -5,9 +5,11 @@ parent's supervision with planted processes that exit."""
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 
 import httpx
@@ -15,7 +17,14 @@ import psutil
 
 from pdspec.restarts import RestartPolicy
 from pdspec.settings import ProxySettings
-from proxy.processes import STARTUP_FAILURE, STOP_GRACE_S, ProxyProcesses, settings_for_process
+from proxy.processes import (
+    METRICS_DIR_PREFIX,
+    STARTUP_FAILURE,
+    STOP_GRACE_S,
+    ProxyProcesses,
+    fresh_metrics_dir,
+    settings_for_process,
+)
 from proxy.serve import GRACEFUL_SHUTDOWN_S
 from tests.harness import REPO, wait_for, wait_healthy
 from tests.proxy_cluster import BODY, ProcessCluster, sample
@@ -139,9 +148,26 @@ def test_sigterm_stops_every_process_after_its_requests(tmp_path):
 def test_a_killed_parent_leaves_no_process_serving(tmp_path):
     with ProcessCluster(tmp_path / "proxy.log") as c:
         pids = [p.pid for p in c.processes()]
+        metrics_dir = c.processes()[0].environ()["PROMETHEUS_MULTIPROC_DIR"]
         os.kill(c.proxy.process.pid, signal.SIGKILL)
         c.proxy.process.wait(timeout=10)
         assert wait_for(lambda: gone(pids), timeout_s=20)
+    shutil.rmtree(metrics_dir)  # left by the killed parent (the next proxy's start removes such folders)
+
+
+def test_a_new_parent_removes_the_metrics_folders_of_parents_gone(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    stale = tmp_path / f"{METRICS_DIR_PREFIX}{ended.pid}-abc"
+    running = tmp_path / f"{METRICS_DIR_PREFIX}{os.getpid()}-def"  # a parent still running: kept
+    other = tmp_path / "something-else"
+    for folder in (stale, running, other):
+        folder.mkdir()
+        (folder / "counter_1.db").write_bytes(b"")
+    fresh = fresh_metrics_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([fresh.name, running.name, other.name])
+    assert fresh.name.startswith(f"{METRICS_DIR_PREFIX}{os.getpid()}-") and not any(fresh.iterdir())
 
 
 def test_a_second_proxy_on_the_port_is_refused_not_let_in(tmp_path):
