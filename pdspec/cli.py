@@ -38,6 +38,10 @@ def _up(cmd: s.UpCommand) -> int:
 
 
 def _proxy(cmd: s.ProxyCommand) -> int:
+    if cmd.proxy.workers > 1:  # a parent and its processes on one port; 1: the one process itself
+        from proxy.processes import run_processes
+
+        return run_processes(cmd.proxy)
     from proxy.serve import serve
 
     serve(cmd.proxy)

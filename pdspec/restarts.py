@@ -4,7 +4,9 @@ Pure bookkeeping, no processes: `RestartPolicy.after_exit(child, now)` answers t
 before the restart, or None when the child has crashed more than `max_restarts` times
 within `window_s` (the stack then stops, naming the child), or when restarts are off
 (`restart = "never"`: fail fast, the stack stops at the first exit). The pause doubles
-with each exit still inside the window, from `backoff_s` up to `MAX_BACKOFF_S`.
+with each exit still inside the window, from `backoff_s` up to `MAX_BACKOFF_S`. The
+proxy's own processes (`proxy.workers` > 1, proxy/processes.py) are restarted by the same
+rule, each slot a child.
 """
 
 from __future__ import annotations

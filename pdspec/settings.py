@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -508,6 +508,15 @@ class ProxySettings(BaseModel):
 
     host: str = Field("127.0.0.1", description="Address the proxy listens on (0.0.0.0 in containers).")
     port: int = Field(8000, description="Port the proxy listens on.")
+    workers: int = Field(
+        1,
+        ge=1,
+        description="Proxy processes on its port, so it uses that many cores (SO_REUSEPORT: the kernel spreads "
+        "connections over them). 1: one process, no parent. More: a parent starts them and restarts one that exits "
+        "(proxy/processes.py); each health-checks the workers, reads their KV events and routes on its own; they "
+        "divide admission.max_inflight, admission.max_queue and clients.max_connections, so these hold for the "
+        "proxy as a whole; any of them answers /ready and /metrics for all (docs/proxy.md, the proxy across cores).",
+    )
     # Membership: a static list of URLs, or DNS names re-resolved periodically (a headless
     # Kubernetes service): "dns://prefill.pdspec.svc:8100" yields one worker per address.
     prefill_urls: list[str] = Field(
@@ -547,6 +556,22 @@ class ProxySettings(BaseModel):
     kv_transfer: KvTransferSettings = Field(
         default_factory=KvTransferSettings, description="The KV hand-off: allowed NIXL sources, early decode."
     )
+
+    @model_validator(mode="after")
+    def _limits_cover_every_process(self) -> ProxySettings:
+        """Each of `workers` processes enforces its share of the proxy's limits, and a share
+        of no request or no connection would be a process that refuses everything; the
+        processes share a port the kernel assigns, so an ephemeral one (0) cannot be shared."""
+        if self.workers > 1:
+            for name, limit in (
+                ("admission.max_inflight", self.admission.max_inflight),
+                ("clients.max_connections", self.clients.max_connections),
+            ):
+                if limit < self.workers:
+                    raise ValueError(f"{name} ({limit}) is divided among the {self.workers} workers: at least one each")
+            if self.port == 0:
+                raise ValueError("workers > 1 share one port: port 0 would give each process its own")
+        return self
 
     def queue_budget(self) -> float | None:
         """admission.prefill_queue_budget_s in force (None: admission checks KV room only);

@@ -6,6 +6,11 @@ and routing (`ProxyApp`): they are the hot path, and FastAPI's per-request machi
 more than both worker legs together (profiled under loadtest/micro/proxy_bench.py).
 Everything else (/v1/models, /health, /ready, /metrics, the stored-response routes that
 answer 404) is ordinary FastAPI.
+
+One app is one process. With `proxy.workers` > 1 each process runs its own (proxy/processes.py),
+given `SharedMetrics`: its /metrics and /load then answer for every process, and the gauges
+it reads off its pools are also written every `SHARED_GAUGES_INTERVAL_S`, so a scrape of
+another process finds this one's fresh.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from proxy.loop_lag import LoopLag
 from proxy.metrics import ProxyMetrics
 from proxy.routing import registry as policies
 from proxy.routing.kv_router import KvRouter
+from proxy.shared_metrics import SharedMetrics
 from proxy.tracing import Tracing
 from proxy.upstream.client import UpstreamClient
 
@@ -53,6 +59,9 @@ SCALE_OUT_PATHS = (
     "/inference/v1/generate",
 )
 SCALE_OUT_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+# One of several processes: how often it writes the gauges it reads off its pools (worker
+# legs in flight, healthy and refused workers, queued requests) for the others' scrapes.
+SHARED_GAUGES_INTERVAL_S = 1.0
 
 
 class HotPaths:
@@ -87,8 +96,9 @@ class ProxyApp(FastAPI):
         return HotPaths(super().build_middleware_stack(), self.hot_paths)
 
 
-def create_app(settings: ProxySettings) -> ProxyApp:
-    metrics = ProxyMetrics.create()
+def create_app(settings: ProxySettings, shared: SharedMetrics | None = None) -> ProxyApp:
+    """The proxy's app; `shared`: it is one of several processes (proxy/processes.py)."""
+    metrics = ProxyMetrics.create(shared=shared is not None)
     routing = settings.routing
     prefill_pool = WorkerPool.from_urls("prefill", [], policies.for_pool(routing, "prefill"))
     decode_pool = WorkerPool.from_urls("decode", [], policies.for_pool(routing, "decode"))
@@ -96,7 +106,8 @@ def create_app(settings: ProxySettings) -> ProxyApp:
         {prefill_pool: settings.prefill_urls, decode_pool: settings.decode_urls}, settings.dns_refresh_s
     )
     admission = Admission.from_settings(settings.admission)
-    metrics.queued.set_function(lambda: admission.waiting)  # read at scrape time: nothing on the request path
+    if shared is None:  # shared, the files hold what `set` wrote, never a function's value
+        metrics.queued.set_function(lambda: admission.waiting)  # read at scrape time: nothing on the request path
     api_keys = ApiKeys(settings.clients.api_keys)
     client = UpstreamClient.from_settings(settings.worker_client)
     worker_headers = worker_auth_headers(settings.worker_client.api_key)
@@ -128,12 +139,28 @@ def create_app(settings: ProxySettings) -> ProxyApp:
         after_round=kv_router.sync if kv_router else None,
     )
 
+    def set_pool_gauges() -> None:
+        """The gauges read off the pools rather than kept on the request path."""
+        metrics.set_series(
+            metrics.worker_inflight,  # workers may have left the pool since
+            {(pool.name, w.url): w.outstanding for pool in (prefill_pool, decode_pool) for w in pool.workers},
+        )
+        for pool in (prefill_pool, decode_pool):
+            metrics.healthy_workers.labels(pool.name).set(len(pool.healthy()))
+            refused = sum(w.healthy and w.refusal is not None for w in pool.workers)
+            metrics.refused_workers.labels(pool.name).set(refused)
+        if shared is not None:
+            metrics.queued.set(admission.waiting)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await membership.refresh()
         await checker.check_all()  # admit the workers that are up before serving
         await limits.fetch()
         tasks = [asyncio.create_task(t) for t in (checker.run(), membership.run(), loop_lag.run())]
+        if shared is not None:
+            set_pool_gauges()  # before this process takes connections: the first scrape sees it
+            tasks.append(asyncio.create_task(every(SHARED_GAUGES_INTERVAL_S, set_pool_gauges)))
         if kv_room is not None:
             metrics.kv_room_waits.labels("admitted")
             metrics.kv_room_waits.labels("timeout")
@@ -241,13 +268,20 @@ def create_app(settings: ProxySettings) -> ProxyApp:
 
     @app.get("/load")
     async def load() -> JSONResponse:
-        """vLLM's `/load`: the requests this proxy is serving now (admitted, not queued)."""
-        return JSONResponse({"server_load": admission.inflight})
+        """vLLM's `/load`: the requests this proxy is serving now (admitted, not queued), in
+        all its processes."""
+        if shared is None:
+            return JSONResponse({"server_load": admission.inflight})
+        return JSONResponse({"server_load": int(shared.value("pdspec_proxy_inflight_requests") or 0)})
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
         """Readiness: at least one healthy, admitted prefill and decode worker; the pairing
-        check's view (reference config, refused, unverified and pending workers)."""
+        check's view (reference config, refused, unverified and pending workers). One of
+        several processes answers from its own checks, the ones it routes by: every process
+        checks the same workers with the same settings, so their answers differ only around
+        a change (one ejects a worker a check before another), and none listens before its
+        first round of checks."""
         pools = [prefill_pool, decode_pool]
         status = {pool.name: len(pool.healthy()) for pool in pools}
         ok = all(count > 0 for count in status.values())
@@ -264,14 +298,9 @@ def create_app(settings: ProxySettings) -> ProxyApp:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        metrics.worker_inflight.clear()  # workers may have left the pool since
-        for pool in (prefill_pool, decode_pool):
-            metrics.healthy_workers.labels(pool.name).set(len(pool.healthy()))
-            refused = sum(w.healthy and w.refusal is not None for w in pool.workers)
-            metrics.refused_workers.labels(pool.name).set(refused)
-            for worker in pool.workers:
-                metrics.worker_inflight.labels(pool.name, worker.url).set(worker.outstanding)
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        set_pool_gauges()
+        body = generate_latest(metrics.registry) if shared is None else shared.exposition()
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return app
 
@@ -308,6 +337,13 @@ def not_ready_reason(healthy: dict[str, int], pairing_status: dict) -> str:
         ]
         parts.append(f"no admitted {pool} worker" + (f" ({'; '.join(why)})" if why else ""))
     return "; ".join(parts)
+
+
+async def every(interval_s: float, update) -> None:
+    """Calls `update()` every `interval_s` until cancelled."""
+    while True:
+        await asyncio.sleep(interval_s)
+        update()
 
 
 async def collect_garbage(interval_s: float) -> None:

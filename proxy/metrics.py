@@ -1,10 +1,19 @@
-"""The proxy's own Prometheus metrics (prefix `pdspec_proxy_`, never `vllm:`)."""
+"""The proxy's own Prometheus metrics (prefix `pdspec_proxy_`, never `vllm:`).
+
+Every gauge names how its value combines over the proxy's processes (`multiprocess_mode`:
+`livesum` for what each process holds, such as requests in flight; `livemin` / `livemax`
+for each process's view of a worker, such as healthy workers or the KV index's blocks).
+It matters only with `proxy.workers` > 1, where a scrape of any process reads them all
+(proxy/shared_metrics.py); one process ignores it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from proxy.shared_metrics import REMOVED
 
 PREFILL_OUTCOMES = ("ok", "retried_ok", "fallback", "error")
 # Why a request was served decode-only (proxy/apis/legs.py, decode_only_reason).
@@ -60,12 +69,16 @@ class ProxyMetrics:
     kv_events: Counter
     kv_index_blocks: Gauge
     kv_event_lag: Gauge
+    # One of several processes, its values in prometheus_client's multiprocess files
+    # (proxy/shared_metrics.py): a gauge's series cannot be deleted there, only marked removed.
+    shared: bool = False
 
     @classmethod
-    def create(cls) -> ProxyMetrics:
+    def create(cls, shared: bool = False) -> ProxyMetrics:
         # One registry per app, so tests can build many apps in one process.
         registry = CollectorRegistry()
         metrics = cls(
+            shared=shared,
             registry=registry,
             requests=Counter(
                 "pdspec_proxy_requests",
@@ -103,12 +116,14 @@ class ProxyMetrics:
                 "Healthy workers per pool.",
                 ["pool"],
                 registry=registry,
+                multiprocess_mode="livemin",
             ),
             worker_inflight=Gauge(
                 "pdspec_proxy_worker_inflight",
                 "Legs the proxy has open on each worker (what least_outstanding routing reads).",
                 ["pool", "worker"],
                 registry=registry,
+                multiprocess_mode="livesum",
             ),
             kv_releases=Counter(
                 "pdspec_proxy_kv_releases",
@@ -150,6 +165,7 @@ class ProxyMetrics:
                 "the time it had prefill legs in flight (admission.prefill_kv).",
                 ["worker"],
                 registry=registry,
+                multiprocess_mode="livemax",
             ),
             prefill_queued_seconds=Gauge(
                 "pdspec_proxy_prefill_queued_seconds",
@@ -158,6 +174,7 @@ class ProxyMetrics:
                 "over the budget, which goes alone (admission.prefill_kv).",
                 ["worker"],
                 registry=registry,
+                multiprocess_mode="livemax",
             ),
             prefill_kv_free_tokens=Gauge(
                 "pdspec_proxy_prefill_kv_free_tokens",
@@ -165,8 +182,14 @@ class ProxyMetrics:
                 "since (admission.prefill_kv).",
                 ["worker"],
                 registry=registry,
+                multiprocess_mode="livemin",
             ),
-            inflight=Gauge("pdspec_proxy_inflight_requests", "Client requests in flight.", registry=registry),
+            inflight=Gauge(
+                "pdspec_proxy_inflight_requests",
+                "Client requests in flight.",
+                registry=registry,
+                multiprocess_mode="livesum",
+            ),
             pairing_refusals=Counter(
                 "pdspec_proxy_pairing_refusals",
                 "Workers refused because their pdspec_worker_info differs from the pairing reference, by pool "
@@ -179,9 +202,13 @@ class ProxyMetrics:
                 "Workers that answer health checks but are refused by the pairing check, per pool.",
                 ["pool"],
                 registry=registry,
+                multiprocess_mode="livemax",
             ),
             queued=Gauge(
-                "pdspec_proxy_queued_requests", "Client requests waiting for an in-flight slot.", registry=registry
+                "pdspec_proxy_queued_requests",
+                "Client requests waiting for an in-flight slot.",
+                registry=registry,
+                multiprocess_mode="livesum",
             ),
             client_refusals=Counter(
                 "pdspec_proxy_client_refusals",
@@ -245,12 +272,14 @@ class ProxyMetrics:
                 "KV blocks the proxy's index holds per worker.",
                 ["worker"],
                 registry=registry,
+                multiprocess_mode="livemax",
             ),
             kv_event_lag=Gauge(
                 "pdspec_proxy_kv_event_lag_seconds",
                 "Age of the last KV event batch from each worker when it arrived (publisher clock to proxy clock).",
                 ["worker"],
                 registry=registry,
+                multiprocess_mode="livemax",
             ),
         )
         # Every outcome exported at 0 from the start: a counter's first scraped sample is
@@ -268,10 +297,26 @@ class ProxyMetrics:
             metrics.kv_events.labels(kind)
         return metrics
 
+    def remove_series(self, gauge: Gauge, *labels: str) -> None:
+        """Drops one series of a labelled gauge (none exported: nothing to do); shared, marks
+        it removed, which the scrape leaves out."""
+        if self.shared:
+            gauge.labels(*labels).set(REMOVED)
+            return
+        try:
+            gauge.remove(*labels)
+        except KeyError:
+            pass
 
-def remove_series(gauge: Gauge, worker: str) -> None:
-    """Drops one worker's series from a gauge labelled by worker (none exported: nothing to do)."""
-    try:
-        gauge.remove(worker)
-    except KeyError:
-        pass
+    def set_series(self, gauge: Gauge, values: dict[tuple[str, ...], float]) -> None:
+        """Sets a labelled gauge to exactly `values` (label values -> value): the series it
+        had besides them are dropped."""
+        if not self.shared:
+            gauge.clear()
+        else:
+            for sample in gauge.collect()[0].samples:
+                labels = tuple(sample.labels.values())  # in the gauge's label order
+                if labels not in values:
+                    gauge.labels(*labels).set(REMOVED)
+        for labels, value in values.items():
+            gauge.labels(*labels).set(value)

@@ -1,11 +1,15 @@
 """A real proxy in front of stand-in workers (two prefill, one decode), for the proxy's
 unit tests of failures, clients leaving and metrics."""
 
+from pathlib import Path
+
 import httpx
+import psutil
 
 from pdspec.settings import ProxySettings
-from tests.harness import merged
-from tests.standin import StandinBehaviour, ThreadServer, create_standin, proxy_server
+from proxy.serve import PROCESS_HEADER
+from tests.harness import merged, start_proxy, wait_for, wait_healthy
+from tests.standin import StandinBehaviour, ThreadServer, create_standin, proxy_server, unused_port
 
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 5}
 
@@ -83,3 +87,69 @@ def queued_prefill_s(fleet: Fleet, worker: int = 0) -> float | None:
         httpx.get(fleet.url + "/metrics").text,
         f'pdspec_proxy_prefill_queued_seconds{{worker="{fleet.servers[worker].url}"}}',
     )
+
+
+class ProcessCluster:
+    """Two prefill stand-ins and one decode stand-in behind a real proxy of `workers`
+    processes, started as the benchmarks and `pdspec up` start it (`python -m pdspec.cli
+    proxy`, its settings in PDSPEC_PROXY), with served-by headers, so each reply names the
+    process that served it; the proxy's log in `log_path`."""
+
+    def __init__(self, log_path: Path, *layers: dict, workers: int = 2, **settings):
+        self.p1, self.p2, self.d = StandinBehaviour(), StandinBehaviour(), StandinBehaviour()
+        self.log_path = log_path
+        self.workers = workers
+        self.settings = merged({"observability": {"served_by_headers": True}}, *layers, settings)
+
+    def __enter__(self):
+        self.servers = [ThreadServer(create_standin(b)).__enter__() for b in (self.p1, self.p2, self.d)]
+        urls = [s.url for s in self.servers]
+        self.port = unused_port()
+        settings = merged(
+            {"routing": {"prefill_policy": "round_robin"}, "retries": {"backoff_s": 0.01}},
+            {"workers": self.workers, "prefill_urls": urls[:2], "decode_urls": urls[2:]},
+            self.settings,
+        )
+        self.proxy = start_proxy(self.port, self.log_path, **settings)
+        self.url = self.proxy.url
+        wait_healthy(self.url, self.proxy.process, self.log_path, path="/ready")
+        assert wait_for(lambda: len(self.listening()) == self.workers, timeout_s=30), self.log_tail()
+        return self
+
+    def __exit__(self, *exc):
+        self.proxy.stop()
+        for server in self.servers:
+            server.__exit__(*exc)
+
+    @property
+    def parent(self) -> psutil.Process:
+        return psutil.Process(self.proxy.process.pid)
+
+    def processes(self) -> list[psutil.Process]:
+        """The parent's processes (the proxy's own), running or not yet reaped."""
+        try:
+            return self.parent.children()
+        except psutil.NoSuchProcess:
+            return []
+
+    def listening(self) -> list[psutil.Process]:
+        """The proxy's processes that listen on its port (each binds its own socket)."""
+        out = []
+        for process in self.processes():
+            try:
+                sockets = process.net_connections(kind="tcp")
+            except psutil.NoSuchProcess:
+                continue
+            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == self.port for c in sockets):
+                out.append(process)
+        return out
+
+    def served_by(self, method: str, path: str, **kwargs) -> tuple[httpx.Response, str]:
+        """A request on a fresh connection (the kernel picks its process anew), and which
+        process answered it."""
+        with httpx.Client(timeout=kwargs.pop("timeout", 20)) as client:
+            response = client.request(method, self.url + path, **kwargs)
+        return response, response.headers[PROCESS_HEADER]
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import random
 import socket
 import threading
 import time
@@ -447,10 +448,28 @@ def proxy_server(settings) -> ThreadServer:
     """A real proxy for `settings` (ProxySettings), served as `pdspec proxy` serves it: its
     own client protocol and uvicorn options (proxy/serve.py); not yet entered."""
     from proxy.app import create_app
-    from proxy.serve import server_options
+    from proxy.serve import uvicorn_options
 
     app = create_app(settings)
-    return ThreadServer(app, **server_options(settings, app))
+    options = uvicorn_options(settings, app)
+    del options["host"], options["port"]  # the ThreadServer's own
+    return ThreadServer(app, **options)
+
+
+def unused_port(low: int = 31000, high: int = 39999) -> int:
+    """A port in low..high that nothing is bound to now, for a server of another process,
+    which binds it itself (unlike ThreadServer's, the port may be taken in between: rare,
+    the search starts at random, and the server then fails to start, named)."""
+    start = random.randrange(low, high + 1)
+    for offset in range(high - low + 1):
+        port = low + (start - low + offset) % (high - low + 1)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low}-{high}")
 
 
 class ThreadServer:

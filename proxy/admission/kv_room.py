@@ -59,7 +59,6 @@ from proxy.admission.prefill_rate import PrefillRate
 from proxy.errors import ProxyError
 from proxy.fleet.pool import WorkerPool
 from proxy.fleet.worker_info import InfoUnreadable, fetch_metrics_text, samples
-from proxy.metrics import remove_series
 from proxy.upstream.client import UpstreamClient
 
 log = logging.getLogger("pdspec.proxy.kv_room")
@@ -298,7 +297,7 @@ class KvRoom:
             self.answered_at_reading[url] = marks[url]
             self.metrics.prefill_kv_free_tokens.labels(url).set(max(room.free_tokens(1.0) - self.pending(url), 0))
         for url in shown - self.rooms.keys():  # ejected, gone or unreadable: no stale room shown
-            remove_series(self.metrics.prefill_kv_free_tokens, url)
+            self.metrics.remove_series(self.metrics.prefill_kv_free_tokens, url)
         for worker in workers:
             rate = self.rates.get(worker.url)
             if rate is not None and rate.tokens_per_s:
@@ -312,8 +311,8 @@ class KvRoom:
                 counts.pop(url, None)
         for url in self._timed - {w.url for w in workers}:  # ejected or gone: no stale reading left
             self._timed.discard(url)
-            remove_series(self.metrics.prefill_rate, url)
-            remove_series(self.metrics.prefill_queued_seconds, url)
+            self.metrics.remove_series(self.metrics.prefill_rate, url)
+            self.metrics.remove_series(self.metrics.prefill_queued_seconds, url)
         self._wake()
 
     def _wake(self) -> None:

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from pdspec.settings import RoutingSettings
 from proxy.fleet.pool import NoHealthyWorker, Worker, WorkerPool
-from proxy.metrics import ProxyMetrics, remove_series
+from proxy.metrics import ProxyMetrics
 from proxy.routing.keys import new_part_key, rendezvous_key, token_affinity_key
 from proxy.routing.kv_index import KvIndex, block_keys
 from proxy.routing.kv_subscriber import EventSource, Subscriber
@@ -128,8 +128,8 @@ class KvRouter:
         for name, value in vars(subscription.subscriber.counts).items():  # its counts stay in the totals
             self._retired[name] = self._retired.get(name, 0) + value
         self.index.forget(url)
-        remove_series(self.metrics.kv_index_blocks, url)
-        remove_series(self.metrics.kv_event_lag, url)
+        self.metrics.remove_series(self.metrics.kv_index_blocks, url)
+        self.metrics.remove_series(self.metrics.kv_event_lag, url)
 
     async def close(self) -> None:
         for url in list(self.subscriptions):

@@ -183,7 +183,7 @@ def test_a_role_module_is_data_that_imports_nothing():
 # has no import cycle. The graph is the one above: lazy imports inside functions count.
 
 PROXY_WINGS = {
-    "app": ("proxy.app", "proxy.serve", "proxy.__main__"),  # the app factory and the entry points
+    "app": ("proxy.app", "proxy.serve", "proxy.processes", "proxy.__main__"),  # the app factory and the entry points
     "edge": ("proxy.edge",),  # the client-facing HTTP edge (connections, passed-through endpoints)
     "flow": ("proxy.flow",),  # a request through P/D: prefill, hand-off, decode, relay
     "routing": ("proxy.routing",),  # policies, the route plan, the KV index
@@ -201,6 +201,7 @@ PROXY_WINGS = {
         "proxy.auth",
         "proxy.logs",
         "proxy.loop_lag",
+        "proxy.shared_metrics",
     ),
 }
 PROXY_LAYERS = (("app",), ("edge",), ("flow",), ("routing", "admission", "apis"), ("fleet",), ("upstream",), ("base",))

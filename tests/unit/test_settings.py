@@ -279,3 +279,34 @@ def test_the_e2e_modules_proxy_setting_constants_validate():
                 ProxySettings.model_validate(value)
                 checked += 1
     assert checked >= 2
+
+
+# --- proxy.workers: the proxy as several processes on one port (proxy/processes.py) -------
+
+
+def test_the_proxy_is_one_process_unless_told_and_never_none():
+    import pytest
+    from pydantic import ValidationError
+
+    from pdspec.settings import ProxySettings
+
+    assert ProxySettings().workers == 1
+    for workers in (0, -2):
+        with pytest.raises(ValidationError, match="greater than or equal to 1"):
+            ProxySettings(workers=workers)
+
+
+def test_each_of_the_proxys_processes_needs_a_share_of_its_limits_and_one_port():
+    import pytest
+    from pydantic import ValidationError
+
+    from pdspec.settings import ProxySettings
+
+    ProxySettings(workers=4, admission={"max_inflight": 4}, clients={"max_connections": 4})
+    with pytest.raises(ValidationError, match=r"admission.max_inflight \(3\) is divided among the 4 workers"):
+        ProxySettings(workers=4, admission={"max_inflight": 3})
+    with pytest.raises(ValidationError, match=r"clients.max_connections \(2\) is divided among the 4 workers"):
+        ProxySettings(workers=4, clients={"max_connections": 2})
+    with pytest.raises(ValidationError, match="port 0"):
+        ProxySettings(workers=2, port=0)
+    ProxySettings(workers=1, port=0, admission={"max_inflight": 1})  # one process: as before

@@ -2,6 +2,7 @@
 replicas (ports apart, cores and GPUs split, a run dir and a log each), and a proxy that
 knows every worker."""
 
+import json
 import subprocess
 import sys
 
@@ -254,3 +255,10 @@ def test_port_clashes_are_refused_before_anything_starts():
     # A wider replay offset spreads the replicas' KV-event ports as far.
     replicas = replica_settings(PrefillWorkerSettings(replicas=2, kv_events_replay_offset=4))
     assert [w.kv_events_port for w in replicas] == [5650, 5655]
+
+
+def test_the_proxy_gets_its_workers_setting(tmp_path):
+    """`pdspec up --proxy.workers 2`: the proxy it starts runs two processes on its port."""
+    proxy = plan_children(UpCommand(run_dir=tmp_path, proxy={"workers": 2}))[-1]
+    assert proxy.name == "proxy"
+    assert json.loads(proxy.env["PDSPEC_PROXY"])["workers"] == 2
