@@ -22,7 +22,8 @@ What runs:
   which reads a text prompt's ids from the decode worker's /tokenize; the router's
   cache_aware, which renders it on the workers' /v1/completions/render);
 - per shape (`--shapes`): `whole` (a non-streamed completion) and `stream` (streamed);
-  every request a `--prompt-tokens` (2,000) word text prompt, one of `--prompts` (16)
+  every request a text prompt of the pairing's length (round_robin 8 words: the hot path
+  alone; kv_aware 2,000: routing's cost; `--prompt-tokens` sets both), one of `--prompts` (16)
   seeded prompts in turn, `max_tokens` the stream's length;
 - wrk for `--seconds` (10) at each of `--connections` (1, 8, 64, 256), `--rounds` (3)
   times. Rounds are outermost, so a point's runs are spread over the whole race and its
@@ -96,11 +97,13 @@ WORDS = (
 
 @dataclass(frozen=True)
 class Pairing:
-    """pdspec's settings (ProxySettings' groups, over the race's base) against a router policy."""
+    """pdspec's settings (ProxySettings' groups, over the race's base) against a router policy,
+    on prompts of `prompt_tokens` words (`--prompt-tokens` overrides it for every pairing)."""
 
     pdspec: dict
     router_policy: str
     label: str
+    prompt_tokens: int
 
 
 PAIRINGS = {
@@ -108,11 +111,13 @@ PAIRINGS = {
         pdspec={"routing": {"prefill_policy": "round_robin", "decode_policy": "round_robin"}},
         router_policy="round_robin",
         label="pdspec round_robin / router round_robin",
+        prompt_tokens=8,  # the hot path alone: a short prompt, as in issue 42's first race
     ),
     "kv_aware": Pairing(
         pdspec={"routing": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware"}},
         router_policy="cache_aware",
         label="pdspec kv_aware / router cache_aware",
+        prompt_tokens=2000,  # routing's cost: both tokenize (or render) the prompt
     ),
 }
 
@@ -348,7 +353,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--connections", default=",".join(map(str, DEFAULT_CONNECTIONS)), help="comma-separated")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
     parser.add_argument("--pairings", default=",".join(PAIRINGS), help=f"comma-separated, of {', '.join(PAIRINGS)}")
-    parser.add_argument("--prompt-tokens", type=int, default=2000, help="words (instant-worker tokens) per prompt")
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        help="words (instant-worker tokens) per prompt, every pairing (default: the pairing's, 8 or 2000)",
+    )
     parser.add_argument("--prompts", type=int, default=16, help="distinct prompts, sent in turn")
     parser.add_argument("--stream-tokens", type=int, default=64, help="token events in a streamed reply")
     parser.add_argument("--warmup-seconds", type=int, default=2, help="wrk warm-up per proxy and shape")
@@ -422,10 +431,19 @@ def check_and_warm(args, contenders: dict[tuple[str, str], Contender], bodies: d
     for `--warmup-seconds`; the race stops at the first that does not."""
     for (name, contender), each in contenders.items():
         for shape in args.shapes:
-            problem = preflight(each.url, bodies[shape][0], SHAPES[shape], args.stream_tokens)
+            problem = preflight(each.url, bodies[name, shape][0], SHAPES[shape], args.stream_tokens)
             if problem:
                 raise SystemExit(f"{contender} ({name}, {shape}) did not serve the race's request: {problem}")
-            run_wrk(each.url + "/v1/completions", 8, args.warmup_seconds, str(scripts / f"{shape}.lua"), args.load_cpus)
+            script = str(scripts / script_name(name, shape))
+            run_wrk(each.url + "/v1/completions", 8, args.warmup_seconds, script, args.load_cpus)
+
+
+def script_name(pairing: str, shape: str) -> str:
+    return f"{pairing}-{shape}.lua"
+
+
+def prompt_tokens_of(pairing: str, override: int | None) -> int:
+    return override if override is not None else PAIRINGS[pairing].prompt_tokens
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -447,10 +465,12 @@ def main(argv: list[str] | None = None) -> dict:
     logs, scripts = args.out / "logs", args.out / "scripts"
     logs.mkdir(parents=True, exist_ok=True)
     scripts.mkdir(exist_ok=True)
-    texts = prompts(args.prompts, args.prompt_tokens)
-    bodies = {shape: request_bodies(texts, SHAPES[shape], args.stream_tokens) for shape in args.shapes}
-    for shape in args.shapes:
-        (scripts / f"{shape}.lua").write_text(post_script(bodies[shape]))
+    bodies = {}
+    for name in args.pairings:
+        texts = prompts(args.prompts, prompt_tokens_of(name, args.prompt_tokens))
+        for shape in args.shapes:
+            bodies[name, shape] = request_bodies(texts, SHAPES[shape], args.stream_tokens)
+            (scripts / script_name(name, shape)).write_text(post_script(bodies[name, shape]))
     report = {
         "command": "python -m loadtest.proxy_race " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -460,7 +480,7 @@ def main(argv: list[str] | None = None) -> dict:
             "connections": args.connections,
             "shapes": args.shapes,
             "pairings": {name: asdict(PAIRINGS[name]) for name in args.pairings},
-            "prompt_tokens": args.prompt_tokens,
+            "prompt_tokens": {name: prompt_tokens_of(name, args.prompt_tokens) for name in args.pairings},
             "prompts": args.prompts,
             "stream_tokens": args.stream_tokens,
             "proxy_cpus": args.proxy_cpus,
@@ -486,7 +506,7 @@ def main(argv: list[str] | None = None) -> dict:
             contender = contenders[run.pairing, run.contender]
             if contender.process.poll() is not None:
                 raise SystemExit(f"{run.contender} ({run.pairing}) exited ({contender.process.returncode}); see {logs}")
-            script = str(scripts / f"{run.shape}.lua")
+            script = str(scripts / script_name(run.pairing, run.shape))
             report["runs"].append(measure(run, contender.process, contender.url, script, args, worker_urls))
             write(report, args.out, final=False)  # a race cut short keeps what it measured
             left_s = (time.monotonic() - started) / i * (len(runs) - i)

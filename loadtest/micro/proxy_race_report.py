@@ -143,7 +143,8 @@ def markdown(report: dict) -> str:
         f"wrk and the workers on CPU {config['load_cpus']}; load average at the start "
         f"{', '.join(f'{x:.2f}' for x in config['load_average_at_start'])}).",
         "",
-        f"Prompts: {config['prompts']} texts of {config['prompt_tokens']} words (one instant-worker token each), "
+        f"Prompts: {config['prompts']} texts of {prompt_words(config['prompt_tokens'])} words "
+        "(one instant-worker token each), "
         f"sent in turn; streamed replies of {config['stream_tokens']} token events. Figures: mean (min..max) over "
         "the rounds; ratios are pdspec / router (req/s above 1: pdspec faster; latency below 1: pdspec lower). "
         "Proxy CPU: the proxy process's CPU time over the run's wall time (1 = one core); load cores: their busy "
@@ -252,3 +253,10 @@ def plot(report: dict, path: Path) -> bool:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def prompt_words(prompt_tokens: int | dict[str, int]) -> str:
+    """The prompts' length: one for every pairing, or each pairing's."""
+    if isinstance(prompt_tokens, int):
+        return f"{prompt_tokens:,}"
+    return ", ".join(f"{words:,} ({pairing})" for pairing, words in prompt_tokens.items())

@@ -153,3 +153,17 @@ def test_busy_share_of_chosen_cores():
 
 def test_taskset_lists_as_cpu_numbers():
     assert cpu_list("1") == [1] and cpu_list("0,2") == [0, 2] and cpu_list("0-3,6") == [0, 1, 2, 3, 6]
+
+
+def test_each_pairing_has_its_prompt_length_unless_one_is_given():
+    from loadtest.micro.proxy_race import prompt_tokens_of
+
+    assert (prompt_tokens_of("round_robin", None), prompt_tokens_of("kv_aware", None)) == (8, 2000)
+    assert prompt_tokens_of("round_robin", 300) == prompt_tokens_of("kv_aware", 300) == 300
+
+
+def test_the_report_names_each_pairings_prompt_length():
+    from loadtest.micro.proxy_race_report import prompt_words
+
+    assert prompt_words(2000) == "2,000"
+    assert prompt_words({"round_robin": 8, "kv_aware": 2000}) == "8 (round_robin), 2,000 (kv_aware)"
