@@ -25,9 +25,9 @@ worker before the proxy uses them: proxy/routing/tokenizer_check.py.
 Threading: encoding a 2,000-token prompt takes 1.2-1.8 ms on the 2-core CPU here (about
 0.2 µs a character), and `Tokenizer.encode` holds the GIL throughout. Text longer than
 `INLINE_MAX_CHARS` is encoded by `encode_batch_fast`, which releases the GIL, on a thread
-of the tokenizer's own pool (as many threads as cores, so a burst of long prompts never
-waits behind the event loop's other thread work, such as name resolution): the loop then
-pays 30-130 µs a prompt whatever its length. Shorter text is encoded inline: at most
+of the tokenizer's own pool (`POOL_THREADS` at most, and no more than the cores; its own,
+so the event loop's other thread work, such as name resolution, never waits behind a
+burst of long prompts): the loop then pays 30-130 µs a prompt whatever its length. Shorter text is encoded inline: at most
 about 0.2 ms, less than the thread's hand-off adds to it. Measured with
 `python -m loadtest.micro.routing_cost`.
 
@@ -49,6 +49,7 @@ from proxy.routing.chat_template import ChatTemplate, ChatTemplateError, plain_c
 
 # Text up to this many characters is encoded on the event loop (about 0.2 ms here).
 INLINE_MAX_CHARS = 1024
+POOL_THREADS = 4
 
 
 class TokenizerLoadError(Exception):
@@ -94,7 +95,8 @@ class LocalTokenizer:
         if len(text) <= INLINE_MAX_CHARS:
             return self.encode(text, add_special_tokens)
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="pdspec-tokenize")
+            threads = min(POOL_THREADS, os.cpu_count() or 1)
+            self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pdspec-tokenize")
         encode = self.tokenizer.encode_batch_fast  # no character offsets: nothing here reads them
         loop = asyncio.get_running_loop()
         encodings = await loop.run_in_executor(
