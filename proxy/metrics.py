@@ -59,6 +59,7 @@ class ProxyMetrics:
     local_prefills: Counter
     routing_decisions: Counter
     prompt_token_ids: Counter
+    tokenizer_agrees: Gauge
     predicted_hit_tokens: Counter
     kv_events: Counter
     kv_index_blocks: Gauge
@@ -234,6 +235,14 @@ class ProxyMetrics:
                 "(routing.tokenizer, in the proxy), worker (a decode worker's /tokenize or render endpoint), none "
                 "(not known: routed by load).",
                 ["source"],
+                registry=registry,
+            ),
+            tokenizer_agrees=Gauge(
+                "pdspec_proxy_tokenizer_agrees",
+                "routing.tokenizer against a decode worker's /tokenize, by kind (text, chat): 1 it "
+                "agreed on every probe, the proxy tokenizes that kind itself; 0 it did not, the round trip "
+                "(proxy/routing/tokenizer_check.py). Absent until checked.",
+                ["kind"],
                 registry=registry,
             ),
             predicted_hit_tokens=Counter(

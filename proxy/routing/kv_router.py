@@ -86,7 +86,13 @@ class KvRouter:
         self._retired: dict[str, int] = {}  # counts of subscriptions that ended
         self.tokenizer = LocalTokenizer.load(settings.tokenizer) if settings.tokenizer is not None else None
         self.tokenizer_check = (
-            TokenizerCheck(self.tokenizer, self._worker_tokenize) if self.tokenizer is not None else None
+            TokenizerCheck(
+                self.tokenizer,
+                self._worker_tokenize,
+                lambda kind, agreed: metrics.tokenizer_agrees.labels(kind).set(agreed),
+            )
+            if self.tokenizer is not None
+            else None
         )
 
     @staticmethod

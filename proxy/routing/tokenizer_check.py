@@ -115,9 +115,15 @@ class TokenizerCheck:
     """The check's state in a running proxy: `agreement` says what the proxy may tokenize
     itself; `start(url)` checks what is not known yet against that decode worker."""
 
-    def __init__(self, tokenizer: LocalTokenizer, ask: Callable[[str, dict[str, Any], bool], Awaitable[Any]]) -> None:
+    def __init__(
+        self,
+        tokenizer: LocalTokenizer,
+        ask: Callable[[str, dict[str, Any], bool], Awaitable[Any]],
+        decided: Callable[[str, bool], None] = lambda kind, agreed: None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.ask = ask  # (worker url, body, chat) -> that worker's /tokenize ids, or None
+        self.decided = decided  # (kind: text or chat, agreed): for the metrics
         self.agreement = Agreement()
         self._task: asyncio.Task | None = None
 
@@ -130,17 +136,20 @@ class TokenizerCheck:
     async def run(self, worker_url: str) -> None:
         ask = functools.partial(self.ask, worker_url)
         for chat, kind in ((False, "text prompts"), (True, "chats")):
-            if getattr(self.agreement, "chat" if chat else "text") is not None:
+            name = "chat" if chat else "text"
+            if getattr(self.agreement, name) is not None:
                 continue
             if chat and self.tokenizer.chat_template is None:
                 self.agreement.chat = False
+                self.decided(name, False)
                 log.info("routing.tokenizer %s has no chat template: chats go to /tokenize", self.tokenizer.source)
                 continue
             agreed, why = await compare(self.tokenizer, ask, chat)
             if agreed is None:
                 log.info("%s's /tokenize did not answer the tokenizer probes; asked again later", worker_url)
                 return
-            setattr(self.agreement, "chat" if chat else "text", agreed)
+            setattr(self.agreement, name, agreed)
+            self.decided(name, agreed)
             if agreed:
                 log.info("%s tokenized in the proxy (%s agrees with %s)", kind, self.tokenizer.source, worker_url)
             else:

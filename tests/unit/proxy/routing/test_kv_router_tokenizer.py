@@ -50,6 +50,11 @@ def sources(fleet: Fleet) -> dict[str, float]:
     return {s: sample(text, f'pdspec_proxy_prompt_token_ids_total{{source="{s}"}}') for s in ("proxy", "worker")}
 
 
+def agrees(fleet: Fleet) -> dict[str, float | None]:
+    text = httpx.get(fleet.url + "/metrics").text
+    return {kind: sample(text, f'pdspec_proxy_tokenizer_agrees{{kind="{kind}"}}') for kind in ("text", "chat")}
+
+
 def post(fleet: Fleet, path: str, body: dict) -> None:
     response = httpx.post(fleet.url + path, json=body, timeout=10)
     assert response.status_code == 200, response.text
@@ -69,6 +74,7 @@ def test_text_and_plain_chats_are_tokenized_in_the_proxy_once_the_worker_agrees(
         assert sources(fleet) == {"proxy": 0, "worker": 0}  # exported from the start
         agreement = checked(fleet)
         assert (agreement.text, agreement.chat) == (True, True)
+        assert agrees(fleet) == {"text": 1, "chat": 1}
         probed = len(decode.tokenized)
         post(fleet, "/v1/completions", TEXT)
         post(fleet, "/v1/chat/completions", CHAT)
@@ -88,6 +94,7 @@ def test_a_worker_that_tokenizes_otherwise_keeps_the_round_trip(shipped):
     with Fleet(1, 1, INFO, ROUTING) as fleet:  # the stand-in's /tokenize: a prompt's bytes
         agreement = checked(fleet)
         assert (agreement.text, agreement.chat) == (False, False)
+        assert agrees(fleet) == {"text": 0, "chat": 0}
         probed = len(fleet.decodes[0].tokenized)
         post(fleet, "/v1/completions", TEXT)
         post(fleet, "/v1/chat/completions", CHAT)
@@ -110,6 +117,7 @@ def test_until_the_check_is_done_the_round_trip_serves(shipped):
         assert wait_for(lambda: len(decode.tokenized) >= 2, timeout_s=10)  # asked again after a round
         post(fleet, "/v1/completions", TEXT)
         assert fleet.app.state.kv_router.tokenizer_check.agreement.text is None
+        assert agrees(fleet) == {"text": None, "chat": None}  # not checked yet: not exported
         assert sources(fleet) == {"proxy": 0, "worker": 1}
         assert any(body.get("prompt") == TEXT["prompt"] for body in decode.tokenized)  # its round trip
 
