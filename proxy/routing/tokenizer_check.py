@@ -12,7 +12,9 @@ The probes: text with and without special tokens (ASCII, runs of whitespace, Uni
 and emoji, code, look-alikes of special tokens and the tokenizer's own special tokens),
 and plain chats (a system turn, several turns, empty content, with and without the
 generation prompt). Each is tokenized by the proxy and by the worker's /tokenize as a
-request would be (proxy/routing/tokens.py). Text prompts and chats are decided apart:
+request would be (proxy/routing/tokens.py). Text prompts are decided first, then chats,
+which need the same tokenizer (their probes are too few to judge it: a pre-tokenizer
+that splits runs of whitespace otherwise passed them) and the same template:
 
 - all probes of a kind equal: the proxy tokenizes that kind itself from then on (logged);
 - one differs: it never does (a warning names the probe and where the ids part);
@@ -139,10 +141,11 @@ class TokenizerCheck:
             name = "chat" if chat else "text"
             if getattr(self.agreement, name) is not None:
                 continue
-            if chat and self.tokenizer.chat_template is None:
+            if chat and (self.tokenizer.chat_template is None or not self.agreement.text):
                 self.agreement.chat = False
                 self.decided(name, False)
-                log.info("routing.tokenizer %s has no chat template: chats go to /tokenize", self.tokenizer.source)
+                why = "has no chat template" if self.tokenizer.chat_template is None else "tokenizes text otherwise"
+                log.info("routing.tokenizer %s %s: chats go to /tokenize", self.tokenizer.source, why)
                 continue
             agreed, why = await compare(self.tokenizer, ask, chat)
             if agreed is None:

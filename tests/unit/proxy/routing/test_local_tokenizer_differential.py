@@ -1,8 +1,8 @@
 """The proxy's own token ids (proxy/routing/local_tokenizer.py) against vLLM's, over
 generated prompts: vLLM 0.32's renderer for the shipped model, built in this process as
-the API server builds it (`renderer_from_config`), given each body through vLLM's own
-request models (`CompletionRequest`, `ChatCompletionRequest`), so the reference is the
-ids the engine would hold, request options included. No server starts. The same against
+the API server builds it and given each body through vLLM's own request models
+(tests/vllm_reference.py), so the reference is the ids the engine would hold, request
+options included. No server starts. Other kinds of model: test_tokenizer_check_models.py. The same against
 a running worker, through the proxy, is tests/e2e/test_routing_tokens.py."""
 
 import asyncio
@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pdspec.models.build import SHIPPED
 from proxy.routing.local_tokenizer import INLINE_MAX_CHARS, LocalTokenizer
 from proxy.routing.tokenizer_check import compare
+from tests.vllm_reference import engine_ids, reference
 
 MODEL = SHIPPED / "target"
 MAX_MODEL_LEN = 4096  # the shipped model's; vLLM refuses (and its encoder cuts) longer prompts
@@ -64,12 +65,8 @@ EXAMPLES = settings(max_examples=300, deadline=None, suppress_health_check=[Heal
 
 @pytest.fixture(scope="module")
 def vllm_renderer():
-    """vLLM's renderer of the shipped model, and its model config."""
-    from vllm.config import ModelConfig, VllmConfig
-    from vllm.renderers.registry import renderer_from_config
-
-    model_config = ModelConfig(model=str(MODEL), max_model_len=MAX_MODEL_LEN)
-    return renderer_from_config(VllmConfig(model_config=model_config)), model_config
+    """vLLM's renderer of the shipped model (tests/vllm_reference.py)."""
+    return reference(MODEL, MAX_MODEL_LEN)
 
 
 @pytest.fixture(scope="module")
@@ -77,24 +74,6 @@ def ours():
     tokenizer = LocalTokenizer.load(MODEL)
     yield tokenizer
     tokenizer.close()
-
-
-def engine_ids(vllm_renderer, body: dict, chat: bool) -> list[int]:
-    """The prompt ids vLLM's serving path gives `body` (a completions or chat request)."""
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-
-    renderer, model_config = vllm_renderer
-    if chat:
-        request = ChatCompletionRequest(model="m", **body)
-        _, prompts = renderer.render_chat(
-            [request.messages], request.build_chat_params(None, "auto"), request.build_tok_params(model_config)
-        )
-    else:
-        request = CompletionRequest(model="m", **body)
-        texts = request.prompt if isinstance(request.prompt, list) else [request.prompt]  # one prompt each
-        prompts = renderer.render_cmpl([{"prompt": text} for text in texts], request.build_tok_params(model_config))
-    return prompts[0]["prompt_token_ids"]
 
 
 def proxy_ids(tokenizer: LocalTokenizer, body: dict, chat: bool) -> list[int] | None:
@@ -146,7 +125,7 @@ def test_the_start_up_probes_agree_with_vllm(vllm_renderer, ours):
     passes for the shipped model: both kinds are tokenized in the proxy."""
 
     async def ask(body, chat):
-        return engine_ids(vllm_renderer, {k: v for k, v in body.items() if k != "model"}, chat)
+        return engine_ids(vllm_renderer, body, chat)
 
     assert asyncio.run(compare(ours, ask, chat=False)) == (True, None)
     assert asyncio.run(compare(ours, ask, chat=True)) == (True, None)

@@ -81,6 +81,16 @@ async def test_text_and_chats_are_decided_apart_and_logged(shipped, caplog):
     assert check._task.done() and len(worker.asked) == asked
 
 
+async def test_chats_need_the_text_probes_passed_too(shipped):
+    """A chat is encoded by the same tokenizer: one the text probes refuse is not trusted
+    with chats, whose few probes could pass it (another pre-tokenizer did)."""
+    worker = Worker(shipped, differ_on="code")
+    check = TokenizerCheck(shipped, worker)
+    await check.run("http://d:1")
+    assert (check.agreement.text, check.agreement.chat) == (False, False)
+    assert not any(chat for _, _, chat in worker.asked)
+
+
 async def test_a_worker_that_did_not_answer_is_asked_again_after_the_next_round(shipped):
     worker = Worker(shipped, silent=True)
     check = TokenizerCheck(shipped, worker)
