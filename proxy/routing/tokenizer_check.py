@@ -1,10 +1,12 @@
 """Whether the proxy's own tokenizer (proxy/routing/local_tokenizer.py) gives the ids the
 served engine gives: checked against a decode worker's /tokenize before the proxy uses it.
 
-Why check: tokenizer.json alone is not always the tokenizer vLLM runs. transformers may
-adjust it as it loads it (a BOS or EOS its config adds, a pre-tokenizer rewritten), the
-worker may serve another model or its own `--chat-template`, and vLLM renders some chats
-otherwise (a template that wants content parts gets the text as one). Ids that differ
+Why check: tokenizer.json alone is not always the tokenizer vLLM runs. transformers 5
+rebuilds pieces of it as it loads it when the folder names a model's tokenizer class, or
+names none (Qwen2Tokenizer brings its own pre-tokenizer, LlamaTokenizerFast its own
+post-processor: tests/unit/proxy/routing/test_tokenizer_check_models.py), the worker may
+serve another model or its own `--chat-template`, and vLLM renders some chats otherwise
+(a template that iterates over content parts is given even a string as parts). Ids that differ
 from the engine's would not fail a request, but they would never meet the workers'
 cached blocks, so kv_aware routing would quietly lose its point.
 
