@@ -37,15 +37,11 @@ the round trip answers as vLLM would.
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-
-import jinja2
-import jinja2.ext
-import jinja2.nodes
-import jinja2.sandbox
 
 # Named special tokens transformers hands every template (its SPECIAL_TOKENS_ATTRIBUTES).
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -90,22 +86,9 @@ def plain_chat(body: dict[str, Any]) -> tuple[list[dict[str, str]], bool] | None
     return messages, generation_prompt
 
 
-class _GenerationBlock(jinja2.ext.Extension):
-    """`{% generation %}...{% endgeneration %}`: transformers marks assistant text with it
-    (for its assistant-token masks); rendering, it is its body."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-    def _body(self, caller) -> str:
-        return caller()
-
-
 def _raise_exception(message: str):
+    import jinja2
+
     raise jinja2.exceptions.TemplateError(message)
 
 
@@ -118,25 +101,56 @@ def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
 
 
-def compile_template(source: str) -> jinja2.Template:
-    """`source` compiled in the environment transformers compiles chat templates in."""
+@functools.cache
+def _environment():
+    """The environment transformers compiles chat templates in (jinja2 is imported only by a
+    proxy that renders chats)."""
+    import jinja2
+    import jinja2.ext
+    import jinja2.nodes
+    import jinja2.sandbox
+
+    class GenerationBlock(jinja2.ext.Extension):
+        """`{% generation %}...{% endgeneration %}`: transformers marks assistant text with
+        it (for its assistant-token masks); rendering, it is its body."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller) -> str:
+            return caller()
+
     environment = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, jinja2.ext.loopcontrols]
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols]
     )
     environment.filters["tojson"] = _tojson
     environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = _strftime_now
+    return environment
+
+
+def compile_template(source: str):
+    """`source` compiled in the environment transformers compiles chat templates in."""
+    import jinja2
+
     try:
-        return environment.from_string(source)
+        return _environment().from_string(source)
     except jinja2.TemplateError as exc:
         raise ChatTemplateError(f"the chat template does not compile: {exc}") from exc
 
 
 class ChatTemplate:
     def __init__(self, source: str, special_tokens: dict[str, str]) -> None:
+        import jinja2
+
         self.source = source
         self.special_tokens = special_tokens
         self.template = compile_template(source)
+        self._refusal = jinja2.TemplateError
 
     @classmethod
     def from_folder(cls, folder: Path) -> ChatTemplate | None:
@@ -171,7 +185,7 @@ class ChatTemplate:
                 add_generation_prompt=add_generation_prompt,
                 **self.special_tokens,
             )
-        except jinja2.TemplateError:
+        except self._refusal:
             return None
 
 

@@ -87,8 +87,9 @@ class LocalTokenizer:
     # --- the ids ---------------------------------------------------------------------------
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        """`text`'s ids, on the calling thread."""
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        """`text`'s ids, on the calling thread (`encode_batch_fast` of one text: `encode`'s
+        ids without its character offsets, about a fifth cheaper)."""
+        return self.tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
 
     async def encode_async(self, text: str, add_special_tokens: bool) -> list[int]:
         """`text`'s ids: inline when short, else on the tokenizer's threads (the GIL released)."""
