@@ -12,7 +12,8 @@ on one prefill and one decode worker (a hit: the lookups walk that run). Timed o
 `--iterations` requests: wall time p50 and p99, CPU time p50 (the process's, every thread:
 what the step costs on a machine that is not shared) in milliseconds:
 
-- `encode_inline`: the tokenizer's `encode` on the event loop's thread (for comparison);
+- `encode_inline`: the library's `Tokenizer.encode` (with character offsets) on the
+  calling thread, for comparison;
 - `tokenize`: `LocalTokenizer.prompt_ids`, as the route plan awaits it (text past
   INLINE_MAX_CHARS on the tokenizer's threads), and the event loop thread's own CPU time
   for it (what other requests wait for);
@@ -190,7 +191,7 @@ async def measure(args: argparse.Namespace) -> dict:
 
     iterations = args.iterations
     steps = {
-        "encode_inline": timed(lambda i: tokenizer.encode(texts[i % n], True), iterations),
+        "encode_inline": timed(lambda i: tokenizer.tokenizer.encode(texts[i % n]).ids, iterations),
         "tokenize": await timed_async(lambda i: tokenizer.prompt_ids(bodies[i % n], False), iterations),
         "block_keys": timed(lambda i: block_keys(ids[i % n], args.block_size), iterations),
         "lookup": timed(lookup, iterations),
