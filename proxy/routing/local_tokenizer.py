@@ -22,14 +22,15 @@ ids really agree with the served engine's (a tokenizer.json that transformers ad
 when it loads it, another model, a server-side template) is checked against a decode
 worker before the proxy uses them: proxy/routing/tokenizer_check.py.
 
-Threading: encoding a 2,000-token prompt takes 1.2-1.8 ms on the 2-core CPU here (about
-0.2 µs a character), and `Tokenizer.encode` holds the GIL throughout. Text longer than
-`INLINE_MAX_CHARS` is encoded by `encode_batch_fast`, which releases the GIL, on a thread
-of the tokenizer's own pool (`POOL_THREADS` at most, and no more than the cores; its own,
-so the event loop's other thread work, such as name resolution, never waits behind a
-burst of long prompts): the loop then pays about 0.1 ms a prompt whatever its length.
-Shorter text is encoded inline: at most about 0.2 ms, less than the thread's hand-off
-adds to it. Measured with `python -m loadtest.micro.routing_cost`.
+Threading: encoding holds its thread for about 0.25 µs a character on the 2-core CPU here
+(a 2,048-token prompt of code, 7,600 characters: 1.9 ms of CPU; loadtest/results/routing_cost/).
+Text longer than `INLINE_MAX_CHARS` is encoded on a thread of the tokenizer's own pool by
+`encode_batch_fast`, which releases the GIL while it works (`Tokenizer.encode` holds it
+throughout: on a thread it would still stop the loop). The pool is its own (`POOL_THREADS`
+at most, no more than the cores), so the event loop's other thread work, such as name
+resolution, never waits behind a burst of long prompts; the loop pays about 0.1 ms a
+prompt whatever its length. Shorter text is encoded inline: at most about 0.25 ms, about
+what the hand-off to a thread would cost the loop anyway.
 
 Failure policy: `load` raises TokenizerLoadError, naming the file and the reason, for a
 path that is missing or a file that is not a tokenizer (or a chat template that does not
@@ -47,7 +48,7 @@ from typing import Any
 
 from proxy.routing.chat_template import ChatTemplate, ChatTemplateError, plain_chat
 
-# Text up to this many characters is encoded on the event loop (about 0.2 ms here).
+# Text up to this many characters is encoded on the event loop (at most about 0.25 ms here).
 INLINE_MAX_CHARS = 1024
 POOL_THREADS = 4
 
@@ -77,7 +78,7 @@ class LocalTokenizer:
         try:
             tokenizer = Tokenizer.from_file(str(file))
         except Exception as exc:  # the library raises plain Exceptions for every kind of bad file
-            raise TokenizerLoadError(f"routing.tokenizer: {file} is not a tokenizer: {exc}") from exc
+            raise TokenizerLoadError(f"routing.tokenizer: {file} cannot be read as a tokenizer: {exc}") from exc
         try:
             template = ChatTemplate.from_folder(file.parent)
         except ChatTemplateError as exc:

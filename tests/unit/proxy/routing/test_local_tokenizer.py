@@ -36,8 +36,8 @@ def test_a_model_folder_or_its_tokenizer_json(tmp_path):
     [
         (lambda tmp: tmp / "missing", "missing does not exist"),
         (lambda tmp: tmp, "has no tokenizer.json"),
-        (lambda tmp: _write(tmp / "tokenizer.json", "{not json"), "is not a tokenizer"),
-        (lambda tmp: _write(tmp / "tokenizer.json", '{"version": "1.0"}'), "is not a tokenizer"),
+        (lambda tmp: _write(tmp / "tokenizer.json", "{not json"), "cannot be read as a tokenizer"),
+        (lambda tmp: _write(tmp / "tokenizer.json", '{"version": "1.0"}'), "cannot be read as a tokenizer"),
         (lambda tmp: _copy_with_template(tmp, "{% if %}"), "chat template does not compile"),
     ],
 )
