@@ -178,10 +178,10 @@ class KvRouter:
 
     async def plan(self, body: dict[str, Any], api: Rendered) -> RoutePlan | None:
         block_size = self._block_size()
-        tokenizer = next(iter(self.decode_pool.healthy()), None)
-        if block_size is None or tokenizer is None:
+        asked = next(iter(self.decode_pool.healthy()), None)  # the worker asked for ids, if need be
+        if block_size is None or asked is None:
             return None
-        ids, source = await self.token_ids(body, api, tokenizer.url)
+        ids, source = await self.token_ids(body, api, asked.url)
         self.metrics.prompt_token_ids.labels(source).inc()
         if ids is None:
             self.metrics.routing_decisions.labels("any", "no_token_ids").inc()
@@ -203,7 +203,7 @@ class KvRouter:
         ids = direct_token_ids(body, api.chat)
         if ids is not None:
             return ids, "given"
-        if self.tokenizer is not None and self._tokenizes_here(api.chat):
+        if self._tokenizes_here(api.chat):
             ids = await self.tokenizer.prompt_ids(body, api.chat)
             if ids is not None:
                 return ids, "proxy"
@@ -211,8 +211,9 @@ class KvRouter:
         return ids, "worker" if ids is not None else "none"
 
     def _tokenizes_here(self, chat: bool) -> bool:
-        agreement = self.tokenizer_check.agreement if self.tokenizer_check is not None else None
-        return agreement is not None and bool(agreement.chat if chat else agreement.text)
+        """Whether the proxy's own tokenizer agreed with a worker's on this kind of prompt."""
+        check = self.tokenizer_check
+        return check is not None and bool(check.agreement.chat if chat else check.agreement.text)
 
     async def _worker_tokenize(self, worker_url: str, body: dict[str, Any], chat: bool) -> list[int] | None:
         timeout_s = self.settings.tokenize_timeout_s
