@@ -6,9 +6,9 @@ rebuilds pieces of it as it loads it when the folder names a model's tokenizer c
 names none (Qwen2Tokenizer brings its own pre-tokenizer, LlamaTokenizerFast its own
 post-processor: tests/unit/proxy/routing/test_tokenizer_check_models.py), the worker may
 serve another model or its own `--chat-template`, and vLLM renders some chats otherwise
-(a template that iterates over content parts is given even a string as parts). Ids that differ
-from the engine's would not fail a request, but they would never meet the workers'
-cached blocks, so kv_aware routing would quietly lose its point.
+(a template that iterates over content parts is given even a string as parts). Ids that
+differ from the engine's would not fail a request, but they would never meet the
+workers' cached blocks, so kv_aware routing would quietly lose its point.
 
 The probes: text with and without special tokens (ASCII, runs of whitespace, Unicode
 and emoji, code, look-alikes of special tokens and the tokenizer's own special tokens),
@@ -23,8 +23,10 @@ that splits runs of whitespace otherwise passed them) and the same template:
 - a probe the worker did not answer (down, slow, an error): not known yet; asked again
   after the next health round (`KvRouter.sync`). Until known, the round trip as before.
 
-The check runs once per proxy: workers of one pool serve one model (the pairing check
-refuses one that does not match the first admitted).
+The probes are a sample, not a proof: they catch a tokenizer or template that differs in
+the ways the test above builds, and a different model, not a rule that touches only text
+they lack. The check runs once per proxy: workers of one pool serve one model (the
+pairing check refuses one that does not match the first admitted).
 
 Failure policy: none of it fails a request or the proxy.
 """
