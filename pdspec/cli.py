@@ -42,9 +42,14 @@ def _proxy(cmd: s.ProxyCommand) -> int:
         from proxy.processes import run_processes
 
         return run_processes(cmd.proxy)
+    from proxy.routing.local_tokenizer import TokenizerLoadError
     from proxy.serve import serve
 
-    serve(cmd.proxy)
+    try:
+        serve(cmd.proxy)
+    except TokenizerLoadError as exc:  # a setting that names no tokenizer: said in one line, no traceback
+        print(f"pdspec proxy: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -288,6 +288,16 @@ class RoutingSettings(BaseModel):
         "prompt or a chat) or render endpoint (Responses, Messages); then the request is routed without cache "
         "knowledge.",
     )
+    tokenizer: Path | None = Field(
+        None,
+        description="Cache-aware routing: the served model's tokenizer, a model folder (its tokenizer.json; "
+        "chat_template.jinja or tokenizer_config.json for chats) or a tokenizer.json file. The proxy then "
+        "tokenizes text prompts and plain chats itself (proxy/routing/local_tokenizer.py: no /tokenize round "
+        "trip), once a decode worker's /tokenize has given the same ids for its probes (else, and for what it "
+        "cannot render exactly, the round trip as when unset). Loaded at start-up when cache-aware routing is "
+        "on: a file that is missing or unreadable stops the proxy. `pdspec up` sets it to the target model's "
+        "folder when that is local. Unset: every text prompt and chat goes to a decode worker's /tokenize.",
+    )
     structured_outputs: Literal["disaggregated", "decode_only"] = Field(
         "disaggregated",
         description="Grammar-constrained requests (response_format, structured_outputs, a named "

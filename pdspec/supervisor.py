@@ -31,7 +31,7 @@ from typing import IO
 import httpx
 
 from pdspec.restarts import RestartPolicy
-from pdspec.settings import ProxySettings, UpCommand, WorkerSettings
+from pdspec.settings import ModelSettings, ProxySettings, UpCommand, WorkerSettings
 
 STOP_GRACE_S = 20.0
 
@@ -304,18 +304,33 @@ def kv_transfer_advice(children: list[Child], settings: UpCommand) -> str | None
 
 
 def proxy_settings_for(settings: UpCommand) -> ProxySettings:
-    """The proxy `up` starts talks to the workers `up` starts."""
+    """The proxy `up` starts talks to the workers `up` starts, and tokenizes with the
+    tokenizer of the model they serve (`routing.tokenizer`, unless it is set)."""
     prefills, decodes = replica_settings(settings.prefill), replica_settings(settings.decode)
     first, last = prefills[0].side_channel_port, prefills[-1].side_channel_port
     kv_transfer = settings.proxy.kv_transfer
     ports = [*kv_transfer.source_ports, str(first) if first == last else f"{first}-{last}"]
+    routing = settings.proxy.routing
+    if routing.tokenizer is None:
+        routing = routing.model_copy(update={"tokenizer": served_tokenizer(settings.model)})
     return settings.proxy.model_copy(
         update={
             "prefill_urls": [f"http://{w.host}:{w.port}" for w in prefills],
             "decode_urls": [f"http://{w.host}:{w.port}" for w in decodes],
             "kv_transfer": kv_transfer.model_copy(update={"source_ports": ports}),
+            "routing": routing,
         }
     )
+
+
+def served_tokenizer(model: ModelSettings) -> Path | None:
+    """The folder of the target model the workers serve, when it is a local folder with a
+    tokenizer.json (the local model's, once installed); None for a Hugging Face name, whose
+    files the workers fetch themselves (the proxy then asks a worker's /tokenize)."""
+    from pdspec.worker.launch import resolve_model_paths
+
+    target = Path(resolve_model_paths(model)[0]).expanduser()
+    return target if (target / "tokenizer.json").is_file() else None
 
 
 def client_url(settings: UpCommand) -> str:

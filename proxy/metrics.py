@@ -22,6 +22,8 @@ DECODE_ONLY_REASONS = ("beam_search", "structured_output")
 REFUSAL_REASONS = ("header_too_large", "head_timeout", "body_timeout", "too_many_connections")
 # Why the decode worker prefilled a prompt itself (conditional disaggregation, proxy/routing/kv_router.py).
 LOCAL_PREFILL_REASONS = ("cached_on_decode", "short_prompt")
+# Where cache-aware routing got a prompt's token ids (proxy/routing/kv_router.py, token_ids).
+PROMPT_ID_SOURCES = ("given", "proxy", "worker", "none")
 # What the cache index did with the workers' KV events (proxy/routing/kv_index.py, kv_subscriber.py).
 KV_EVENT_KINDS = (
     "stored",
@@ -65,6 +67,8 @@ class ProxyMetrics:
     health_checks_discarded: Counter
     local_prefills: Counter
     routing_decisions: Counter
+    prompt_token_ids: Counter
+    tokenizer_agrees: Gauge
     predicted_hit_tokens: Counter
     kv_events: Counter
     kv_index_blocks: Gauge
@@ -252,6 +256,22 @@ class ProxyMetrics:
                 ["pool", "reason"],
                 registry=registry,
             ),
+            prompt_token_ids=Counter(
+                "pdspec_proxy_prompt_token_ids",
+                "Where cache-aware routing got each prompt's token ids: given (in the request), proxy "
+                "(routing.tokenizer, in the proxy), worker (a decode worker's /tokenize or render endpoint), none "
+                "(not known: routed by load).",
+                ["source"],
+                registry=registry,
+            ),
+            tokenizer_agrees=Gauge(
+                "pdspec_proxy_tokenizer_agrees",
+                "routing.tokenizer against a decode worker's /tokenize, by kind (text, chat): 1 it "
+                "agreed on every probe, the proxy tokenizes that kind itself; 0 it did not, the round trip "
+                "(proxy/routing/tokenizer_check.py). Absent until checked.",
+                ["kind"],
+                registry=registry,
+            ),
             predicted_hit_tokens=Counter(
                 "pdspec_proxy_predicted_hit_tokens",
                 "Prompt tokens the proxy's index expected the worker it picked to "
@@ -293,6 +313,8 @@ class ProxyMetrics:
             metrics.decode_only.labels(reason)
         for reason in LOCAL_PREFILL_REASONS:
             metrics.local_prefills.labels(reason)
+        for source in PROMPT_ID_SOURCES:
+            metrics.prompt_token_ids.labels(source)
         for kind in KV_EVENT_KINDS:
             metrics.kv_events.labels(kind)
         return metrics

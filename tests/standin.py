@@ -21,6 +21,7 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -65,6 +66,8 @@ class StandinBehaviour:
     tokenize_status: int = 200
     tokenized: list[dict] = field(default_factory=list)  # /tokenize requests
     tokenize_delay_s: float = 0.0
+    # Its /tokenize's ids of a request body (a model's own tokenizer); None: the body's bytes.
+    tokenize: Callable[[dict], list[int]] | None = None
     cached_tokens: int = 0  # the prefix-cache hits it reports in a Responses reply's usage
     scale_out: bool = True  # serves the render endpoints (False: vLLM's 403 without --enable-scale-out)
     render_status: int = 200
@@ -219,8 +222,11 @@ def create_standin(behaviour: StandinBehaviour) -> FastAPI:
         behaviour.tokenized.append(body)
         if behaviour.tokenize_delay_s:
             await asyncio.sleep(behaviour.tokenize_delay_s)
-        text = body["prompt"] if "prompt" in body else json.dumps(body["messages"])
-        tokens = list(text.encode())
+        if behaviour.tokenize is not None:
+            tokens = behaviour.tokenize(body)
+        else:
+            text = body["prompt"] if "prompt" in body else json.dumps(body["messages"])
+            tokens = list(text.encode())
         return JSONResponse(
             {"count": len(tokens), "max_model_len": 4096, "tokens": tokens}, status_code=behaviour.tokenize_status
         )

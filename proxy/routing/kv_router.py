@@ -6,8 +6,11 @@ the workers' caches, the subscriptions that fill it, and a request's route plan.
   subscription and forgets the worker's blocks when the worker is ejected, refused or
   leaves, or publishes elsewhere (another process). A restart in place is caught by the
   subscription itself (the event sequence starts again).
-- `plan()` reads the prompt's token ids (proxy/routing/tokens.py: `/tokenize` for
-  completions and chat, the API's render endpoint for Responses and Messages), keys its
+- `plan()` reads the prompt's token ids: given in the body; computed in the proxy with
+  `routing.tokenizer` (proxy/routing/local_tokenizer.py: a text prompt or a plain chat,
+  once proxy/routing/tokenizer_check.py found it agrees with a decode worker's); else
+  from a decode worker (proxy/routing/tokens.py: `/tokenize` for completions and chat,
+  the API's render endpoint for Responses and Messages). It keys its
   full blocks as the index does, and gives each pool's cached tokens per worker and the
   prompt's rendezvous keys (its ids' start for prefix_affinity; for kv_aware's tie-break,
   its first block no worker holds, `new_part_key`). The decode worker is
@@ -19,7 +22,8 @@ the workers' caches, the subscriptions that fill it, and a request's route plan.
 Failure policy: nothing here fails a request. Without token ids or a known block size a
 request is routed as if nothing were cached (load and the rendezvous hash of the body's
 prompt, `keys.affinity_key`), and always disaggregated; a subscription that ends is
-started again at the next sync.
+started again at the next sync. A `routing.tokenizer` that cannot be loaded stops the
+proxy at start-up (TokenizerLoadError, from the constructor).
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ from proxy.metrics import ProxyMetrics
 from proxy.routing.keys import new_part_key, rendezvous_key, token_affinity_key
 from proxy.routing.kv_index import KvIndex, block_keys
 from proxy.routing.kv_subscriber import EventSource, Subscriber
+from proxy.routing.local_tokenizer import LocalTokenizer
 from proxy.routing.plan import RoutePlan, local_prefill
-from proxy.routing.tokens import prompt_token_ids, rendered_token_ids
+from proxy.routing.tokenizer_check import TokenizerCheck
+from proxy.routing.tokens import direct_token_ids, prompt_token_ids, rendered_token_ids
 from proxy.upstream.client import UpstreamClient
 
 log = logging.getLogger("pdspec.proxy.routing")
@@ -78,6 +84,16 @@ class KvRouter:
         self.subscriptions: dict[str, _Subscription] = {}
         self._counted: dict[str, int] = {}  # what the metrics have of the index's counts
         self._retired: dict[str, int] = {}  # counts of subscriptions that ended
+        self.tokenizer = LocalTokenizer.load(settings.tokenizer) if settings.tokenizer is not None else None
+        self.tokenizer_check = (
+            TokenizerCheck(
+                self.tokenizer,
+                self._worker_tokenize,
+                lambda kind, agreed: metrics.tokenizer_agrees.labels(kind).set(agreed),
+            )
+            if self.tokenizer is not None
+            else None
+        )
 
     @staticmethod
     def wanted(settings: RoutingSettings) -> bool:
@@ -104,6 +120,9 @@ class KvRouter:
                     self.index.set_block_size(url, block_size)
                 self._subscribe(url, source)
         self._export()
+        tokenizer_worker = next(iter(self.decode_pool.healthy()), None)
+        if self.tokenizer_check is not None and tokenizer_worker is not None:
+            self.tokenizer_check.start(tokenizer_worker.url)
 
     def _subscribe(self, url: str, source: EventSource) -> None:
         # A cancelled subscriber may still be finishing a step: only the current one of
@@ -134,6 +153,10 @@ class KvRouter:
     async def close(self) -> None:
         for url in list(self.subscriptions):
             self._unsubscribe(url)
+        if self.tokenizer_check is not None:
+            await self.tokenizer_check.close()
+        if self.tokenizer is not None:
+            self.tokenizer.close()
 
     def _export(self) -> None:
         counts = dict(vars(self.index.counts))
@@ -155,19 +178,50 @@ class KvRouter:
 
     async def plan(self, body: dict[str, Any], api: Rendered) -> RoutePlan | None:
         block_size = self._block_size()
-        tokenizer = next(iter(self.decode_pool.healthy()), None)
-        if block_size is None or tokenizer is None:
+        asked = next(iter(self.decode_pool.healthy()), None)  # the worker asked for ids, if need be
+        if block_size is None or asked is None:
             return None
-        timeout_s = self.settings.tokenize_timeout_s
-        if api.render_path is not None and api.render_body is not None:
-            ids = await rendered_token_ids(
-                self.client, tokenizer.url, api.render_path, api.render_body(body), timeout_s, self.worker_headers
-            )
-        else:
-            ids = await prompt_token_ids(self.client, tokenizer.url, body, api.chat, timeout_s, self.worker_headers)
+        ids, source = await self.token_ids(body, api, asked.url)
+        self.metrics.prompt_token_ids.labels(source).inc()
         if ids is None:
             self.metrics.routing_decisions.labels("any", "no_token_ids").inc()
             return None
+        return self.plan_for(ids, block_size)
+
+    async def token_ids(self, body: dict[str, Any], api: Rendered, worker_url: str) -> tuple[list[int] | None, str]:
+        """The prompt's ids and where they came from (`given`, `proxy`, `worker`, `none`)."""
+        if api.render_path is not None and api.render_body is not None:
+            ids = await rendered_token_ids(
+                self.client,
+                worker_url,
+                api.render_path,
+                api.render_body(body),
+                self.settings.tokenize_timeout_s,
+                self.worker_headers,
+            )
+            return ids, "worker" if ids is not None else "none"
+        ids = direct_token_ids(body, api.chat)
+        if ids is not None:
+            return ids, "given"
+        if self._tokenizes_here(api.chat):
+            ids = await self.tokenizer.prompt_ids(body, api.chat)
+            if ids is not None:
+                return ids, "proxy"
+        ids = await self._worker_tokenize(worker_url, body, api.chat)
+        return ids, "worker" if ids is not None else "none"
+
+    def _tokenizes_here(self, chat: bool) -> bool:
+        """Whether the proxy's own tokenizer agreed with a worker's on this kind of prompt."""
+        check = self.tokenizer_check
+        return check is not None and bool(check.agreement.chat if chat else check.agreement.text)
+
+    async def _worker_tokenize(self, worker_url: str, body: dict[str, Any], chat: bool) -> list[int] | None:
+        timeout_s = self.settings.tokenize_timeout_s
+        return await prompt_token_ids(self.client, worker_url, body, chat, timeout_s, self.worker_headers)
+
+    def plan_for(self, ids: list[int], block_size: int) -> RoutePlan | None:
+        """The route plan of a prompt of these ids: what each pool's workers hold of it, the
+        decode worker, the rendezvous keys, the P/D decision (None: no healthy decode worker)."""
         keys = block_keys(ids, block_size)
         prefill_cached = self.cached_tokens(keys, block_size, self.prefill_pool)
         decode_cached = self.cached_tokens(keys, block_size, self.decode_pool)

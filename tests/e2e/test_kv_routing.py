@@ -1,6 +1,8 @@
 """Cache-aware routing with real workers (2 prefill, 1 decode, vLLM's KV events over ZMQ,
-KV over NIXL): requests sharing a long prefix land on the prefill worker that holds it,
-as its own prefix-cache counter shows; the decode worker's events report the blocks it
+KV over NIXL), on the proxy's own token ids (`routing.tokenizer`, as `pdspec up` sets it;
+its start-up check against the decode worker's /tokenize passed, no round trip):
+requests sharing a long prefix land on the prefill worker that holds it, as its own
+prefix-cache counter shows; the decode worker's events report the blocks it
 received over NIXL; a short follow-up turn is prefilled on the decode worker holding the
 conversation, with the same output as the disaggregated path; a holder that dies, or
 restarts in place, gets no cache-affine traffic until its new events say it holds the
@@ -34,6 +36,7 @@ ROUTING = {
         "decode_policy": "kv_aware",
         "disaggregation": "conditional",
         "local_prefill_max_tokens": 160,
+        "tokenizer": str(harness.models_dir() / "target"),  # the model the fleet serves
     },
     "observability": {"served_by_headers": True},
 }
@@ -56,6 +59,8 @@ def fleet(fleet_2p1d):
     try:
         for proxy in (routed, plain):
             harness.wait_healthy(proxy.url, proxy.process, path="/ready")
+        # The proxy's tokenizer agreed with the decode worker's /tokenize: it tokenizes itself.
+        wait_for(lambda: tokenizer_agrees(routed.url) == {"text": 1.0, "chat": 1.0}, "the tokenizer check")
         yield servers  # a test that restarts a worker puts the new one here (and in the shared fleet)
     finally:
         routed.stop()
@@ -68,6 +73,19 @@ def complete(proxy: str, prompt: str, client: httpx.Client) -> httpx.Response:
     )
     assert response.status_code == 200, response.text
     return response
+
+
+def tokenizer_agrees(proxy: str) -> dict[str, float]:
+    return {
+        dict(labels)["kind"]: v for labels, v in harness.scrape_labeled(proxy, "pdspec_proxy_tokenizer_agrees").items()
+    }
+
+
+def token_id_sources(proxy: str) -> dict[str, float]:
+    return {
+        dict(labels)["source"]: v
+        for labels, v in harness.scrape_labeled(proxy, "pdspec_proxy_prompt_token_ids_total").items()
+    }
 
 
 def index_blocks(proxy: str) -> dict[str, float]:
@@ -116,6 +134,9 @@ def test_shared_prefix_lands_where_it_is_cached_and_follow_ups_prefill_locally(f
         assert follow_up.json()["choices"][0]["text"] == reference.json()["choices"][0]["text"]
     local = harness.scrape_labeled(routed, "pdspec_proxy_local_prefills_total")
     assert local[(("reason", "cached_on_decode"),)] >= 1
+    # Every one of those prompts was keyed by the proxy's own ids: none went to /tokenize.
+    sources = token_id_sources(routed)
+    assert sources["proxy"] >= 5 and sources["worker"] == 0 and sources["none"] == 0
     events = {
         dict(labels)["kind"]: v for labels, v in harness.scrape_labeled(routed, "pdspec_proxy_kv_events_total").items()
     }

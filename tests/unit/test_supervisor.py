@@ -262,3 +262,20 @@ def test_the_proxy_gets_its_workers_setting(tmp_path):
     proxy = plan_children(UpCommand(run_dir=tmp_path, proxy={"workers": 2}))[-1]
     assert proxy.name == "proxy"
     assert json.loads(proxy.env["PDSPEC_PROXY"])["workers"] == 2
+
+
+def test_the_proxy_tokenizes_with_the_served_models_tokenizer(tmp_path):
+    # The local model: its installed folder (run_up installs it before the children start).
+    models = tmp_path / "models"
+    (models / "target").mkdir(parents=True)
+    assert proxy_settings_for(UpCommand(model={"models_dir": models})).routing.tokenizer is None  # not installed
+    (models / "target" / "tokenizer.json").write_text("{}")
+    assert proxy_settings_for(UpCommand(model={"models_dir": models})).routing.tokenizer == models / "target"
+    # A target of its own: its folder when local; a Hugging Face name is the workers' to fetch.
+    assert (
+        proxy_settings_for(UpCommand(model={"target": str(models / "target")})).routing.tokenizer == models / "target"
+    )
+    assert proxy_settings_for(UpCommand(model={"target": "Qwen/Qwen3-8B"})).routing.tokenizer is None
+    # One set by hand is kept.
+    own = UpCommand(model={"models_dir": models}, proxy={"routing": {"tokenizer": str(tmp_path / "mine")}})
+    assert proxy_settings_for(own).routing.tokenizer == tmp_path / "mine"
