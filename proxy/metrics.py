@@ -271,6 +271,7 @@ class ProxyMetrics:
                 "(proxy/routing/tokenizer_check.py). Absent until checked.",
                 ["kind"],
                 registry=registry,
+                multiprocess_mode="livemin",  # each process checks for itself: 1 only if every one agreed
             ),
             predicted_hit_tokens=Counter(
                 "pdspec_proxy_predicted_hit_tokens",
