@@ -20,6 +20,10 @@ time out and eject every worker. This protocol is uvicorn's, plus, each from
 Each refusal is an OpenAI error body with `Connection: close`, counted in
 `pdspec_proxy_client_refusals_total` by reason. Nothing here runs per byte: one counter
 per chunk and a timer per phase.
+
+Replies leave in as few writes as the event loop allows (`CoalescingTransport`): uvicorn
+writes a reply's head and its body separately, and on a loopback or a virtual machine each
+write that wakes the client costs more than the proxy's own work on a small reply.
 """
 
 from __future__ import annotations
@@ -73,12 +77,62 @@ def head_part(tail: bytes, data: bytes) -> int:
     return len(data) if end < 0 else end + 4 - len(tail)
 
 
+class CoalescingTransport:
+    """A connection's transport whose writes within one step of the event loop leave as one
+    write, once the step's ready callbacks have run (a call_soon): a reply's head with its
+    body (uvicorn writes them one after the other), a stream's events that came in together.
+    Under load the replies of many connections then leave together after the step that
+    made them, rather than each waking its client in turn. Order is kept; `close()` writes
+    what is held first; `abort()` and a closed transport drop it. Everything else is the
+    transport's own."""
+
+    __slots__ = ("transport", "_loop", "_held")
+
+    def __init__(self, transport, loop) -> None:
+        self.transport = transport
+        self._loop = loop
+        self._held: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if not self._held:
+            self._loop.call_soon(self._flush)
+        self._held.append(data)
+
+    def _flush(self) -> None:
+        held = self._held
+        if not held:
+            return
+        self._held = []
+        if not self.transport.is_closing():
+            self.transport.write(held[0] if len(held) == 1 else b"".join(held))
+
+    def close(self) -> None:
+        self._flush()
+        self.transport.close()
+
+    def abort(self) -> None:
+        self._held = []
+        self.transport.abort()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def get_extra_info(self, name, default=None):
+        return self.transport.get_extra_info(name, default)
+
+    def __getattr__(self, name):  # the rest of the transport's interface, used off the hot path
+        return getattr(self.transport, name)
+
+
 def limited_protocol(limits: ClientLimits, on_refusal: Callable[[str], None] = lambda reason: None) -> type:
     """uvicorn's httptools protocol class with `limits` applied (pass as uvicorn's `http`)."""
 
     class LimitedHttpToolsProtocol(HttpToolsProtocol):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
+            self.transport = CoalescingTransport(transport, self.loop)
             self._awaiting_head = True  # no request under way, or one whose head is not complete
             self._head_bytes = 0
             self._head_tail = b""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
@@ -232,3 +233,92 @@ def test_each_request_is_told_its_connection():
             client.get(server.url + "/b")
         httpx.get(server.url + "/c")
     assert seen[0] is not None and seen[0] is seen[1] and seen[2] is not seen[0]
+
+
+class RecordingTransport:
+    def __init__(self):
+        self.writes, self.closed, self.aborted = [], False, False
+
+    def write(self, data):
+        assert not self.closed, "written after close"
+        self.writes.append(data)
+
+    def close(self):
+        self.closed = True
+
+    def abort(self):
+        self.aborted = self.closed = True
+
+    def is_closing(self):
+        return self.closed
+
+    def get_extra_info(self, name, default=None):
+        return {"peername": ("127.0.0.1", 1)}.get(name, default)
+
+
+def test_writes_of_one_step_leave_as_one_and_in_order():
+    from proxy.edge.connections import CoalescingTransport
+
+    async def main():
+        inner = RecordingTransport()
+        transport = CoalescingTransport(inner, asyncio.get_running_loop())
+        transport.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        transport.write(b"")
+        transport.write(b"body")
+        assert inner.writes == []  # held until the step ends
+        await asyncio.sleep(0)
+        transport.write(b"next")
+        await asyncio.sleep(0)
+        return inner.writes
+
+    assert asyncio.run(main()) == [b"HTTP/1.1 200 OK\r\n\r\nbody", b"next"]
+
+
+def test_close_writes_what_is_held_and_abort_drops_it():
+    from proxy.edge.connections import CoalescingTransport
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        closing, aborting = RecordingTransport(), RecordingTransport()
+        first, second = CoalescingTransport(closing, loop), CoalescingTransport(aborting, loop)
+        first.write(b"refusal")
+        first.close()
+        second.write(b"lost")
+        second.abort()
+        await asyncio.sleep(0)  # the scheduled flushes find nothing, or a closed transport
+        return closing, aborting, first.get_extra_info("peername"), first.is_closing()
+
+    closing, aborting, peer, is_closing = asyncio.run(main())
+    assert (closing.writes, closing.closed) == ([b"refusal"], True)
+    assert (aborting.writes, aborting.aborted) == ([], True)
+    assert peer == ("127.0.0.1", 1) and is_closing
+
+
+def test_a_whole_reply_leaves_in_one_write():
+    """uvicorn writes a reply's head and body one after the other; the socket sees one write."""
+    writes = []
+
+    class CountingTransport:
+        def __init__(self, transport):
+            self.transport = transport
+
+        def write(self, data):
+            writes.append(data)
+            self.transport.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.transport, name)
+
+    class Counted(limited_protocol(LIMITS)):
+        def connection_made(self, transport):
+            super().connection_made(CountingTransport(transport))
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]})
+        await send({"type": "http.response.body", "body": b"hello"})
+
+    with ThreadServer(app, http=Counted) as server:
+        assert httpx.get(server.url + "/").text == "hello"
+    assert len(writes) == 1 and writes[0].startswith(b"HTTP/1.1 200") and writes[0].endswith(b"hello")
