@@ -1,7 +1,7 @@
 """An instantly answering stand-in vLLM worker for proxy benchmarks (not for tests of
 features). Raw asyncio HTTP/1.1 with keep-alive, so it is never the bottleneck.
 
-    python -m loadtest.micro.instant_worker --port 9100 [--stream-tokens 64] [--block-size 16]
+    python -m loadtest.micro.instant_worker --port 9100 [--stream-tokens 64] [--block-size 16] [--tokenizer PATH]
 
 Every process answers both legs, so one stands for a prefill worker, a decode worker or
 both. What it answers, by method, path and body:
@@ -13,7 +13,10 @@ both. What it answers, by method, path and body:
   waited for: an instant worker's pace;
 - `POST /tokenize`: vLLM's reply, a token id per whitespace-separated word of the
   prompt (a chat: of its messages' text), the word's CRC-32, so the same text has the
-  same ids in every worker and a word is one token;
+  same ids in every worker and a word is one token; with `--tokenizer PATH` (a model
+  folder or its `tokenizer.json`), a text prompt's ids are that tokenizer's, as vLLM's
+  would be (its `add_special_tokens`, default true), so a proxy that tokenizes with the
+  same file agrees with it;
 - `POST /v1/completions/render`: vLLM's scale-out render reply, a list of one
   `GenerateRequest` per prompt whose `token_ids` are those same ids;
 - `GET /metrics`: `pdspec_worker_info` with `--block-size` (pdspec's cache-aware routing
@@ -105,9 +108,31 @@ def stream_reply(tokens: int) -> tuple[bytes, ...]:
     return (head, *events, chunk(b"data: [DONE]\n\n") + chunk(b""))
 
 
-def token_ids(text: str) -> list[int]:
-    """A token id per whitespace-separated word: its CRC-32, within the vocabulary."""
+def token_ids(text: str, add_special_tokens: bool = True) -> list[int]:
+    """The ids of `text`: the `--tokenizer`'s when one was given, else a token id per
+    whitespace-separated word: its CRC-32, within the vocabulary."""
+    if TOKENIZER is not None:
+        return TOKENIZER.encode(text, add_special_tokens=add_special_tokens).ids
     return [zlib.crc32(word.encode()) % VOCABULARY for word in text.split()]
+
+
+TOKENIZER = None  # a `tokenizers.Tokenizer`, set by `use_tokenizer`
+
+
+def use_tokenizer(path: str | None) -> None:
+    """Tokenize text with the `tokenizers` file at `path` (a folder holding tokenizer.json)."""
+    global TOKENIZER
+    if path is None:
+        TOKENIZER = None
+        return
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    file = Path(path) / "tokenizer.json" if Path(path).is_dir() else Path(path)
+    TOKENIZER = Tokenizer.from_file(str(file))
+    tokenize_reply.cache_clear()
+    render_reply.cache_clear()
 
 
 def prompt_text(request: dict) -> str:
@@ -127,7 +152,8 @@ def prompt_text(request: dict) -> str:
 @functools.lru_cache(maxsize=1024)
 def tokenize_reply(body: bytes) -> bytes:
     try:
-        ids = token_ids(prompt_text(json.loads(body)))
+        request = json.loads(body)
+        ids = token_ids(prompt_text(request), request.get("add_special_tokens", True) is not False)
     except (ValueError, AttributeError):
         ids = []
     return json.dumps({"count": len(ids), "max_model_len": 32768, "tokens": ids}).encode()
@@ -265,7 +291,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=9100)
     parser.add_argument("--stream-tokens", type=int, default=64, help="token events in a streamed decode reply")
     parser.add_argument("--block-size", type=int, default=16, help="the KV block size /metrics reports")
+    parser.add_argument("--tokenizer", help="a model folder or tokenizer.json: /tokenize answers with its ids")
     args = parser.parse_args()
+    use_tokenizer(args.tokenizer)
     asyncio.run(serve(args.port, InstantWorker(args.stream_tokens, args.block_size)))
 
 

@@ -361,6 +361,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=16, help="distinct prompts, sent in turn")
     parser.add_argument("--stream-tokens", type=int, default=64, help="token events in a streamed reply")
     parser.add_argument("--warmup-seconds", type=int, default=2, help="wrk warm-up per proxy and shape")
+    parser.add_argument(
+        "--worker-tokenizer",
+        help="a model folder or tokenizer.json the workers' /tokenize answers with (default: a token per word); "
+        "with --set routing.tokenizer=<the same>, pdspec's kv_aware tokenizes in the proxy",
+    )
     parser.add_argument("--router", help="vllm-router's path (default: $VLLM_ROUTER, or vllm-router on PATH)")
     parser.add_argument("--proxy-cpus", default="0", help="taskset list for each proxy (default 0)")
     parser.add_argument("--load-cpus", default="1", help="taskset list for wrk and the workers (default 1)")
@@ -400,6 +405,8 @@ def start_workers(args, ports: Ports, logs: Path) -> list[subprocess.Popen]:
     for role, port in (("prefill", ports.prefill), ("decode", ports.decode)):
         argv = [sys.executable, "-m", "loadtest.micro.instant_worker", "--port", str(port)]
         argv += ["--stream-tokens", str(args.stream_tokens)]
+        if args.worker_tokenizer:
+            argv += ["--tokenizer", str(args.worker_tokenizer)]
         workers.append(pinned.start(argv, args.load_cpus, log=logs / f"{role}-worker.log"))
         pinned.wait_http(f"http://127.0.0.1:{port}/health", process=workers[-1])
     return workers
@@ -485,6 +492,7 @@ def main(argv: list[str] | None = None) -> dict:
             "stream_tokens": args.stream_tokens,
             "proxy_cpus": args.proxy_cpus,
             "load_cpus": args.load_cpus,
+            "worker_tokenizer": args.worker_tokenizer,
             "router": router,
             "router_version": router_version(router),
             "pdspec_settings": settings,

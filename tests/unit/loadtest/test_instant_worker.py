@@ -118,3 +118,25 @@ def test_pdspecs_proxy_relays_both_shapes_and_kv_aware_tokenizes_on_the_decode_w
     assert decode.counts["decode"] == 2 and decode.counts["decode_stream"] == 2
     # kv_aware read the block size from /metrics, so it asked for each prompt's ids.
     assert decode.counts["tokenize"] == 4
+
+
+def test_with_a_tokenizer_tokenize_answers_its_ids(tmp_path):
+    """--tokenizer: a text prompt's ids are the tokenizer's, with or without special tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from loadtest.micro import instant_worker
+
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "[BOS]": 1, "hello": 2, "world": 3}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(single="[BOS] $A", special_tokens=[("[BOS]", 1)])
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    instant_worker.use_tokenizer(str(tmp_path))
+    try:
+        with_bos = json.loads(instant_worker.tokenize_reply(b'{"prompt": "hello world there"}'))
+        without = json.loads(
+            instant_worker.tokenize_reply(b'{"prompt": "hello world there", "add_special_tokens": false}')
+        )
+    finally:
+        instant_worker.use_tokenizer(None)
+    assert with_bos["tokens"] == [1, 2, 3, 0] and without["tokens"] == [2, 3, 0]
+    assert json.loads(instant_worker.tokenize_reply(b'{"prompt": "hello world"}'))["count"] == 2  # words again
