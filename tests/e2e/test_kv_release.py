@@ -1,8 +1,9 @@
 """No prefill leg leaves KV parked, whatever the API and options (issue 39): every case of
 the e2e suites (tests/api_cases.py: one per API and option, the odd-but-valid bodies, the
 bad-input corpus, the refused Responses and Messages bodies) goes through the proxy of the
-shared stack, and within 2 s after its answer the prefill worker runs nothing and holds
-no KV (its lease is 30 s on the test stack, so a parked prompt would still show).
+shared stack, and within 10 s after its answer the prefill worker runs nothing and holds
+no KV (its lease is 30 s on the test stack, so a prompt parked until the lease frees it
+still shows).
 
 The case that failed this before: a Messages request with a named tool. vLLM parsed the
 prefill leg's one token as the tool's JSON arguments and answered 400 after its engine
@@ -18,7 +19,11 @@ import pytest
 from tests import harness
 from tests.api_cases import ACCEPTED_AS_VLLM_ACCEPTS, BAD_REQUESTS, OPTION_CASES, REFUSED_CASES
 
-RELEASE_WITHIN_S = 2.0
+# A third of the test stack's lease. It was 2 s: vLLM frees a read prompt's blocks once the
+# decode worker's NIXL notification reaches the prefill engine's next step, and one fanned-
+# out stream (chat, n 2) of a fresh-clone run on 2026-12-04 still held a block after 2 s
+# (freed by a read, not by the lease); it passed 17 times since, alone and in the battery.
+RELEASE_WITHIN_S = 10.0
 
 
 def send(client, url: str, path: str, body: dict | bytes) -> tuple[int, bytes]:
