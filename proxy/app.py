@@ -348,8 +348,6 @@ async def every(interval_s: float, update) -> None:
 
 async def collect_garbage(interval_s: float) -> None:
     try:
-        while True:
-            await asyncio.sleep(interval_s)
-            gc.collect()
+        await every(interval_s, gc.collect)
     finally:
         gc.enable()

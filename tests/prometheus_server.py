@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -34,17 +33,6 @@ def binary(name: str) -> str:
     if path is None:
         raise RuntimeError(f"`{name}` not found: `make test` installs Debian's prometheus package")
     return path
-
-
-def free_port(low: int, high: int) -> int:
-    for port in range(low, high):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {low}-{high}")
 
 
 def fast_rules(source: Path, dest: Path) -> None:

@@ -20,6 +20,7 @@ import socket
 import httptools
 import orjson
 
+from loadtest.micro.instant_worker import response
 from proxy.upstream.client import UpstreamClient, UpstreamError
 
 
@@ -76,9 +77,7 @@ class Connection(asyncio.Protocol):
             self.transport.close()
             return
         if not self.transport.is_closing():
-            self.transport.write(
-                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(out), out)
-            )
+            self.transport.write(response(out))
 
 
 async def start_server(proxy: BareProxy, sock: socket.socket) -> asyncio.Server:

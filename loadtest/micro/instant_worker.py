@@ -42,6 +42,7 @@ import re
 import socket
 import zlib
 from collections import Counter
+from pathlib import Path
 
 from pdspec.contract import WORKER_INFO_METRIC
 
@@ -125,9 +126,7 @@ def use_tokenizer(path: str | None) -> None:
     if path is None:
         TOKENIZER = None
         return
-    from pathlib import Path
-
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # only a worker given --tokenizer needs it
 
     file = Path(path) / "tokenizer.json" if Path(path).is_dir() else Path(path)
     TOKENIZER = Tokenizer.from_file(str(file))

@@ -15,7 +15,8 @@ import pytest
 
 from deploy.prometheus.promql import load_dashboard, panel_queries, substitute
 from tests import harness
-from tests.prometheus_server import PrometheusServer, free_port
+from tests.prometheus_server import PrometheusServer
+from tests.standin import unused_port
 
 pytestmark = pytest.mark.after_stack  # three workers: not beside the shared stack
 
@@ -193,7 +194,7 @@ def test_a_holder_that_dies_or_restarts_gets_no_cache_affine_traffic_until_its_n
 def test_the_dashboards_routing_row_on_a_real_prometheus(fleet, tmp_path_factory):
     """The "Cache-aware routing" row (which the shared stack cannot fill) over this fleet."""
     host = lambda server: server.url.removeprefix("http://")  # noqa: E731
-    prometheus = PrometheusServer(tmp_path_factory.mktemp("prometheus"), free_port(18971, 18990))
+    prometheus = PrometheusServer(tmp_path_factory.mktemp("prometheus"), unused_port(18971, 18989))
     prometheus.start(
         {
             "pdspec-proxy": [host(fleet["routed"])],

@@ -21,8 +21,9 @@ import pytest
 
 from deploy.prometheus.promql import load_dashboard, metric_names, panel_queries, rule_queries, substitute
 from tests import harness
-from tests.prometheus_server import PrometheusServer, free_port
+from tests.prometheus_server import PrometheusServer
 from tests.prompts import chat_body, completion_body, unique_prompt
+from tests.standin import unused_port
 
 # Windows for Grafana's built-in intervals: the traffic below is within them.
 RATE_INTERVAL, TIME_RANGE = "2m", "10m"
@@ -69,7 +70,7 @@ def prometheus(stack, tmp_path_factory):
     # One fresh Prometheus per test: the fault test runs last (stops_stack), after other
     # modules' tests sent requests straight to the prefill worker (K>0 under auto, a
     # real alert); a server scraping since the first test would still hold those rates.
-    server = PrometheusServer(tmp_path_factory.mktemp("prometheus"), free_port(18950, 18970))
+    server = PrometheusServer(tmp_path_factory.mktemp("prometheus"), unused_port(18950, 18969))
     host = lambda url: url.removeprefix("http://")  # noqa: E731
     server.start(
         {
@@ -252,14 +253,14 @@ def test_faults_fire_their_alerts(stack, client, prometheus, tmp_path):
 
     host = lambda url: url.removeprefix("http://")  # noqa: E731
     gone_prefill, gone_decode = (
-        f"http://127.0.0.1:{free_port(18971, 18980)}",
-        f"http://127.0.0.1:{free_port(18981, 18990)}",
+        f"http://127.0.0.1:{unused_port(18971, 18979)}",
+        f"http://127.0.0.1:{unused_port(18981, 18989)}",
     )
     common = {"health": {"interval_s": 0.5}, "worker_client": {"prefill_timeout_s": 30, "decode_timeout_s": 60}}
     # A: its only prefill worker is gone and its policy is fallback: decode-only on the
     # real decode worker.
     fallback = harness.start_proxy(
-        free_port(18991, 18995),
+        unused_port(18991, 18994),
         prefill_urls=[gone_prefill],
         decode_urls=[stack.decode_url],
         **common,
@@ -268,7 +269,7 @@ def test_faults_fire_their_alerts(stack, client, prometheus, tmp_path):
     # B: its only decode worker is gone: the real prefill worker prefills, nobody reads
     # the KV (it expires after its lease), and the client gets a 5xx.
     no_decode = harness.start_proxy(
-        free_port(18996, 18999),
+        unused_port(18996, 18998),
         prefill_urls=[stack.prefill_url],
         decode_urls=[gone_decode],
         **common,

@@ -26,8 +26,9 @@ import pytest
 
 from deploy.prometheus.promql import load_dashboard, panel_queries, substitute
 from tests import harness
-from tests.prometheus_server import PrometheusServer, free_port
+from tests.prometheus_server import PrometheusServer
 from tests.prompts import completion_body, unique_prompt
+from tests.standin import unused_port
 
 PORT = 18060
 WORDS = 300  # about 1,200 tokens of the local model's tokenizer
@@ -113,7 +114,7 @@ ADMISSION_PANELS = [
 
 
 def test_with_admission_the_burst_waits_in_the_proxy_and_every_request_is_served(stack, load, tmp_path_factory):
-    prometheus = PrometheusServer(tmp_path_factory.mktemp("prometheus"), free_port(18971, 18990))
+    prometheus = PrometheusServer(tmp_path_factory.mktemp("prometheus"), unused_port(18971, 18989))
     prometheus.start({"pdspec-proxy": [f"127.0.0.1:{PORT + 1}"]})  # scraped once it is up
     panels = {f"{q.name}": q for q in panel_queries(load_dashboard()) if q.name in ADMISSION_PANELS}
     empty: list[str] = []

@@ -10,6 +10,17 @@ from pdspec.settings import UpCommand, WorkerCommand
 REPO = Path(__file__).resolve().parents[2]
 
 
+def pdspec_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`pdspec ARGS` in a process of its own (with `env` over this one's), its output kept."""
+    return subprocess.run(
+        [sys.executable, "-m", "pdspec.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
 def test_up_defaults_give_each_worker_its_own_ports_and_core():
     up = CliApp.run(UpCommand, cli_args=[])
     assert (up.prefill.port, up.decode.port, up.proxy.port) == (8100, 8200, 8000)
@@ -44,12 +55,7 @@ def test_toml_file(monkeypatch, tmp_path):
 
 
 def test_invalid_values_are_rejected_by_the_cli_with_the_option_named():
-    result = subprocess.run(
-        [sys.executable, "-m", "pdspec.cli", "up", "--prefill.drafts", "sometimes"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = pdspec_cli("up", "--prefill.drafts", "sometimes")
     assert result.returncode == 2
     assert "--prefill.drafts" in result.stderr
 
@@ -118,13 +124,7 @@ def test_a_flat_proxy_key_of_before_the_groups_is_refused():
     for old in ({"decode_retries": 0}, {"health_interval_s": 1}, {"routing": {"routing_tokenize_timeout_s": 1}}):
         with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
             ProxySettings(**old)
-    result = subprocess.run(
-        [sys.executable, "-m", "pdspec.cli", "proxy"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PDSPEC_PROXY__HEALTH_INTERVAL_S": "1"},
-    )
+    result = pdspec_cli("proxy", env={"PDSPEC_PROXY__HEALTH_INTERVAL_S": "1"})
     assert result.returncode == 2
     assert "--proxy.health_interval_s: no such setting for `pdspec proxy`" in result.stderr
 
@@ -147,20 +147,9 @@ def test_a_decode_worker_refuses_a_prefill_workers_setting():
     with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
         UpCommand(prefill={"kv_load_failure_policy": "fail"})
     # On the command line it is no option at all; in the environment (or a TOML file) it is named.
-    result = subprocess.run(
-        [sys.executable, "-m", "pdspec.cli", "up", "--decode.kv_only_drafter", "false"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = pdspec_cli("up", "--decode.kv_only_drafter", "false")
     assert result.returncode == 2 and "unrecognized arguments: --decode.kv_only_drafter" in result.stderr
-    result = subprocess.run(
-        [sys.executable, "-m", "pdspec.cli", "up"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PDSPEC_DECODE__KV_ONLY_DRAFTER": "false"},
-    )
+    result = pdspec_cli("up", env={"PDSPEC_DECODE__KV_ONLY_DRAFTER": "false"})
     assert result.returncode == 2
     assert "--decode.kv_only_drafter: no such setting for `pdspec up`" in result.stderr
 
