@@ -27,6 +27,7 @@ from pdspec.worker.engine.control import (
     SPIN_WINDOW_ENV,
     STALE_KV_AFTER_ENV,
     TEST_DUMP_DRAFTER_KV_DIR_ENV,
+    TEST_PAUSE_STEPS_FILE_ENV,
     TEST_SKIP_DRAFTER_FILE_ENV,
 )
 from pdspec.worker.nixl_progress import PROGRESS_DELAY_ENV
@@ -53,6 +54,13 @@ def scheduler_cls(role: Role) -> str:
 def skip_drafter_file(run_dir: Path, role: Role) -> Path:
     """Tests only: while this file exists, the worker does not write drafter KV."""
     return run_dir / role / "test-skip-drafter-prefill"
+
+
+def pause_steps_file(run_dir: Path, role: Role) -> Path:
+    """Tests only: while this file exists, the worker's engine runs no step (a request it
+    scheduled stays mid-step), so a test can hold a leg inside the engine for as long as it
+    needs rather than behind work sized for one machine's speed."""
+    return run_dir / role / "test-pause-steps"
 
 
 def drafter_kv_dump_dir(run_dir: Path, role: Role) -> Path:
@@ -326,6 +334,8 @@ def worker_env(role: Role, worker: WorkerSettings, run_dir: Path, cpu: bool) -> 
         env[STALE_KV_AFTER_ENV] = f"{worker.kv_lease_s / 2:g}"
     if worker.test_hooks and role == "prefill":
         env[TEST_SKIP_DRAFTER_FILE_ENV] = str(skip_drafter_file(run_dir, role))
+    if worker.test_hooks:
+        env[TEST_PAUSE_STEPS_FILE_ENV] = str(pause_steps_file(run_dir, role))
     if worker.test_hooks and role == "decode":
         env[TEST_DUMP_DRAFTER_KV_DIR_ENV] = str(drafter_kv_dump_dir(run_dir, role))
     if worker.cuda_visible_devices is not None:
@@ -353,6 +363,7 @@ def prepare_run_dir(role: Role, run_dir: Path) -> None:
     # A policy left by an earlier run must not override this run's `drafts` setting.
     drafts_file(run_dir, role).unlink(missing_ok=True)
     skip_drafter_file(run_dir, role).unlink(missing_ok=True)
+    pause_steps_file(run_dir, role).unlink(missing_ok=True)
     shutil.rmtree(drafter_kv_dump_dir(run_dir, role), ignore_errors=True)
 
 

@@ -6,10 +6,12 @@ profile takes push because UCX serves a pull's READ over TCP where GPUs share no
 (0.44 GB/s measured on one H200, loadtest/results/handoff/h200-one-gpu/)."""
 
 import asyncio
+import contextlib
 
 import httpx
 import pytest
 
+from pdspec.worker.launch import pause_steps_file
 from tests import harness
 from tests.e2e.test_kv_transfer import by_source, scrape_with_sources
 from tests.prompts import completion_body, completion_outputs, unique_prompt
@@ -143,19 +145,27 @@ async def behind_a_busy_prefill_worker(stack, send):
             await asyncio.gather(*direct)
 
 
+@contextlib.contextmanager
+def prefill_steps_paused(stack):
+    """The prefill worker runs no step inside this block (its test hook,
+    `pause_steps_file`): a leg it scheduled stays mid-prefill, however fast the machine."""
+    pause = pause_steps_file(stack.run_dir, "prefill")
+    pause.touch()
+    try:
+        yield
+    finally:
+        pause.unlink(missing_ok=True)
+
+
 def test_a_client_leaving_during_an_early_prefill_leaves_no_blocks_held(push_stack, early, client):
     """The decode worker registered the prompt's blocks before the prefill ended, and vLLM
     frees them only once that prefill WRITEs them: the prefill must run to its end."""
     client.post(early.url + "/v1/completions", json=completion_body(unique_prompt(20)))
     gone = early_outcomes(early.url).get("client_gone", 0)
-
-    async def leave_early():
-        async with httpx.AsyncClient(timeout=0.3) as http:
-            with pytest.raises(httpx.ReadTimeout):
-                await http.post(early.url + "/v1/completions", json=completion_body(unique_prompt(40)))
-
-    asyncio.run(behind_a_busy_prefill_worker(push_stack, leave_early))
-    assert harness.wait_for(lambda: early_outcomes(early.url).get("client_gone", 0) == gone + 1)
+    with prefill_steps_paused(push_stack):
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(early.url + "/v1/completions", json=completion_body(unique_prompt(40)), timeout=0.3)
+        assert harness.wait_for(lambda: early_outcomes(early.url).get("client_gone", 0) == gone + 1)
     assert harness.wait_idle(push_stack.prefill_url) == (0, 0)
     assert harness.wait_idle(push_stack.decode_url) == (0, 0)
 

@@ -5,7 +5,9 @@
   drafter-KV tests);
 - a decode worker that saves the drafter KV it received over NIXL, before its own drafter
   writes anything, so a test can compare it with what a full drafter pass writes
-  (tests/e2e/test_nixl_drafter_kv.py)."""
+  (tests/e2e/test_nixl_drafter_kv.py);
+- a worker of either role that runs no step while a switch file exists, so a test holds a
+  leg mid-step for as long as it needs (tests/e2e/test_kv_push.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,15 @@ import functools
 import hashlib
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
-from pdspec.worker.engine.control import TEST_DUMP_DRAFTER_KV_DIR_ENV, TEST_SKIP_DRAFTER_FILE_ENV
+from pdspec.worker.engine.control import (
+    TEST_DUMP_DRAFTER_KV_DIR_ENV,
+    TEST_PAUSE_STEPS_FILE_ENV,
+    TEST_SKIP_DRAFTER_FILE_ENV,
+)
 from pdspec.worker.engine.wrap_once import wrap_once
 
 log = logging.getLogger("pdspec.engine")
@@ -129,11 +136,35 @@ def _dump_received_drafter_kv(runner: Any, scheduler_output: Any, dump_dir: Path
         os.replace(tmp, path)  # a reader never sees half a file
 
 
+PAUSE_POLL_S = 0.01  # how soon a paused step goes on once its switch file is gone
+
+
+def install_pause_steps(runner_cls: type, pause_file: Path) -> None:
+    """While `pause_file` exists, `execute_model` waits before it runs: the engine's
+    scheduled requests stay mid-step (their prefill not done, their KV not written) and
+    nothing else is scheduled, whatever the machine's speed. A test that creates the file
+    removes it; a step goes on within `PAUSE_POLL_S` of that."""
+    wrap_once(runner_cls, "execute_model", "pause_steps", lambda original: _pausing(original, pause_file))
+
+
+def _pausing(original: Any, pause_file: Path) -> Any:
+    @functools.wraps(original)
+    def execute_model(self, *args, **kwargs):
+        if pause_file.exists():
+            log.warning("pdspec test hook: steps paused while %s exists", pause_file)
+            while pause_file.exists():
+                time.sleep(PAUSE_POLL_S)
+        return original(self, *args, **kwargs)
+
+    return execute_model
+
+
 def install_test_hooks() -> None:
     """The hooks whose environment variable the launcher set (`test_hooks`)."""
     switch = os.environ.get(TEST_SKIP_DRAFTER_FILE_ENV)
     dump_dir = os.environ.get(TEST_DUMP_DRAFTER_KV_DIR_ENV)
-    if not switch and not dump_dir:
+    pause_file = os.environ.get(TEST_PAUSE_STEPS_FILE_ENV)
+    if not switch and not dump_dir and not pause_file:
         return
     try:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -143,3 +174,5 @@ def install_test_hooks() -> None:
         install_skip_drafter_prefill(GPUModelRunner, Path(switch))
     if dump_dir:
         install_dump_received_drafter_kv(GPUModelRunner, Path(dump_dir))
+    if pause_file:
+        install_pause_steps(GPUModelRunner, Path(pause_file))

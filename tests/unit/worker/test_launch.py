@@ -97,6 +97,8 @@ def test_test_hooks_give_each_role_its_own_switch(tmp_path):
     assert prefill["PDSPEC_TEST_SKIP_DRAFTER_PREFILL_FILE"] == str(launch.skip_drafter_file(tmp_path, "prefill"))
     assert decode["PDSPEC_TEST_DUMP_DRAFTER_KV_DIR"] == str(launch.drafter_kv_dump_dir(tmp_path, "decode"))
     assert "PDSPEC_TEST_DUMP_DRAFTER_KV_DIR" not in prefill and "PDSPEC_TEST_SKIP_DRAFTER_PREFILL_FILE" not in decode
+    for role, env in (("prefill", prefill), ("decode", decode)):
+        assert env["PDSPEC_TEST_PAUSE_STEPS_FILE"] == str(launch.pause_steps_file(tmp_path, role))
     plain = launch.worker_env("decode", DecodeWorkerSettings(), tmp_path, cpu=True)
     assert not any(name.startswith("PDSPEC_TEST_") for name in plain)
 

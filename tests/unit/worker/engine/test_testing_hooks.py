@@ -1,7 +1,8 @@
 """The test-only hooks (pdspec/worker/engine/testing_hooks.py), on stand-in runners: the
-prefill worker's skip-drafter switch and the decode worker's dump of the drafter KV it
-received."""
+prefill worker's skip-drafter switch, the decode worker's dump of the drafter KV it
+received, and the pause of either role's steps."""
 
+import threading
 import types
 
 from pdspec.worker.engine import testing_hooks
@@ -104,3 +105,27 @@ def test_decode_dump_saves_the_received_full_blocks_before_the_step_runs(tmp_pat
     runner.execute_model(step)  # the block of the last prompt token is recomputed: left out
     dump = torch.load(dump_dir / f"{testing_hooks.prompt_key(list(range(8)))}.pt")
     assert dump["layers"]["drafter.attn"].shape[0] == 1
+
+
+class FakeSteppingRunner:
+    def __init__(self):
+        self.steps = 0
+
+    def execute_model(self, scheduler_output, *args):
+        self.steps += 1
+        return "output"
+
+
+def test_a_step_waits_while_the_pause_file_exists_and_goes_on_once_it_is_gone(tmp_path):
+    pause = tmp_path / "test-pause-steps"
+    testing_hooks.install_pause_steps(FakeSteppingRunner, pause)
+    runner = FakeSteppingRunner()
+    assert runner.execute_model(None) == "output" and runner.steps == 1  # no file: no wait
+    pause.touch()
+    step = threading.Thread(target=runner.execute_model, args=(None,))
+    step.start()
+    step.join(timeout=0.3)
+    assert step.is_alive() and runner.steps == 1  # held before the step ran
+    pause.unlink()
+    step.join(timeout=10)
+    assert not step.is_alive() and runner.steps == 2
