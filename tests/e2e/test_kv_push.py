@@ -119,7 +119,7 @@ def test_an_early_leg_receives_the_prompt_and_leaves_no_kv_held(push_stack, earl
     assert harness.wait_idle(push_stack.decode_url) == (0, 0)
 
 
-BUSY_PROMPTS = 8  # about 15,000 tokens: about a second of prefill on a 2-core CPU, a fraction on a faster one
+BUSY_PROMPTS = 24  # about 45,000 tokens, 90 steps of 512: seconds of prefill on a 2-core CPU, still past 0.3 s on one several times as fast
 
 
 async def behind_a_busy_prefill_worker(stack, send):
