@@ -28,6 +28,12 @@ STACK_BASE_PORT = 18000
 STARTUP_TIMEOUT_S = float(os.environ.get("PDSPEC_TEST_STARTUP_TIMEOUT_S", "600"))
 
 
+# Every way a started worker is told its engine cache (`engine_cache_dir` of the worker groups
+# of `pdspec up`, `pdspec prefill` and `pdspec decode`): the end-to-end session sets them all
+# to one folder (tests/e2e/conftest.py), so only the first worker pays vLLM's model inspection.
+ENGINE_CACHE_ENV = tuple(f"PDSPEC_{group}__ENGINE_CACHE_DIR" for group in ("PREFILL", "DECODE", "COLOCATED", "WORKER"))
+
+
 def models_dir() -> Path:
     """The model pair the tests use: built once by `make test` (`pdspec models`)."""
     from pdspec.settings import ModelSettings
@@ -173,6 +179,7 @@ def start_worker(role: str, run_dir: Path, port: int, side_channel_port: int = 5
         "kv_events_port": side_channel_port + 1000,
         "kv_events_replay_offset": 50,
         "cpu_omp_threads_bind": None,
+        "engine_cache_dir": os.environ.get("PDSPEC_WORKER__ENGINE_CACHE_DIR"),
         **worker,
     }
     settings = ROLE_SETTINGS[role](port=port, side_channel_port=side_channel_port, **worker)

@@ -305,7 +305,7 @@ def vllm_argv(role: Role, model: ModelSettings, worker: WorkerSettings, cpu: boo
 
 def worker_env(role: Role, worker: WorkerSettings, run_dir: Path, cpu: bool) -> dict[str, str]:
     """Environment of the vLLM process: NIXL side channel, caches, CPU knobs, plugin."""
-    role_dir = run_dir / role
+    cache_dir = worker.engine_cache_dir or run_dir / role
     env = {
         "VLLM_NIXL_SIDE_CHANNEL_HOST": worker.side_channel_host,
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(worker.side_channel_port),
@@ -314,9 +314,9 @@ def worker_env(role: Role, worker: WorkerSettings, run_dir: Path, cpu: bool) -> 
         DRAFTS_ENV: worker.drafts,
         DRAFTS_FILE_ENV: str(drafts_file(run_dir, role)),
         ROLE_ENV: role,
-        # Keep caches inside the run's own folder, not in the user's home.
-        "VLLM_CACHE_ROOT": str(role_dir / "vllm-cache"),
-        "TORCHINDUCTOR_CACHE_DIR": str(role_dir / "inductor-cache"),
+        # Caches in the run's own folder unless the worker names one, never in the user's home.
+        "VLLM_CACHE_ROOT": str(cache_dir / "vllm-cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor-cache"),
         # Counters incremented in vLLM's engine-core process reach the API server's
         # /metrics through prometheus-client's multiprocess mode.
         "PROMETHEUS_MULTIPROC_DIR": str(prometheus_dir(run_dir, role)),

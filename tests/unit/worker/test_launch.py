@@ -84,6 +84,15 @@ def test_environment_sets_side_channel_caches_and_idle_fix(tmp_path):
     assert env["PROMETHEUS_MULTIPROC_DIR"].startswith(str(tmp_path))
 
 
+def test_a_named_engine_cache_holds_both_caches_and_the_run_keeps_the_rest(tmp_path):
+    shared = tmp_path / "shared-cache"
+    for role, settings in (("prefill", PrefillWorkerSettings), ("decode", DecodeWorkerSettings)):
+        env = launch.worker_env(role, settings(engine_cache_dir=shared), tmp_path / "run", cpu=True)
+        assert env["VLLM_CACHE_ROOT"] == str(shared / "vllm-cache")
+        assert env["TORCHINDUCTOR_CACHE_DIR"] == str(shared / "inductor-cache")
+        assert env["PROMETHEUS_MULTIPROC_DIR"].startswith(str(tmp_path / "run" / role))
+
+
 def test_environment_carries_the_engine_loop_settings(tmp_path):
     env = launch.worker_env("prefill", PrefillWorkerSettings(), tmp_path, cpu=True)
     assert env["PDSPEC_KV_HOLD_POLL_S"] == "0.2" and env["PDSPEC_SPIN_WINDOW_MS"] == "5"  # the defaults
