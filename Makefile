@@ -46,7 +46,7 @@ UNIT_PROCS ?= 4
 test: $(STAMP) prometheus
 	$(VENV)/bin/pdspec models
 	$(PY) -m pytest -v -n $(UNIT_PROCS) -m "not e2e" --durations=10
-	$(PY) -m pytest -v -m e2e --durations=15
+	$(PY) -m pytest -v -m e2e --durations=30
 
 test-unit: $(STAMP) prometheus
 	$(PY) -m pytest -v -n $(UNIT_PROCS) -m "not e2e"
