@@ -169,8 +169,11 @@ class KvRouter:
             if delta > 0:
                 self.metrics.kv_events.labels(kind).inc(delta)
             self._counted[kind] = max(total, self._counted.get(kind, 0))
-        for url, blocks in self.index.size().items():
-            self.metrics.kv_index_blocks.labels(url).set(blocks)
+        # A subscribed worker the index forgot (AllBlocksCleared, its engine's restart) is at
+        # 0, not at its last size: size() no longer names it.
+        sizes = self.index.size()
+        for url in sizes.keys() | self.subscriptions.keys():
+            self.metrics.kv_index_blocks.labels(url).set(sizes.get(url, 0))
         for url, subscription in self.subscriptions.items():
             self.metrics.kv_event_lag.labels(url).set(subscription.subscriber.lag_s)
 

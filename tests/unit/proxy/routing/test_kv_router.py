@@ -294,6 +294,35 @@ def test_every_count_the_router_exports_is_a_declared_kind():
     assert exported == set(KV_EVENT_KINDS)
 
 
+def test_the_index_gauge_of_a_worker_whose_cache_was_cleared_falls_to_zero():
+    import types
+
+    from pdspec.settings import RoutingSettings
+    from proxy.metrics import ProxyMetrics
+    from proxy.routing.kv_events import Cleared
+    from proxy.routing.kv_router import KvRouter
+
+    metrics = ProxyMetrics.create()
+    router = KvRouter(RoutingSettings(prefill_policy="kv_aware"), None, None, None, metrics)
+    url = "http://w"
+    router.subscriptions[url] = types.SimpleNamespace(  # as a live subscription of `url`
+        subscriber=types.SimpleNamespace(counts=types.SimpleNamespace(), lag_s=0.0)
+    )
+    router.index.set_block_size(url, 4)
+    router.index.apply(
+        url, [Stored(block_hashes=(1, 2), parent_block_hash=None, token_ids=tuple(range(8)), block_size=4)]
+    )
+
+    def gauge() -> float:
+        return metrics.registry.get_sample_value("pdspec_proxy_kv_index_blocks", {"worker": url})
+
+    router._export()
+    assert gauge() == 2
+    router.index.apply(url, [Cleared()])
+    router._export()
+    assert gauge() == 0
+
+
 # --- Responses and Messages: token ids from the decode worker's render endpoint ----------
 
 INSTRUCTIONS = "You review Python code. Context:\n" + LONG
