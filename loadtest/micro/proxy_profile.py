@@ -63,7 +63,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("uvicorn (HTTP protocol, ASGI cycle)", ("uvicorn/", "httptools/")),
     ("app and middleware", ("starlette/", "fastapi/", "proxy/app.py")),
 )
-EVENT_LOOP = "event loop and the rest"
+EVENT_LOOP = "event loop (uvloop's own C code) and the rest"
+# The frames that run the event loop: what lies outside them (the command's start-up,
+# uvicorn.run) is on every sample's stack and belongs to no request, so it is not charged.
+LOOP_RUNNERS = ("Runner.run (asyncio/runners.py", "run_until_complete (", "run_forever (")
 
 
 def frame_file(frame: str) -> str:
@@ -93,16 +96,25 @@ def parse_collapsed(text: str) -> list[tuple[list[str], int]]:
     return stacks
 
 
+def in_loop(frames: list[str]) -> list[str]:
+    """The frames inside the event loop: those after its innermost runner frame (all of
+    them when there is none)."""
+    runners = [i for i, frame in enumerate(frames) if any(mark in frame for mark in LOOP_RUNNERS)]
+    return frames[runners[-1] + 1 :] if runners else frames
+
+
 def charge(stacks: list[tuple[list[str], int]]) -> dict:
-    """Samples by layer: `self` charges each sample to its innermost frame of a layer (the
-    event loop's when none); `inclusive` counts the samples with any frame of a layer;
-    `functions`, the innermost frames with most samples."""
+    """Samples by layer, counting only the frames inside the event loop (`in_loop`):
+    `self` charges each sample to its innermost frame of a layer (the event loop's when
+    none: a sample in the loop's own C code shows no Python frame inside it); `inclusive`
+    counts the samples with any frame of a layer; `functions`, the innermost frames with
+    most samples."""
     total = sum(count for _, count in stacks)
     own: collections.Counter = collections.Counter()
     inclusive: collections.Counter = collections.Counter()
     functions: collections.Counter = collections.Counter()
     for frames, count in stacks:
-        layers = [layer_of(frame) for frame in frames]
+        layers = [layer_of(frame) for frame in in_loop(frames)]
         own[next((layer for layer in reversed(layers) if layer is not None), EVENT_LOOP)] += count
         for layer in set(layers) - {None}:
             inclusive[layer] += count

@@ -17,7 +17,13 @@ METRICS_IN_FLOW = (
     ";inc (.venv/lib/python3.11/site-packages/prometheus_client/metrics.py:300)"
 )
 LOOP_ONLY = 'process 7:"python -m pdspec.cli proxy";_run_once (asyncio/base_events.py:1900)'
+# uvicorn.run's own frames sit outside the loop on every stack: not charged to uvicorn.
+IN_UVLOOP = (
+    'process 7:"python -m pdspec.cli proxy";run (uvicorn/server.py:67)'
+    ";run (asyncio/runners.py:190);Runner.run (asyncio/runners.py:118)"
+)
 COLLAPSED = f"{CLIENT_WRITE} 5\n{UVICORN_WRITE} 3\n{METRICS_IN_FLOW} 1\n{LOOP_ONLY} 1\nnot a stack line\n"
+WITH_LOOP = COLLAPSED + f"{IN_UVLOOP} 10\n"
 
 
 def test_collapsed_stacks_are_read_back_with_their_counts():
@@ -57,3 +63,10 @@ def test_the_table_has_a_row_per_layer_and_a_column_per_shape():
     table = proxy_profile.markdown({**report, "shapes": shapes})
     assert "| worker client | 50.0% (50%) | 50.0% (50%) |" in table
     assert "| proxy CPU per request (µs) | 190.0 | 1100.0 |" in table
+
+
+def test_frames_outside_the_event_loop_are_charged_to_no_layer():
+    charged = proxy_profile.charge(proxy_profile.parse_collapsed(WITH_LOOP))
+    assert charged["samples"] == 20
+    assert charged["self"][proxy_profile.EVENT_LOOP] == 0.55  # the loop's C code, and the one stack with no layer
+    assert charged["inclusive"]["uvicorn (HTTP protocol, ASGI cycle)"] == 0.15  # only its writes
