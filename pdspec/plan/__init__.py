@@ -1,0 +1,1 @@
+"""The fleet planner: engine profiles, a fleet model, and `pdspec plan`."""

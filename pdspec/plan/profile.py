@@ -1,0 +1,128 @@
+"""Engine profiles: what one engine of a (model shape, GPU, vLLM version, drafter) does,
+measured the way pdspec's workers run it, for the fleet planner (`pdspec plan`).
+
+A profile is a small versioned JSON file (`SCHEMA`). It holds three measured curves and
+the KV room:
+- **prefill** (a prefill worker: K=0 proposals, the KV-only drafter pass): the time of one
+  engine step against the prompt tokens batched in it;
+- **decode**, for each draft length K measured (K=0: no drafter): the time of one decode
+  step against the requests in the batch, and the tokens a request gains per step (1 + its
+  accepted drafts, on the prompts the profile was measured with);
+- **transfer**: the KV hand-off's time against the prompt's tokens;
+- **kv_tokens**: the tokens one engine's KV cache holds.
+
+Between measured points a curve is interpolated linearly; past its last point it is
+extrapolated along its last segment (a step costs more with more tokens, never less), and
+below its first point it takes the first point's value. Failure policy: a file that is not
+a profile of this schema, or whose curves are empty or not increasing in x, is refused
+when it is loaded (`ProfileError`), never half-read.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+SCHEMA = "pdspec.engine-profile/1"
+SHIPPED = Path(__file__).with_name("profiles")  # the profiles that ship with pdspec
+
+
+class ProfileError(ValueError):
+    """A file that is not a usable engine profile."""
+
+
+class Curve(BaseModel):
+    """y against x, as measured: points in increasing x."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    points: list[tuple[float, float]] = Field(min_length=1)
+
+    @field_validator("points")
+    @classmethod
+    def _increasing(cls, points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        xs = [x for x, _ in points]
+        if any(b <= a for a, b in zip(xs, xs[1:])):
+            raise ValueError(f"x must increase from point to point, got {xs}")
+        return points
+
+    def at(self, x: float) -> float:
+        """y at `x`: linear between points; past the last one along the last segment (never
+        below the last y), or in proportion to x for a curve of one point; below the first,
+        the first point's y."""
+        x0, y0 = self.points[0]
+        if x <= x0:
+            return y0
+        if len(self.points) == 1:
+            return y0 * x / x0
+        xs = [px for px, _ in self.points]
+        i = min(bisect.bisect_left(xs, x), len(xs) - 1)
+        (xa, ya), (xb, yb) = self.points[i - 1], self.points[i]
+        y = ya + (yb - ya) * (x - xa) / (xb - xa)
+        return max(y, self.points[-1][1]) if x > xs[-1] else y
+
+
+class PrefillProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_num_batched_tokens: int = Field(gt=0, description="The step's token budget it was measured with.")
+    step_ms: Curve = Field(description="One engine step's time (ms) against the prompt tokens batched in it.")
+
+
+class DecodeProfile(BaseModel):
+    """One draft length K."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    step_ms: Curve = Field(description="One decode step's time (ms) against the requests in the batch.")
+    tokens_per_step: float = Field(
+        ge=1, description="Tokens a request gains per step: 1 + its accepted drafts (1 with K=0)."
+    )
+
+
+class EngineProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_: str = Field(alias="schema")
+    model_shape: str = Field(description="The target model (its shape, when weights were dummy).")
+    drafter: str = Field(description="The drafter and its method, e.g. 'eagle3 (local)'.")
+    gpu: str = Field(description="The accelerator, or 'cpu-2core' for this project's CPU machines.")
+    vllm_version: str
+    measured: str = Field(description="When and with what command the curves were measured.")
+    prefill: PrefillProfile
+    decode: dict[int, DecodeProfile] = Field(description="By draft length K (0: no drafter).")
+    transfer_ms: Curve = Field(description="The KV hand-off's time (ms) against the prompt's tokens.")
+    kv_tokens: int = Field(gt=0, description="Tokens one engine's KV cache holds.")
+
+    @field_validator("schema_")
+    @classmethod
+    def _known_schema(cls, schema: str) -> str:
+        if schema != SCHEMA:
+            raise ValueError(f"schema {schema!r} is not {SCHEMA!r}")
+        return schema
+
+    @field_validator("decode")
+    @classmethod
+    def _some_k(cls, decode: dict[int, DecodeProfile]) -> dict[int, DecodeProfile]:
+        if not decode or min(decode) < 0:
+            raise ValueError("decode needs at least one draft length K >= 0")
+        return decode
+
+    def dump(self) -> str:
+        return json.dumps(self.model_dump(mode="json", by_alias=True), indent=2) + "\n"
+
+
+def load(path: Path) -> EngineProfile:
+    """The profile in `path`; ProfileError, naming the file, for anything else."""
+    try:
+        return EngineProfile.model_validate_json(Path(path).read_text())
+    except (OSError, ValidationError, ValueError) as exc:
+        raise ProfileError(f"{path}: not an engine profile of schema {SCHEMA}: {exc}") from exc
+
+
+def shipped() -> dict[str, Path]:
+    """The profiles shipped with pdspec, by file stem."""
+    return {path.stem: path for path in sorted(SHIPPED.glob("*.json"))}

@@ -1,0 +1,63 @@
+"""Engine profiles (pdspec/plan/profile.py): a curve interpolates between its points and
+extrapolates past them as the docstring says, and a file that is not a profile of the
+schema is refused whole, naming itself."""
+
+import json
+
+import pytest
+
+from pdspec.plan import profile
+from pdspec.plan.profile import Curve
+
+PROFILE = {
+    "schema": profile.SCHEMA,
+    "model_shape": "t",
+    "drafter": "eagle3 (t)",
+    "gpu": "cpu-2core",
+    "vllm_version": "0.32.0",
+    "measured": "by hand",
+    "prefill": {"max_num_batched_tokens": 512, "step_ms": {"points": [[128, 10], [512, 30]]}},
+    "decode": {"0": {"step_ms": {"points": [[1, 5], [8, 9]]}, "tokens_per_step": 1}},
+    "transfer_ms": {"points": [[16, 1], [2048, 5]]},
+    "kv_tokens": 100000,
+}
+
+
+def test_a_curve_is_linear_between_points_and_follows_its_last_segment_past_them():
+    curve = Curve(points=[(1, 5), (8, 12), (16, 14)])
+    assert curve.at(0) == 5 and curve.at(1) == 5
+    assert curve.at(4.5) == pytest.approx(8.5)
+    assert curve.at(32) == pytest.approx(18)  # 14 + 16 * (2 / 8)
+    assert Curve(points=[(1, 5), (8, 12), (16, 11)]).at(32) == 11  # noise that falls is not followed
+    assert Curve(points=[(100, 10)]).at(300) == pytest.approx(30)  # one point: in proportion
+
+
+def test_points_must_increase_in_x():
+    with pytest.raises(ValueError):
+        Curve(points=[(8, 1), (4, 2)])
+
+
+def test_a_profile_round_trips_through_its_file(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(PROFILE))
+    loaded = profile.load(path)
+    assert loaded.decode[0].step_ms.at(8) == 9 and loaded.prefill.step_ms.at(256) == pytest.approx(16.6667, rel=1e-4)
+    path.write_text(loaded.dump())
+    assert profile.load(path) == loaded
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {**PROFILE, "schema": "pdspec.engine-profile/0"},
+        {**PROFILE, "decode": {}},
+        {**PROFILE, "kv_tokens": 0},
+        {**PROFILE, "surprise": 1},
+    ],
+    ids=["schema", "no-k", "no-kv", "unknown-field"],
+)
+def test_anything_else_is_refused_naming_the_file(tmp_path, broken):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(broken))
+    with pytest.raises(profile.ProfileError, match="bad.json"):
+        profile.load(path)
