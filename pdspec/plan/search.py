@@ -106,17 +106,20 @@ def throughput_bound(
 ) -> float:
     """Requests per second the layout's engines can do at most on the mean shape: full
     prefill steps on the prefill side, the largest batch max_num_seqs and the KV allow on
-    the decode side; a colocated engine does no more than either."""
+    the decode side. A colocated engine spends its time on both: its full decode batches,
+    plus each prompt's tokens at the prefill curve's cost above a step's fixed cost."""
     isl = sum(shape[0] for shape in shapes) / len(shapes)
     osl = sum(shape[1] for shape in shapes) / len(shapes)
-    budget = profile.prefill.max_num_batched_tokens
-    prefill_rps = budget / (profile.prefill.step_ms.at(budget) / 1000) / isl
+    prefill = profile.prefill
+    budget = prefill.max_num_batched_tokens
     batch = max(1, min(max_num_seqs, int(profile.kv_tokens // (isl + osl))))
     decode = profile.decode[k]
-    decode_rps = batch * decode.tokens_per_step / (decode.step_ms.at(batch) / 1000) / osl
+    decode_s = osl / (batch * decode.tokens_per_step) * decode.step_ms.at(batch) / 1000  # engine time a request
     if layout.is_aggregated:
-        return layout.colocated * min(prefill_rps, decode_rps)
-    return min(layout.prefill * prefill_rps, layout.decode * decode_rps)
+        prefill_s = isl / budget * (prefill.step_ms.at(budget) - prefill.step_ms.at(0)) / 1000
+        return layout.colocated / (prefill_s + decode_s)
+    prefill_s = isl / budget * prefill.step_ms.at(budget) / 1000
+    return min(layout.prefill / prefill_s, layout.decode / decode_s)
 
 
 def over_slo(summary: Summary, slo: Slo) -> str:
