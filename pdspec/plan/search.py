@@ -22,8 +22,10 @@ sustains can pass when the backlog it builds stays short: the bound caps that, a
 requests per trial tighten it.
 
 Contract: deterministic (a pure function of its arguments; ties in goodput go to the
-higher rate, then the layout and K listed first). Each candidate that is not the best says
-why it loses: the threshold it breaks from which rate, against the rate the best sustains.
+higher rate, then the lower TPOT p90 and TTFT p90 there, then the layout and K listed
+first: two candidates held to one throughput bound differ in latency only). Each candidate
+that is not the best says why it loses: the threshold it breaks from which rate, against
+the rate the best sustains; or, tied on goodput, its TPOT p90 against the best's.
 Failure policy: `gpus` < 1, no shape, or a trial count below 1 raise ValueError; a
 candidate that meets the SLO at no rate tried ranks last with goodput 0, and says so.
 """
@@ -67,6 +69,11 @@ class Plan:
 
     def why_loses(self, candidate: Candidate) -> str:
         best = self.best
+        if candidate.summary and candidate.goodput_rps == best.goodput_rps and candidate.rate_rps == best.rate_rps:
+            return (
+                f"as much goodput as the best ({best.goodput_rps:.3g} req/s), at TPOT p90 "
+                f"{milliseconds(candidate.summary.tpot_ms.p90)} against its {milliseconds(best.summary.tpot_ms.p90)}"
+            )
         return (
             f"goodput {candidate.goodput_rps:.3g} against {best.goodput_rps:.3g} req/s: {candidate.limit}; "
             f"the best sustains {best.rate_rps:.3g} req/s"
@@ -97,8 +104,13 @@ def plan(
     search = _RateSearch(profile, shapes, slo, requests_per_trial, seed, max_num_seqs, bisection_steps)
     candidates = [search.candidate(layout, k) for layout in layouts(gpus) for k in sorted(profile.decode)]
     order = {id(candidate): i for i, candidate in enumerate(candidates)}
-    ranked = sorted(candidates, key=lambda c: (-c.goodput_rps, -c.rate_rps, order[id(c)]))
+    ranked = sorted(candidates, key=lambda c: (-c.goodput_rps, -c.rate_rps, *_latency(c), order[id(c)]))
     return Plan(ranked=ranked, trials=search.trials)
+
+
+def _latency(candidate: Candidate) -> tuple[float, float]:
+    summary = candidate.summary
+    return (summary.tpot_ms.p90, summary.ttft_ms.p90) if summary else (0.0, 0.0)
 
 
 def throughput_bound(
@@ -178,7 +190,7 @@ class _RateSearch:
         bound = throughput_bound(self.profile, layout, k, self.shapes, self.max_num_seqs)
         at_bound = self._trial(layout, k, bound)
         if at_bound.meets(self.slo):
-            limit = f"meets both SLOs up to its throughput bound, {bound:.3g} req/s"
+            limit = f"its throughput bound is {bound:.3g} req/s (both SLOs met there)"
             return Candidate(layout, k, bound, at_bound, limit)
         low, passed = 0.0, None
         high, failed = bound, at_bound
