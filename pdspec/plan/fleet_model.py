@@ -30,9 +30,11 @@ disaggregated (P prefill engines, D decode engines). The model's assumptions:
 - **Routing**: a request goes to the prefill engine with the fewest outstanding prompt
   tokens; its decode engine is the one with the fewest outstanding requests (waiting, in
   hand-off or decoding); a colocated engine, the one with the fewest outstanding requests.
-  Ties go to the lowest-numbered engine.
+  Ties go to the lowest-numbered engine. An engine plans a step when it starts: a request
+  arriving while it runs (or at the instant it starts, after it) waits for the next one.
 - **Out of scope** in this version: prefix caching (every prompt is computed in full),
-  preemption, per-request acceptance variance, the proxy's own time, network contention.
+  preemption, a prefill engine's KV room (it holds a prompt's KV until the hand-off; never
+  full here), per-request acceptance variance, the proxy's own time, network contention.
 
 TTFT is the first token's time minus the arrival; TPOT is (end - first token) / (OSL - 1),
 None for OSL 1. Utilization is the fraction of a role's engine time spent in steps (a decode
