@@ -1,4 +1,4 @@
-"""`pdspec <command> [options]`: one CLI for the proxy, the workers, the models and `up`.
+"""`pdspec <command> [options]`: one CLI for the proxy, the workers, the models, `up` and `plan`.
 
 Options are the settings fields of `pdspec.settings`; `pdspec <command> --help` lists
 them. A TOML file can hold them too: `pdspec --config file.toml <command>` or
@@ -26,6 +26,7 @@ commands:
   models    install the local small model pair (trained target + EAGLE3 drafter)
   drafts    switch a running worker between K=0 when unusable (auto) and always drafting
   bench     start a profile's stack, run a named workload (loadtest.serve_bench), stop it
+  plan      size a P/D fleet and K for a workload and an SLO from an engine profile (simulated)
 
 `pdspec <command> --help` lists the command's options.
 """
@@ -98,6 +99,12 @@ def _drafts(cmd: s.DraftsCommand) -> int:
     return 0
 
 
+def _plan(cmd: s.PlanCommand) -> int:
+    from pdspec.plan.command import run_plan
+
+    return run_plan(cmd)
+
+
 COMMANDS: dict[str, tuple[type[s._Base], Callable]] = {
     "up": (s.UpCommand, _up),
     "proxy": (s.ProxyCommand, _proxy),
@@ -105,6 +112,7 @@ COMMANDS: dict[str, tuple[type[s._Base], Callable]] = {
     "decode": (s.DecodeCommand, _decode),
     "models": (s.ModelsCommand, _models),
     "drafts": (s.DraftsCommand, _drafts),
+    "plan": (s.PlanCommand, _plan),
 }
 
 

@@ -759,3 +759,56 @@ class DraftsCommand(_Base):
     role: Literal["prefill", "decode"]
     policy: DraftsPolicy
     run_dir: Path = Field(default_factory=lambda: default_home() / "run")
+
+
+class PlanCommand(_Base):
+    """`pdspec plan`: size a P/D fleet with speculative decoding for a workload and an SLO, by
+    simulating every layout of the GPUs and every K on an engine profile (pdspec/plan/)."""
+
+    profile: str = Field(
+        description="The engine profile: the name of one shipped with pdspec (pdspec/plan/profiles/<name>.json) "
+        "or a profile file's path (schema pdspec.engine-profile/1)."
+    )
+    gpus: int = Field(ge=1, le=64, description="GPUs of the fleet, one engine each.")
+    isl: int = Field(1024, ge=1, description="Prompt tokens of every request (unless workload is set).")
+    osl: int = Field(256, ge=1, description="Output tokens of every request (unless workload is set).")
+    workload: Path | None = Field(
+        None,
+        description="A JSON list of requests ({arrival_s, isl, osl}): the trials draw their (ISL, OSL) pairs from "
+        "it in place of isl and osl; arrivals stay Poisson at each trial's rate.",
+    )
+    slo_ttft_p90_ms: float = Field(gt=0, description="The SLO: 90% of requests get their first token within this.")
+    slo_tpot_p90_ms: float = Field(
+        gt=0, description="The SLO: 90% of requests take at most this per output token after the first."
+    )
+    max_num_seqs: int = Field(
+        256, ge=1, description="Requests one engine batches at most (vLLM's max_num_seqs), in the model and the output."
+    )
+    requests_per_trial: int = Field(
+        200,
+        ge=10,
+        description="Requests measured in each simulated trial (after and before as many as the fleet holds): "
+        "more give a steadier answer, slower.",
+    )
+    seed: int = Field(0, description="The trials' arrivals and shapes: the same seed, the same plan.")
+    emit: Literal["none", "toml", "compose", "k8s"] = Field(
+        "none",
+        description="Write the recommended layout as a deployment: toml (a `pdspec up` config), compose (an "
+        "override for docker-compose.yml) or k8s (a kustomization over deploy/k8s). Compose and k8s have no colocated "
+        "workers: an aggregated plan is written as toml only.",
+    )
+    out: Path | None = Field(
+        None,
+        description="Where emit writes: a file for toml and compose, a folder for k8s. Unset: pdspec-plan.toml, "
+        "docker-compose.plan.yml or pdspec-plan-k8s/ in the current folder.",
+    )
+    k8s_base: Path | None = Field(
+        None,
+        description="emit k8s: the kustomization the emitted one patches. Unset: deploy/k8s/overlays/cpu for a CPU "
+        "profile, deploy/k8s/overlays/gpu-1p1d otherwise (from the repository's root).",
+    )
+    plot: Path | None = Field(
+        None,
+        description="Also draw goodput against the P:D split, one line per K, into this PNG (needs matplotlib: "
+        "the bench extra).",
+    )

@@ -1,0 +1,171 @@
+"""The fleet model (pdspec/plan/fleet_model.py): each assumption its docstring states, checked
+where the answer can be worked out by hand from a synthetic profile (tests/engine_profiles.py:
+made-up curves, no measured profile), and the run as a whole: every request finishes, the
+same seed gives the same run, TTFT grows with the rate."""
+
+import pytest
+
+from pdspec.plan import workload
+from pdspec.plan.fleet_model import FleetRun, Layout, Outcome, Slo, percentiles, simulate
+from pdspec.plan.workload import Request
+from tests.engine_profiles import synthetic
+
+PROFILE = synthetic()
+PREFILL, TRANSFER = PROFILE.prefill.step_ms, PROFILE.transfer_ms
+DECODE0, DECODE3 = PROFILE.decode[0].step_ms, PROFILE.decode[3].step_ms
+ONE_P_ONE_D = Layout.disaggregated(1, 1)
+
+
+def ms(seconds):
+    return seconds * 1000
+
+
+def test_alone_a_request_waits_one_prefill_step_its_hand_off_and_one_decode_step():
+    requests = [Request(arrival_s=t, isl=1024, osl=6) for t in (0.0, 100.0, 200.0)]  # never overlapping
+    run = simulate(PROFILE, ONE_P_ONE_D, 3, requests)
+    for outcome in run.outcomes:
+        assert ms(outcome.ttft_s) == pytest.approx(PREFILL.at(1024) + TRANSFER.at(1024) + DECODE3.at(1))
+        # 6 tokens at 2.5 a step: 3 steps, the first of which brings the first token.
+        assert ms(outcome.tpot_s) == pytest.approx(2 * DECODE3.at(1) / 5)
+
+
+def test_alone_on_a_colocated_engine_a_request_waits_its_prefill_step_only():
+    requests = [Request(arrival_s=t, isl=1024, osl=6) for t in (0.0, 100.0)]
+    run = simulate(PROFILE, Layout.aggregated(1), 3, requests)
+    for outcome in run.outcomes:
+        assert ms(outcome.ttft_s) == pytest.approx(PREFILL.at(1024))  # no hand-off, first token from the prefill
+        assert ms(outcome.tpot_s) == pytest.approx(2 * DECODE3.at(1) / 5)  # 5 more tokens at 2.5 a step
+
+
+def test_a_long_prompt_is_chunked_over_full_steps():
+    (outcome,) = simulate(PROFILE, ONE_P_ONE_D, 0, [Request(0.0, isl=5120, osl=1)]).outcomes
+    steps = 2 * PREFILL.at(2048) + PREFILL.at(1024)
+    assert ms(outcome.ttft_s) == pytest.approx(steps + TRANSFER.at(5120) + DECODE0.at(1))
+    assert outcome.tpot_s is None  # one output token: no TPOT
+
+
+def test_short_prompts_share_a_step_on_the_prefill_engine_with_the_fewest_prompt_tokens():
+    long, medium = Request(0.0, isl=3 * 2048, osl=1), Request(0.0, isl=500, osl=1)
+    short = Request(0.001, isl=100, osl=1)  # arrives while the medium prompt's step runs
+    run = simulate(PROFILE, Layout.disaggregated(2, 1), 0, [long, medium, short, short])
+    # The long prompt takes the first engine, the medium one the second; both short ones go
+    # to the second (500 outstanding tokens against 6,144) and share its next step, then
+    # decode together in one step of two.
+    first_short, second_short = run.outcomes[2], run.outcomes[3]
+    steps = PREFILL.at(500) + PREFILL.at(200)
+    assert ms(first_short.ttft_s) == pytest.approx(steps - 1 + TRANSFER.at(100) + DECODE0.at(2))
+    assert second_short.ttft_s == pytest.approx(first_short.ttft_s)
+
+
+def test_a_colocated_step_pays_the_fixed_cost_once_and_a_prompt_joins_at_the_next_step():
+    resident, newcomer = Request(0.0, isl=100, osl=1000), Request(1.0, isl=500, osl=2)
+    run = simulate(PROFILE, Layout.aggregated(1), 0, [resident, newcomer])
+    # The resident decodes alone in steps of DECODE0.at(1) after its prefill step; the
+    # newcomer's prompt rides the first step that starts after it arrives.
+    boundary = PREFILL.at(100)
+    while boundary < 1000:
+        boundary += DECODE0.at(1)
+    mixed_step = DECODE0.at(1) + PREFILL.at(500) - PREFILL.at(0)
+    outcome = run.outcomes[1]
+    assert ms(outcome.first_token_s) == pytest.approx(boundary + mixed_step)
+    assert ms(outcome.tpot_s) == pytest.approx(DECODE0.at(2))  # its one more token, in a batch of two
+
+
+def test_each_decoding_request_takes_its_token_and_its_drafts_from_a_colocated_steps_budget():
+    # A budget of 64 tokens and 16 requests decoding with K=3: 16 * (1 + 3) = 64, nothing left to prefill.
+    profile = synthetic(prefill=[(1, 5.0), (64, 10.0)], budget=64)
+    requests = [Request(0.0, isl=4, osl=1000) for _ in range(16)] + [Request(0.5, isl=4, osl=2)]
+    run = simulate(profile, Layout.aggregated(1), 3, requests)
+    assert run.outcomes[16].first_token_s >= run.outcomes[0].end_s
+
+
+def test_kv_room_holds_requests_back_until_others_end():
+    # Room for two requests' ISL + OSL: the third joins at the step boundary where the first
+    # ends (its first token one step of two later), the fourth where the second ends.
+    profile = synthetic(kv_tokens=2 * (100 + 10))
+    run = simulate(profile, ONE_P_ONE_D, 0, [Request(0.0, isl=100, osl=10) for _ in range(4)])
+    first, second, third, fourth = run.outcomes
+    assert third.first_token_s == pytest.approx(first.end_s + DECODE0.at(2) / 1000)
+    assert second.end_s < fourth.first_token_s == pytest.approx(second.end_s + DECODE0.at(2) / 1000)
+
+
+def test_max_num_seqs_caps_the_batch():
+    run = simulate(PROFILE, ONE_P_ONE_D, 0, [Request(0.0, isl=100, osl=10) for _ in range(3)], max_num_seqs=1)
+    ends = [outcome.end_s for outcome in run.outcomes]
+    starts = [outcome.first_token_s for outcome in run.outcomes]
+    assert starts[1] > ends[0] and starts[2] > ends[1]
+
+
+def test_a_request_bigger_than_the_kv_runs_alone_and_ends():
+    run = simulate(synthetic(kv_tokens=100), ONE_P_ONE_D, 0, [Request(0.0, isl=200, osl=10)] * 2)
+    assert run.outcomes[1].first_token_s > run.outcomes[0].end_s
+
+
+@pytest.mark.parametrize("layout", [ONE_P_ONE_D, Layout.disaggregated(2, 3), Layout.aggregated(2)], ids=str)
+def test_every_request_finishes_even_far_past_capacity(layout):
+    requests = workload.poisson(500.0, 300, [(512, 64), (2048, 16), (64, 1)], seed=3)
+    run = simulate(synthetic(kv_tokens=20_000), layout, 3, requests)
+    assert len(run.outcomes) == len(requests)
+    assert [o.request for o in run.outcomes] == sorted(requests, key=lambda r: r.arrival_s)
+    assert all(o.request.arrival_s < o.first_token_s <= o.end_s for o in run.outcomes)
+
+
+def test_ttft_p90_grows_with_the_rate():
+    slo = Slo(ttft_p90_ms=1000, tpot_p90_ms=100)
+    p90s = []
+    for rate in (1.0, 10.0, 20.0, 30.0):
+        run = simulate(PROFILE, ONE_P_ONE_D, 3, workload.poisson(rate, 300, [(1024, 128)], seed=0))
+        p90s.append(run.summary(slo).ttft_ms.p90)
+    assert p90s == sorted(p90s) and p90s[-1] > 2 * p90s[0]
+
+
+def test_the_same_seed_gives_the_same_run_and_another_seed_another():
+    def run(seed):
+        return simulate(PROFILE, Layout.disaggregated(2, 2), 3, workload.poisson(20.0, 200, [(1024, 128)], seed))
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+
+
+def test_a_summary_counts_latency_goodput_and_utilization_over_the_measured_requests():
+    outcomes = [
+        Outcome(Request(0.0, 10, 10), first_token_s=0.1, end_s=1.0),
+        Outcome(Request(1.0, 10, 10), first_token_s=1.5, end_s=2.0),  # TTFT 500 ms: over the SLO
+        Outcome(Request(2.0, 10, 10), first_token_s=2.1, end_s=3.0),
+        Outcome(Request(3.0, 10, 10), first_token_s=3.1, end_s=4.0),
+    ]
+    run = FleetRun(outcomes=outcomes, steps={"decode": [(0.0, 2.0), (3.0, 5.0)]}, engines={"decode": 1})
+    slo = Slo(ttft_p90_ms=200, tpot_p90_ms=150)
+    whole = run.summary(slo)
+    assert (whole.count, whole.duration_s, whole.throughput_rps) == (4, 4.0, 1.0)
+    assert (whole.attainment, whole.goodput_rps) == (0.75, 0.75)
+    assert whole.utilization == {"decode": pytest.approx(3 / 4)}  # 2 s + 1 s of steps in [0, 4]
+    assert whole.ttft_ms.p50 == pytest.approx(100) and whole.tpot_ms.p90 == pytest.approx(100)
+    middle = run.summary(slo, slice(1, 3))  # [1, 3]: one second of steps
+    assert (middle.count, middle.attainment, middle.utilization) == (2, 0.5, {"decode": pytest.approx(0.5)})
+    with pytest.raises(ValueError):
+        run.summary(slo, slice(4, None))
+
+
+def test_percentiles_interpolate_between_ranks():
+    assert percentiles(range(1, 102)) == percentiles([float(v) for v in range(101, 0, -1)])
+    assert (percentiles(range(1, 102)).p50, percentiles(range(1, 102)).p90) == (51, 91)
+    assert percentiles([]).p99 == 0.0
+
+
+def test_one_output_token_has_no_tpot_and_the_summary_reads_zero():
+    run = simulate(PROFILE, ONE_P_ONE_D, 0, [Request(0.0, isl=100, osl=1)])
+    assert run.summary(Slo(1000, 1)).tpot_ms.p90 == 0.0 and run.summary(Slo(1000, 1)).attainment == 1.0
+
+
+@pytest.mark.parametrize(
+    "counts", [{"prefill": 1}, {}, {"prefill": 1, "decode": 1, "colocated": 1}, {"decode": 2}], ids=str
+)
+def test_a_layout_is_one_kind_or_the_other(counts):
+    with pytest.raises(ValueError):
+        Layout(**counts)
+
+
+def test_a_draft_length_the_profile_did_not_measure_is_refused():
+    with pytest.raises(ValueError, match="K=5"):
+        simulate(PROFILE, ONE_P_ONE_D, 5, [Request(0.0, 10, 10)])
