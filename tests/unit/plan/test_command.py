@@ -70,7 +70,10 @@ def test_the_plot_is_a_png(profile_file, tmp_path, capsys):
 @pytest.mark.parametrize(
     "extra, says",
     [
-        (["--profile", "no-such-profile"], "no-such-profile: neither a shipped profile (none ship yet) nor a file"),
+        (
+            ["--profile", "no-such-profile"],
+            "no-such-profile: neither a shipped profile (cpu-2core-pdspec-tiny-eagle3) nor a file",
+        ),
         (["--workload", "/nonexistent.json"], "/nonexistent.json: not a workload"),
         (["--emit", "k8s", "--k8s_base", "/nonexistent"], "no kustomization.yaml in /nonexistent"),
     ],
