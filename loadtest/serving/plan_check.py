@@ -1,0 +1,163 @@
+"""`python -m loadtest.plan_check`: the fleet model's predictions (pdspec/plan/fleet_model.py)
+beside what a real stack measured, for the planner's validation (issue 43's table).
+
+It reads `serve_bench` results taken with Poisson arrivals (`--request-rate`): for each
+phase, the same number of requests of the same shape at the same rate go through the fleet
+model with the profile, `--seeds` times (arrivals differ by seed, as two runs of the real
+stack would), and the medians of those runs are set beside the measured figures: request
+throughput, TTFT median and p99, TPOT median. The model's decode gain per step is the one
+the stack's decode worker measured in that phase (its acceptance length), unless
+`--profile-acceptance`: the profile's was measured on other prompts.
+
+Written to `--out`: `plan_check.json` (every phase, measured and predicted) and
+`plan_check.md` (the table, with the predicted / measured ratio of each figure). Failure
+policy: a results file without Poisson phases, or a layout the profile cannot run, stops it
+with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from pdspec.plan import profile as profiles
+from pdspec.plan.fleet_model import Layout, Slo, simulate
+from pdspec.plan.workload import poisson
+
+NO_SLO = Slo(ttft_p90_ms=float("inf"), tpot_p90_ms=float("inf"))
+
+
+def layout_of(spec: str) -> Layout:
+    """'1p1d' / '2p1d' (P prefill, D decode engines) or 'colocated-N'."""
+    if spec.startswith("colocated-"):
+        return Layout.aggregated(int(spec.removeprefix("colocated-")))
+    prefill, _, decode = spec.lower().removesuffix("d").partition("p")
+    return Layout.disaggregated(int(prefill), int(decode))
+
+
+def with_acceptance(profile: profiles.EngineProfile, k: int, tokens_per_step: float) -> profiles.EngineProfile:
+    """`profile` with K's decode gain per step replaced."""
+    decode = dict(profile.decode)
+    decode[k] = decode[k].model_copy(update={"tokens_per_step": max(1.0, tokens_per_step)})
+    return profile.model_copy(update={"decode": decode})
+
+
+def predict(profile, layout: Layout, k: int, rate: float, count: int, isl: int, osl: int, seeds: int) -> dict:
+    """The medians over `seeds` runs of the model: throughput, TTFT p50/p99, TPOT p50."""
+    runs = []
+    for seed in range(seeds):
+        run = simulate(profile, layout, k, poisson(rate, count, [(isl, osl)], seed))
+        runs.append(run.summary(NO_SLO))
+    return {
+        "throughput_rps": statistics.median(s.throughput_rps for s in runs),
+        "ttft_p50_ms": statistics.median(s.ttft_ms.p50 for s in runs),
+        "ttft_p99_ms": statistics.median(s.ttft_ms.p99 for s in runs),
+        "tpot_p50_ms": statistics.median(s.tpot_ms.p50 for s in runs),
+    }
+
+
+def measured_of(phase: dict) -> dict:
+    return {
+        "throughput_rps": phase["request_throughput"],
+        "ttft_p50_ms": phase["ttft_ms"]["median"],
+        "ttft_p99_ms": phase["ttft_ms"]["p99"],
+        "tpot_p50_ms": phase["tpot_ms"]["median"],
+    }
+
+
+FIGURES = ("throughput_rps", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms")
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        f"# The fleet model against {report['layout']} measured ({report['profile']})",
+        "",
+        f"`{report['command']}`",
+        "",
+        "Each cell: measured / predicted (predicted over measured). Predicted: the median of "
+        f"{report['seeds']} runs of the model with the phase's rate, request count and shape.",
+        "",
+        "| results | rate /s | acceptance | throughput req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in report["phases"]:
+        cells = []
+        for figure in FIGURES:
+            measured, predicted = row["measured"][figure], row["predicted"][figure]
+            ratio = predicted / measured if measured else float("nan")
+            cells.append(f"{measured:,.1f} / {predicted:,.1f} ({ratio:.2f})")
+        lines.append(
+            f"| {row['results']} | {row['rate']:g} | {row['tokens_per_step']:.2f} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.plan_check", description=__doc__.split("\n")[0])
+    parser.add_argument("--profile", required=True, help="a shipped profile's name or a file")
+    parser.add_argument("--layout", required=True, help="1p1d, 2p1d, ... or colocated-N")
+    parser.add_argument("--k", type=int, required=True, help="the stack's draft length")
+    parser.add_argument("--results", type=Path, nargs="+", required=True, help="serve_bench.json files")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--profile-acceptance", action="store_true")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    shipped = profiles.shipped()
+    profile = profiles.load(shipped.get(args.profile) or Path(args.profile))
+    layout = layout_of(args.layout)
+    rows = []
+    for path in args.results:
+        results = json.loads(path.read_text())
+        phases = [phase for phase in results["phases"] if phase.get("request_rate")]
+        if not phases:
+            raise SystemExit(f"{path}: no phase with Poisson arrivals (serve_bench --request-rate)")
+        for phase in phases:
+            tokens_per_step = profile.decode[args.k].tokens_per_step
+            if not args.profile_acceptance and phase.get("decode_acceptance_length"):
+                tokens_per_step = phase["decode_acceptance_length"]
+            model = with_acceptance(profile, args.k, tokens_per_step)
+            count = phase["completed"]
+            predicted = predict(
+                model,
+                layout,
+                args.k,
+                phase["request_rate"],
+                count,
+                results["input_len"],
+                results["output_len"],
+                args.seeds,
+            )
+            rows.append(
+                {
+                    "results": str(path.parent.name),
+                    "rate": phase["request_rate"],
+                    "requests": count,
+                    "tokens_per_step": tokens_per_step,
+                    "measured": measured_of(phase),
+                    "predicted": predicted,
+                }
+            )
+            print(
+                f"{path.parent.name} rate {phase['request_rate']:g}: {rows[-1]['measured']} vs {predicted}", flush=True
+            )
+    report = {
+        "command": "python -m loadtest.plan_check " + " ".join(sys.argv[1:] if argv is None else argv),
+        "profile": args.profile,
+        "layout": args.layout,
+        "k": args.k,
+        "seeds": args.seeds,
+        "phases": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "plan_check.json").write_text(json.dumps(report, indent=2))
+    table = markdown(report)
+    (args.out / "plan_check.md").write_text(table)
+    print(table)
+    return report
+
+
+if __name__ == "__main__":
+    main()
