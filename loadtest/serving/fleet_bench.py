@@ -345,8 +345,8 @@ def cleared_events(front: dict) -> float:
 
 def wait_index_cleared(front: dict, before: float, workers: int, timeout_s: float = 15.0) -> bool:
     """The proxy's cache index applied one AllBlocksCleared more per worker than `before`
-    (the reset's, so it forgot every worker's blocks). Read from the event counter, not from
-    `pdspec_proxy_kv_index_blocks`: the gauge of a forgotten worker keeps its last value."""
+    (the reset's, so it forgot every worker's blocks). Read from the event counter: a worker
+    that held nothing before the reset shows no change in `pdspec_proxy_kv_index_blocks`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if cleared_events(front) >= before + workers:
