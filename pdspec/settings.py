@@ -487,6 +487,12 @@ class ObservabilitySettings(BaseModel):
     otlp_traces_endpoint: str | None = Field(
         None, description="OTLP/HTTP collector (http://host:4318): spans for prefill, handoff and decode."
     )
+    plan_replicas: dict[Literal["prefill", "decode"], Annotated[int, Field(ge=1)]] | None = Field(
+        None,
+        description="The fleet planner's replicas per role (`pdspec plan --emit` writes them), exported as "
+        "pdspec_plan_replicas{role} for autoscalers: the scaling components of deploy/k8s keep each role at least "
+        "the plan's ratio of the other. Unset: not exported.",
+    )
 
 
 class KvTransferSettings(BaseModel):

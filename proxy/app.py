@@ -125,6 +125,8 @@ def create_app(settings: ProxySettings, shared: SharedMetrics | None = None) -> 
     disaggregator = Disaggregator(client, prefill_pool, decode_pool, metrics, settings, kv_router, kv_room)
     limits = ModelLimits(client, decode_pool, disaggregator.worker_headers)
     tracing = Tracing(settings.observability.otlp_traces_endpoint)
+    for role, replicas in (settings.observability.plan_replicas or {}).items():
+        metrics.plan_replicas.labels(role).set(replicas)
     pairing = Pairing.from_settings(
         settings.health, lambda pool, field: metrics.pairing_refusals.labels(pool, field).inc()
     )

@@ -73,6 +73,7 @@ class ProxyMetrics:
     kv_events: Counter
     kv_index_blocks: Gauge
     kv_event_lag: Gauge
+    plan_replicas: Gauge
     # One of several processes, its values in prometheus_client's multiprocess files
     # (proxy/shared_metrics.py): a gauge's series cannot be deleted there, only marked removed.
     shared: bool = False
@@ -299,6 +300,14 @@ class ProxyMetrics:
                 "pdspec_proxy_kv_event_lag_seconds",
                 "Age of the last KV event batch from each worker when it arrived (publisher clock to proxy clock).",
                 ["worker"],
+                registry=registry,
+                multiprocess_mode="livemax",
+            ),
+            plan_replicas=Gauge(
+                "pdspec_plan_replicas",
+                "The fleet planner's replicas per role, as the proxy was given them (observability.plan_replicas; "
+                "absent when none were): the autoscalers' bound on one role's count against the other's.",
+                ["role"],
                 registry=registry,
                 multiprocess_mode="livemax",
             ),

@@ -108,3 +108,12 @@ async def test_a_request_cancelled_by_the_proxys_own_shutdown_counts_503_not_500
         "pdspec_proxy_requests_total", {"endpoint": "completions", "status": status}
     )
     assert count("503") == 1 and count("500") == 0 and count("499") is None
+
+
+def test_the_planners_replicas_are_exported_only_when_given():
+    with Cluster(observability={"plan_replicas": {"prefill": 3, "decode": 5}}) as c:
+        metrics = httpx.get(c.url + "/metrics").text
+    assert sample(metrics, 'pdspec_plan_replicas{role="prefill"}') == 3
+    assert sample(metrics, 'pdspec_plan_replicas{role="decode"}') == 5
+    with Cluster() as c:
+        assert "pdspec_plan_replicas{" not in httpx.get(c.url + "/metrics").text
