@@ -65,9 +65,20 @@ def test_promtool_check_rules():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_promtool_test_rules():
-    result = promtool("test", "rules", str(PROM_DIR / "tests" / "alerts_test.yml"))
+@pytest.mark.parametrize("rule_tests", ["alerts_test.yml", "scaling_test.yml"])
+def test_promtool_test_rules(rule_tests):
+    result = promtool("test", "rules", str(PROM_DIR / "tests" / rule_tests))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_scaling_signal_is_unit_tested():
+    """The pdspec-scaling group's records (what the autoscaling components query), each
+    checked by scaling_test.yml."""
+    groups = yaml.safe_load((RULES_DIR / "recording.yml").read_text())["groups"]
+    (scaling,) = [group for group in groups if group["name"] == "pdspec-scaling"]
+    tested = yaml.safe_load((PROM_DIR / "tests" / "scaling_test.yml").read_text())
+    checked = {case["expr"] for test in tested["tests"] for case in test["promql_expr_test"]}
+    assert {rule["record"] for rule in scaling["rules"]} == checked
 
 
 def test_every_alert_is_unit_tested_and_has_a_runbook():
