@@ -134,6 +134,12 @@ def toml(deployment: Deployment, path: Path) -> str:
     prefill_gpus, decode_gpus = _gpus(deployment)
     lines += _table("prefill", {"replicas": layout.prefill, **deployment.prefill(), **prefill_gpus})
     lines += _table("decode", {"replicas": layout.decode, **deployment.decode(), **decode_gpus})
+    # The proxy exports the plan (pdspec_plan_replicas) for autoscalers to keep its ratio.
+    lines += [
+        "",
+        "[proxy.observability]",
+        f"plan_replicas = {{ prefill = {layout.prefill}, decode = {layout.decode} }}",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -175,10 +181,33 @@ def k8s(deployment: Deployment, base: Path, out: Path) -> dict[str, str]:
                 "patches:",
                 "  - path: prefill.yaml",
                 "  - path: decode.yaml",
+                "  - path: proxy.yaml",
             ]
         )
         + "\n"
     }
+    # The proxy exports the plan (pdspec_plan_replicas): the autoscaling components keep its ratio.
+    plan = json.dumps({"prefill": deployment.layout.prefill, "decode": deployment.layout.decode})
+    files["proxy.yaml"] = (
+        "\n".join(
+            [
+                "# proxy: the plan's replicas per role, exported as pdspec_plan_replicas{role}",
+                "apiVersion: apps/v1",
+                "kind: Deployment",
+                "metadata:",
+                "  name: proxy",
+                "spec:",
+                "  template:",
+                "    spec:",
+                "      containers:",
+                "        - name: proxy",
+                "          env:",
+                "            - name: PDSPEC_PROXY__OBSERVABILITY__PLAN_REPLICAS",
+                f"              value: {json.dumps(plan)}",
+            ]
+        )
+        + "\n"
+    )
     for role, replicas, settings in (
         ("prefill", deployment.layout.prefill, deployment.prefill()),
         ("decode", deployment.layout.decode, deployment.decode()),

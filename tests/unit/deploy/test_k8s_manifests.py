@@ -9,35 +9,21 @@ each other's NIXL ports, and every PDSPEC_* variable is a setting pdspec accepts
 from __future__ import annotations
 
 import importlib.util
-import shutil
-import subprocess
 import sys
-from functools import cache
 
 import kubernetes_validate
 import pytest
 import yaml
 
 from tests.deploy_wiring import ROOT, settings_problems
+from tests.k8s_render import K8S, objects, render
 
-K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if p.is_dir())
 KUBERNETES_VERSION = "1.37.0"
 WORKERS = ("prefill", "decode")
 POD_IP = "10.1.2.3"
-
-
-@cache
-def render(overlay: str) -> list[dict]:
-    kubectl = shutil.which("kubectl")
-    assert kubectl, "kubectl is needed to render the kustomize overlays (kubectl kustomize)"
-    out = subprocess.run([kubectl, "kustomize", str(K8S / "overlays" / overlay)], capture_output=True, text=True)
-    assert out.returncode == 0, f"kubectl kustomize {overlay} failed:\n{out.stderr}"
-    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
-
-
-def objects(overlay: str, kind: str) -> dict[str, dict]:
-    return {o["metadata"]["name"]: o for o in render(overlay) if o["kind"] == kind}
+# Custom resources, checked against their CRDs' models rather than the Kubernetes schemas.
+CUSTOM_API_GROUPS = ("monitoring.coreos.com/", "keda.sh/")
 
 
 def pod_spec(deployment: dict) -> dict:
@@ -114,8 +100,8 @@ def test_overlay_renders_the_whole_deployment(overlay):
 def test_objects_validate_against_the_kubernetes_schemas(overlay):
     checked = 0
     for obj in render(overlay):
-        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
-            continue
+        if obj["apiVersion"].startswith(CUSTOM_API_GROUPS):
+            continue  # checked against their own CRDs below
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
         checked += 1
     assert checked >= 15
@@ -146,12 +132,17 @@ def _strict_custom(model_cls, obj: dict) -> None:
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_custom_resources_validate_against_their_crds(overlay):
+    from cloudcoil.models.keda import v1alpha1 as keda
     from cloudcoil.models.prometheus_operator import v1
 
     for obj in objects(overlay, "PodMonitor").values():
         _strict_custom(v1.PodMonitor, obj)
     for obj in objects(overlay, "PrometheusRule").values():
         _strict_custom(v1.PrometheusRule, obj)
+    for obj in objects(overlay, "ScaledObject").values():
+        _strict_custom(keda.ScaledObject, obj)
+    custom = [o for o in render(overlay) if o["apiVersion"].startswith(CUSTOM_API_GROUPS)]
+    assert {o["kind"] for o in custom} <= {"PodMonitor", "PrometheusRule", "ScaledObject"}
 
 
 def test_strict_custom_resource_check_catches_a_misspelt_field():

@@ -7,6 +7,7 @@ express is refused before anything is written. Synthetic profiles (tests/engine_
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -49,6 +50,7 @@ def test_the_toml_is_a_pdspec_up_config_with_the_plans_replicas_k_and_gpus(tmp_p
     assert [w.cuda_visible_devices for w in prefills + decodes] == [str(gpu) for gpu in range(8)]
     assert len({w.port for w in prefills + decodes}) == 8
     assert f"pdspec --config {path} up" in path.read_text()
+    assert up.proxy.observability.plan_replicas == {"prefill": 3, "decode": 5}  # exported for autoscalers
 
 
 def test_k0_runs_without_a_drafter_and_a_cpu_profile_assigns_no_gpus(tmp_path, monkeypatch):
@@ -138,6 +140,10 @@ def test_the_k8s_folder_renders_with_the_plans_replicas_and_environment(tmp_path
         assert env.count((setting, value)) == 1 and [n for n, _ in env].count(setting) == 1  # the overlay's replaced
         assert ("PDSPEC_MODEL__NUM_SPECULATIVE_TOKENS", "3") in env
         assert settings_problems(role, {n: v for n, v in env if v is not None and n.startswith("PDSPEC_")}) == []
+    (proxy,) = deployments["proxy"]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in proxy["env"] if e["name"].startswith("PDSPEC_")}
+    assert json.loads(env["PDSPEC_PROXY__OBSERVABILITY__PLAN_REPLICAS"]) == {"prefill": 2, "decode": 6}
+    assert settings_problems("proxy", env) == []
 
 
 def test_a_k8s_base_without_a_kustomization_is_refused(tmp_path):
