@@ -60,6 +60,14 @@ KV_ROUTING_METRICS = {
     "pdspec_proxy_kv_event_lag_seconds",
     "pdspec_proxy_kv_events_total",
 }
+# The plan's records read what only a proxy given a plan exports (observability.plan_replicas):
+# tests/e2e/test_scaling_signals.py queries them on a real Prometheus scraping one.
+PLAN_RECORDS = {
+    "pdspec:plan_decode_per_prefill:ratio",
+    "pdspec:plan_decode_floor:replicas",
+    "pdspec:plan_prefill_floor:replicas",
+}
+PLAN_METRICS = {"pdspec_plan_replicas"}
 # Alerts provoked below (the rest: promtool test rules, see the README's alert table):
 # NIXL transfer failures (would need a broken NIXL link), the acceptance drop (needs an
 # hour of history), a P/D config mismatch (NIXL refuses such a pair at its handshake).
@@ -135,7 +143,7 @@ def test_every_dashboard_and_rule_expression_returns_data(stack, client, prometh
         if q.source == "alert":
             if result:
                 alerts_now.append((q.name, result))
-        elif not result and q.name not in FAULT_ONLY_PANELS and q.row != KV_ROUTING_ROW:
+        elif not result and q.name not in FAULT_ONLY_PANELS | PLAN_RECORDS and q.row != KV_ROUTING_ROW:
             empty.append(q.name)
     assert not empty, f"expressions with no data after traffic: {empty}"
     assert not alerts_now, f"alerts true on a healthy stack: {alerts_now}"
@@ -148,7 +156,7 @@ def test_every_dashboard_and_rule_expression_returns_data(stack, client, prometh
         names |= metric_names(substitute(q.expr)) - recorded
     missing = [
         n
-        for n in sorted(names - FAULT_ONLY_METRICS - KV_ROUTING_METRICS)
+        for n in sorted(names - FAULT_ONLY_METRICS - KV_ROUTING_METRICS - PLAN_METRICS)
         if not api.query(f'count({{__name__="{n}"}})')
     ]
     assert not missing, f"metrics nobody exports: {missing}"
