@@ -85,7 +85,8 @@ def run_plan(cmd: PlanCommand) -> int:
         f"SLO TTFT p90 {cmd.slo_ttft_p90_ms:g} ms / TPOT p90 {cmd.slo_tpot_p90_ms:g} ms "
         f"(predicted goodput {best.goodput_rps:.3g} req/s)"
     )
-    deployment = emit.Deployment.of(best.layout, best.k, engine, cmd.max_num_seqs, title)
+    longest = max(isl + osl for isl, osl in shapes)
+    deployment = emit.Deployment.of(best.layout, best.k, engine, cmd.max_num_seqs, title, longest)
     try:
         written = emit.write(cmd.emit, deployment, cmd.out, cmd.k8s_base)
     except emit.EmitError as exc:

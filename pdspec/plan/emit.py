@@ -3,7 +3,7 @@
 - **toml**: a `pdspec up` config (`pdspec --config FILE up`): `[prefill]` and `[decode]`
   replicas, the prefill chunk the profile was measured with (`max_num_batched_tokens`), the
   decode batch the plan assumed (`max_num_seqs`), K as `[model] num_speculative_tokens`
-  (K=0: `method = "none"`, no drafter), and for a GPU profile the GPUs split between the
+  (K=0: `method = "none"`, no drafter), the workload's longest request as `max_model_len`, and for a GPU profile the GPUs split between the
   roles (`cuda_visible_devices`: prefill 0..P-1, decode P..G-1; `pdspec up` gives each
   replica one). An aggregated plan is `layout = "colocated"`: `pdspec up` starts one
   colocated server, so the file is one of the plan's G engines (its header says so).
@@ -57,13 +57,29 @@ class Deployment:
     max_num_seqs: int
     on_gpus: bool  # False for a CPU profile: no GPUs to assign
     title: str  # one line for the files' headers: what plan they come from
+    max_model_len: int | None = None  # the workload's longest request (ISL + OSL); None: the model's default
 
     @classmethod
-    def of(cls, layout: Layout, k: int, profile: EngineProfile, max_num_seqs: int, title: str) -> Deployment:
-        return cls(layout, k, profile.prefill.max_num_batched_tokens, max_num_seqs, on_gpus(profile), title)
+    def of(
+        cls,
+        layout: Layout,
+        k: int,
+        profile: EngineProfile,
+        max_num_seqs: int,
+        title: str,
+        longest_request: int | None = None,
+    ) -> Deployment:
+        """`longest_request`: the planned workload's largest ISL + OSL, which the engines
+        must take (`max_model_len`), or they refuse the requests the plan is for."""
+        return cls(
+            layout, k, profile.prefill.max_num_batched_tokens, max_num_seqs, on_gpus(profile), title, longest_request
+        )
 
     def model(self) -> dict[str, object]:
-        return {"method": "none"} if self.k == 0 else {"num_speculative_tokens": self.k}
+        model: dict[str, object] = {"method": "none"} if self.k == 0 else {"num_speculative_tokens": self.k}
+        if self.max_model_len is not None:
+            model["max_model_len"] = self.max_model_len
+        return model
 
     def prefill(self) -> dict[str, object]:
         return {"max_num_batched_tokens": self.max_num_batched_tokens}

@@ -21,9 +21,9 @@ disaggregated (P prefill engines, D decode engines). The model's assumptions:
 - **Colocated engine** (vLLM's chunked prefill): each step runs the decode batch plus
   prompt tokens, FCFS, up to `max_num_batched_tokens - B * (1 + K)` (vLLM charges each
   decoding request its token and its K drafts against the step's budget). A step with both
-  lasts `decode[K].step_ms.at(B) + prefill.step_ms.at(chunk) - prefill.step_ms.at(0)`: the
-  fixed cost of a step (weights read, launch) is counted once, the prefill curve's value at
-  zero tokens standing for it. A request is admitted (KV reserved as above) before its
+  lasts `decode[K].step_ms.at(B) + prefill.step_ms.at(chunk) - prefill.step_ms.intercept()`:
+  the fixed cost of a step (weights read, launch) is counted once, the prefill curve's first
+  segment extended to zero tokens standing for it. A request is admitted (KV reserved as above) before its
   prefill starts; the step that computes its last prompt token emits its first token at its
   end, and it decodes from the next step on (no hand-off): ceil((OSL - 1) /
   tokens_per_step) more steps.
@@ -413,7 +413,7 @@ class _ColocatedEngine(_BatchingEngine):
             return self.decode_ms.at(self.batch) if self.batch else None
         if not self.batch:
             return prefill_ms.at(self._chunk)
-        return self.decode_ms.at(self.batch) + prefill_ms.at(self._chunk) - prefill_ms.at(0)
+        return self.decode_ms.at(self.batch) + prefill_ms.at(self._chunk) - self.fleet.prefill_fixed_ms
 
     def _end_step(self) -> None:
         self.steps += 1
@@ -432,6 +432,7 @@ class _Fleet:
         self.profile, self.k, self.max_num_seqs = profile, k, max_num_seqs
         self.prefill_ms, self.transfer_ms = _Memo(profile.prefill.step_ms), _Memo(profile.transfer_ms)
         self.decode_ms = _Memo(profile.decode[k].step_ms)
+        self.prefill_fixed_ms = profile.prefill.step_ms.intercept()  # a mixed step pays it once
         self.env = simpy.Environment()
         self.prefill = [_PrefillEngine(self) for _ in range(layout.prefill)]
         self.decode = [_DecodeEngine(self) for _ in range(layout.decode)]

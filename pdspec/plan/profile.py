@@ -64,6 +64,14 @@ class Curve(BaseModel):
         y = ya + (yb - ya) * (x - xa) / (xb - xa)
         return max(y, self.points[-1][1]) if x > xs[-1] else y
 
+    def intercept(self) -> float:
+        """y at x = 0 along the first segment, never below 0 (0 for a curve of one point:
+        in proportion to x): the fixed part of a step's cost."""
+        if len(self.points) == 1:
+            return 0.0
+        (xa, ya), (xb, yb) = self.points[0], self.points[1]
+        return max(0.0, ya - (yb - ya) * xa / (xb - xa))
+
 
 class PrefillProfile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -14,9 +14,10 @@ same seed for every trial, so two rates see the same requests) and measures
 `requests_per_trial` of them: those after a margin of as many requests as a loaded fleet
 holds at that rate (rate times a request's time in it, by Little's law), and before as many
 more, so the measured ones meet neither the empty fleet of the start nor the drain of the end.
-The first trial runs at the candidate's throughput bound (`throughput_bound`: what its
-engines can do at most); if that meets the SLO, the bound is the answer; else
-`bisection_steps` halvings of [0, bound] follow. The margins are capped at
+The first trial runs at MAX_UTILIZATION (90%) of the candidate's throughput bound
+(`throughput_bound`: what its engines can do at most; at the bound itself queues grow
+without end); if that meets the SLO, it is the answer; else `bisection_steps` halvings of
+[0, that rate] follow. The margins are capped at
 MAX_MARGIN_TRIALS times the measured requests, which bounds a trial's cost.
 
 What that costs in accuracy: a trial is still a finite run from an empty fleet. Near a
@@ -49,6 +50,7 @@ from pdspec.plan.profile import EngineProfile
 DEFAULT_REQUESTS_PER_TRIAL = 200
 DEFAULT_BISECTION_STEPS = 7  # the rate to within 1/128 of the throughput bound
 MAX_MARGIN_TRIALS = 10  # requests before (and after) the measured ones: at most this many times theirs
+MAX_UTILIZATION = 0.9  # the highest share of its throughput bound a candidate is planned at
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,7 @@ def throughput_bound(
     decode = profile.decode[k]
     decode_s = osl / (batch * decode.tokens_per_step) * decode.step_ms.at(batch) / 1000  # engine time a request
     if layout.is_aggregated:
-        prefill_s = isl / budget * (prefill.step_ms.at(budget) - prefill.step_ms.at(0)) / 1000
+        prefill_s = isl / budget * (prefill.step_ms.at(budget) - prefill.step_ms.intercept()) / 1000
         return layout.colocated / (prefill_s + decode_s)
     prefill_s = isl / budget * prefill.step_ms.at(budget) / 1000
     return min(layout.prefill / prefill_s, layout.decode / decode_s)
@@ -194,12 +196,16 @@ class _RateSearch:
 
     def candidate(self, layout: Layout, k: int) -> Candidate:
         bound = throughput_bound(self.profile, layout, k, self.shapes, self.max_num_seqs)
-        at_bound = self._trial(layout, k, bound)
-        if at_bound.meets(self.slo):
-            limit = f"its throughput bound is {bound:.3g} req/s (both SLOs met there)"
-            return Candidate(layout, k, bound, at_bound, limit)
+        # At the bound a queue grows without end: a finite trial there can pass and still be
+        # a rate no fleet sustains (one of 7P:1D's at its bound met the SLO; 20,000 requests
+        # at it broke the TTFT p90 after about 10,000). The rate found is at most this share.
+        cap = MAX_UTILIZATION * bound
+        at_cap = self._trial(layout, k, cap)
+        if at_cap.meets(self.slo):
+            limit = f"held to {MAX_UTILIZATION:.0%} of its throughput bound {bound:.3g} req/s (both SLOs met there)"
+            return Candidate(layout, k, cap, at_cap, limit)
         low, passed = 0.0, None
-        high, failed = bound, at_bound
+        high, failed = cap, at_cap
         for _ in range(self.bisection_steps):
             middle = (low + high) / 2
             summary = self._trial(layout, k, middle)

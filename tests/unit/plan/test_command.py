@@ -47,8 +47,8 @@ def test_the_plan_names_the_layout_replicas_k_and_the_alternatives(profile_file,
     assert "predicted: " in text and "TTFT p90 " in text and "TPOT p90 " in text
     alternatives = text.split("Alternatives (next best first):\n")[1].splitlines()
     # K=0 ties on goodput (the same prefill bound) and loses on TPOT; the rest say what stops them.
-    assert alternatives[0].startswith("  3P:1D, K=0: as much goodput as the best (5 req/s), at TPOT p90 ")
-    assert all("the best sustains 5 req/s" in line for line in alternatives[1:5])
+    assert alternatives[0].startswith("  3P:1D, K=0: as much goodput as the best (4.5 req/s), at TPOT p90 ")
+    assert all("the best sustains 4.5 req/s" in line for line in alternatives[1:5])
     assert "and 2 more" in text  # 4 layouts x 2 K: the best, 5 shown, 2 counted
     assert f"toml: {out}" in text and "[prefill]\nreplicas = 3" in out.read_text()
 

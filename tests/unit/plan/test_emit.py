@@ -53,6 +53,12 @@ def test_the_toml_is_a_pdspec_up_config_with_the_plans_replicas_k_and_gpus(tmp_p
     assert up.proxy.observability.plan_replicas == {"prefill": 3, "decode": 5}  # exported for autoscalers
 
 
+def test_the_engines_take_the_planned_workloads_longest_request(tmp_path, monkeypatch):
+    longest = emit.Deployment.of(Layout.disaggregated(1, 1), 3, synthetic(), 128, "t", longest_request=2176)
+    up = load_up_config(monkeypatch, emit.write("toml", longest, tmp_path / "plan.toml"))
+    assert up.model.max_model_len == 2176  # ISL 2048 + OSL 128 does not fit the default 2048
+
+
 def test_k0_runs_without_a_drafter_and_a_cpu_profile_assigns_no_gpus(tmp_path, monkeypatch):
     path = emit.write("toml", deployment(Layout.disaggregated(1, 1), k=0, profile=CPU_PROFILE), tmp_path / "p.toml")
     up = load_up_config(monkeypatch, path)

@@ -65,7 +65,7 @@ def test_a_colocated_step_pays_the_fixed_cost_once_and_a_prompt_joins_at_the_nex
     boundary = PREFILL.at(100)
     while boundary < 1000:
         boundary += DECODE0.at(1)
-    mixed_step = DECODE0.at(1) + PREFILL.at(500) - PREFILL.at(0)
+    mixed_step = DECODE0.at(1) + PREFILL.at(500) - PREFILL.intercept()
     outcome = run.outcomes[1]
     assert ms(outcome.first_token_s) == pytest.approx(boundary + mixed_step)
     assert ms(outcome.tpot_s) == pytest.approx(DECODE0.at(2))  # its one more token, in a batch of two

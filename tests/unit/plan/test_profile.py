@@ -32,6 +32,12 @@ def test_a_curve_is_linear_between_points_and_follows_its_last_segment_past_them
     assert Curve(points=[(100, 10)]).at(300) == pytest.approx(30)  # one point: in proportion
 
 
+def test_a_curves_fixed_part_is_its_first_segment_extended_to_zero():
+    assert Curve(points=[(64, 10.28), (128, 14.73), (512, 46.09)]).intercept() == pytest.approx(5.83)
+    assert Curve(points=[(10, 1), (20, 10)]).intercept() == 0  # never below zero
+    assert Curve(points=[(100, 10)]).intercept() == 0  # one point: in proportion to x
+
+
 def test_points_must_increase_in_x():
     with pytest.raises(ValueError):
         Curve(points=[(8, 1), (4, 2)])
