@@ -213,8 +213,10 @@ class WorkerSettings(BaseModel):
         None,
         description="Where vLLM and torch inductor keep their caches (VLLM_CACHE_ROOT: the model classes' "
         "inspection, compiled graphs; TORCHINDUCTOR_CACHE_DIR), which a later start reuses: on two CPU cores a "
-        "worker that finds the model inspection cached starts about 15 s sooner. Several workers and runs may "
-        "share one folder (vLLM writes its entries atomically). Unset: <run_dir>/<role>/.",
+        "worker that finds the model inspection cached starts about 15 s sooner. Eager workers (enforce_eager) may "
+        "share one folder across workers and runs (vLLM writes the model-inspection entries atomically); compiling "
+        "workers should not start together on one folder (vLLM writes its compile cache's files in place). "
+        "Unset: <run_dir>/<role>/.",
     )
     replicas: int = Field(
         1,
@@ -490,8 +492,8 @@ class ObservabilitySettings(BaseModel):
     plan_replicas: dict[Literal["prefill", "decode"], Annotated[int, Field(ge=1)]] | None = Field(
         None,
         description="The fleet planner's replicas per role (`pdspec plan --emit` writes them), exported as "
-        "pdspec_plan_replicas{role} for autoscalers: the scaling components of deploy/k8s keep each role at least "
-        "the plan's ratio of the other. Unset: not exported.",
+        "pdspec_plan_replicas{role} for autoscalers: the scaling components of deploy/k8s keep the decode workers "
+        "at least at the plan's ratio of the prefill workers. Unset: not exported.",
     )
 
 

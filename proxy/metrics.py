@@ -306,7 +306,7 @@ class ProxyMetrics:
             plan_replicas=Gauge(
                 "pdspec_plan_replicas",
                 "The fleet planner's replicas per role, as the proxy was given them (observability.plan_replicas; "
-                "absent when none were): the autoscalers' bound on one role's count against the other's.",
+                "absent when none were): the autoscalers keep the decode workers at least at its ratio of the prefill workers.",
                 ["role"],
                 registry=registry,
                 multiprocess_mode="livemax",

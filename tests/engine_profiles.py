@@ -1,6 +1,6 @@
 """Synthetic engine profiles for the planner's unit tests (tests/unit/plan/): made-up curves
-built in the test, never a measured profile (none ships yet, and a test must not move when
-one is added or re-measured), each shaped so a test's expectation can be worked out by hand."""
+built in the test, never a measured one (a test must not move when a shipped profile is
+added or re-measured), each shaped so a test's expectation can be worked out by hand."""
 
 from __future__ import annotations
 

@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> dict:
     shipped = profiles.shipped()
     profile = profiles.load(shipped.get(args.profile) or Path(args.profile))
     layout = layout_of(args.layout)
+    if args.k not in profile.decode:
+        raise SystemExit(f"{args.profile} has no decode curve for K={args.k} (it has K={sorted(profile.decode)})")
     rows = []
     for path in args.results:
         results = json.loads(path.read_text())

@@ -41,6 +41,7 @@ DEFAULT_OUT = {
 }
 K8S_OVERLAYS = Path("deploy/k8s/overlays")
 COMPOSE_SERVICES = {"cpu": ("prefill", "decode"), "gpu": ("prefill-gpu", "decode-gpu")}
+COMPOSE_PROXY = {"cpu": "proxy", "gpu": "proxy-gpu"}
 
 
 class EmitError(ValueError):
@@ -179,6 +180,10 @@ def compose(deployment: Deployment, path: Path) -> str:
     ):
         lines += [f"  {service}:", f"    scale: {replicas}", "    environment:"]
         lines += [f"      {name}: {json.dumps(value)}" for name, value in _environment(deployment, settings).items()]
+    # The proxy exports the plan (pdspec_plan_replicas) for autoscalers to keep its ratio.
+    plan = json.dumps({"prefill": layout.prefill, "decode": layout.decode})
+    lines += [f"  {COMPOSE_PROXY[profile]}:", "    environment:"]
+    lines += [f"      PDSPEC_PROXY__OBSERVABILITY__PLAN_REPLICAS: {json.dumps(plan)}"]
     return "\n".join(lines) + "\n"
 
 

@@ -21,7 +21,7 @@ def render(plan: Plan, slo: Slo, context: str) -> str:
     ]
     if best.summary is None:
         lines.append(
-            f"No layout meets the SLO at any rate tried; the closest: {best.layout}, K={best.k}: {best.limit}."
+            f"No layout meets the SLO at any rate tried; the first tried: {best.layout}, K={best.k}: {best.limit}."
         )
         return "\n".join(lines) + "\n"
     lines += [

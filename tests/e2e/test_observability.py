@@ -65,7 +65,6 @@ KV_ROUTING_METRICS = {
 PLAN_RECORDS = {
     "pdspec:plan_decode_per_prefill:ratio",
     "pdspec:plan_decode_floor:replicas",
-    "pdspec:plan_prefill_floor:replicas",
 }
 PLAN_METRICS = {"pdspec_plan_replicas"}
 # Alerts provoked below (the rest: promtool test rules, see the README's alert table):

@@ -105,7 +105,7 @@ def test_an_emit_the_layout_cannot_express_prints_the_plan_then_says_why(tmp_pat
     assert "compose has no colocated workers" in captured.err and not (tmp_path / "o.yml").exists()
 
 
-def test_a_slo_nothing_meets_prints_the_closest_and_exits_1(profile_file, tmp_path, capsys):
+def test_a_slo_nothing_meets_says_so_and_exits_1(profile_file, tmp_path, capsys):
     argv = [a if a != "10000" else "1" for a in ARGS]  # TTFT p90 <= 1 ms
     assert pdspec("--profile", profile_file, *argv, "--emit", "toml", "--out", tmp_path / "x.toml") == 1
     captured = capsys.readouterr()

@@ -93,7 +93,11 @@ def compose_config(override) -> dict:
 def test_the_compose_override_scales_the_cpu_services_with_settings_pdspec_accepts(tmp_path):
     override = emit.write("compose", deployment(Layout.disaggregated(2, 3), profile=CPU_PROFILE), tmp_path / "o.yml")
     named = set(yaml.safe_load(override.read_text())["services"])
-    assert named == {"prefill", "decode"} <= set(yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"])
+    assert (
+        named
+        == {"prefill", "decode", "proxy"}
+        <= set(yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"])
+    )
     services = compose_config(override)
     assert (services["prefill"]["scale"], services["decode"]["scale"]) == (2, 3)
     assert services["prefill"]["environment"]["PDSPEC_WORKER__MAX_NUM_BATCHED_TOKENS"] == "512"
@@ -101,6 +105,9 @@ def test_the_compose_override_scales_the_cpu_services_with_settings_pdspec_accep
     for name in ("prefill", "decode"):
         assert services[name]["environment"]["PDSPEC_WORKER__HOST"] == "0.0.0.0"  # the file's own, kept
         assert settings_problems(name, services[name]["environment"]) == []
+    plan = services["proxy"]["environment"]["PDSPEC_PROXY__OBSERVABILITY__PLAN_REPLICAS"]
+    assert json.loads(plan) == {"prefill": 2, "decode": 3}  # exported for autoscalers
+    assert settings_problems("proxy", services["proxy"]["environment"]) == []
 
 
 def test_the_compose_override_of_a_gpu_plan_uses_the_gpu_services_and_refuses_shared_gpus(tmp_path):

@@ -6,12 +6,16 @@ routing notes (kv_routed_ttl_s); the events themselves are tested in test_kv_sub
 and with real workers in tests/e2e/test_kv_routing.py."""
 
 import json
+import types
 
 import httpx
 import pytest
 
+from pdspec.settings import RoutingSettings
 from proxy.fleet.pool import CHURN_HALF_LIFE_S, DecayingSum, Worker
-from proxy.routing.kv_events import Stored
+from proxy.metrics import ProxyMetrics
+from proxy.routing.kv_events import Cleared, Stored
+from proxy.routing.kv_router import KvRouter
 from tests.harness import merged, wait_for
 from tests.proxy_cluster import Fleet, sample
 from tests.standin import StandinBehaviour, decode_legs
@@ -295,13 +299,6 @@ def test_every_count_the_router_exports_is_a_declared_kind():
 
 
 def test_the_index_gauge_of_a_worker_whose_cache_was_cleared_falls_to_zero():
-    import types
-
-    from pdspec.settings import RoutingSettings
-    from proxy.metrics import ProxyMetrics
-    from proxy.routing.kv_events import Cleared
-    from proxy.routing.kv_router import KvRouter
-
     metrics = ProxyMetrics.create()
     router = KvRouter(RoutingSettings(prefill_policy="kv_aware"), None, None, None, metrics)
     url = "http://w"
