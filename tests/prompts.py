@@ -7,6 +7,8 @@ import uuid
 
 import httpx
 
+from pdspec.models.corpus import HELD_OUT_PROMPTS
+
 COMPLETION_PROMPTS = [
     "def read_config(path):\n    with open(path) as",
     "import os\nimport sys\n\n\nclass",
@@ -101,15 +103,9 @@ def completion_outputs(client: httpx.Client, base_url: str, stream: bool) -> lis
     return outputs
 
 
-# Held-out prompts for acceptance: code-like text the models never trained on verbatim.
-ACCEPTANCE_PROMPTS = [
-    'def load_settings(filename):\n    """Read the settings file and return a dict."""\n',
-    "class Cache(object):\n    def __init__(self, size):\n        self.size = size\n",
-    "import re\nimport os\n\n\ndef find_files(pattern, root):\n",
-    "    if not isinstance(value, str):\n        raise TypeError(",
-    "# The following functions handle the conversion of\n# values between the two formats.\n\n",
-    "def parse_args(argv=None):\n    parser = argparse.ArgumentParser(",
-]
+# Held-out prompts for acceptance: code-like text the models never trained on verbatim
+# (the six the reference outputs have always been taken on).
+ACCEPTANCE_PROMPTS = list(HELD_OUT_PROMPTS[:6])
 ACCEPTANCE_MAX_TOKENS = 64
 
 

@@ -29,62 +29,19 @@ import json
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
-from loadtest.engine_bench.engines import add_engine_arguments, delta, plugin_engine, prefill_worker_engine
+from loadtest.engine_bench.engines import (
+    add_engine_arguments,
+    decode_worker_engine,
+    delta,
+    plugin_engine,
+    prefill_worker_engine,
+)
 from loadtest.engine_bench.prefill_bench import engine_features, timed_rep
+from pdspec.models.corpus import HELD_OUT_PROMPTS
 from pdspec.plan.profile import SCHEMA, EngineProfile
-
-# The local model is trained on Python sources: its drafter is accepted on code.
-CODE_PROMPTS = [
-    'def load_settings(filename):\n    """Read the settings file and return a dict."""\n',
-    "class Cache(object):\n    def __init__(self, size):\n        self.size = size\n",
-    "import re\nimport os\n\n\ndef find_files(pattern, root):\n",
-    "    if not isinstance(value, str):\n        raise TypeError(",
-    "# The following functions handle the conversion of\n# values between the two formats.\n\n",
-    "def parse_args(argv=None):\n    parser = argparse.ArgumentParser(",
-    "    for key, value in sorted(items.items()):\n",
-    "class Node:\n    def __init__(self, value, children=None):\n",
-]
-
-
-def decode_worker_engine(args: argparse.Namespace, k: int) -> dict[str, Any]:
-    """`plugin_engine` keyword arguments for a decode worker's engine with draft length `k`
-    (0: no drafter): vLLM's options from pdspec's launcher (`engine_options("decode", ...)`,
-    NixlConnector `kv_consumer`) and the worker's environment."""
-    from pdspec.settings import DecodeWorkerSettings, ModelSettings
-    from pdspec.worker.launch import SERVER_OPTIONS, engine_options, is_cpu_build, worker_env
-
-    cpu = is_cpu_build()
-    model = ModelSettings(
-        target=args.target,
-        drafter=args.drafter,
-        method=args.method if k > 0 else "none",
-        num_speculative_tokens=max(k, 1),
-        max_model_len=args.max_model_len,
-        models_dir=args.models_dir,
-    )
-    worker = DecodeWorkerSettings(
-        enforce_eager=args.eager,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_seqs=max(args.batch),
-        side_channel_port=5620,
-        kv_events_port=5680,
-    )
-    options = {key: v for key, v in engine_options("decode", model, worker, cpu).items() if key not in SERVER_OPTIONS}
-    if args.dummy:
-        options.update(load_format="dummy", skip_tokenizer_init=True)
-    env = worker_env("decode", worker, Path(tempfile.gettempdir()), cpu)
-    kept = (
-        "VLLM_NIXL_SIDE_CHANNEL_HOST",
-        "VLLM_NIXL_SIDE_CHANNEL_PORT",
-        "PDSPEC_NIXL_PROGRESS_DELAY_US",
-        "PDSPEC_ROLE",
-    )
-    return {**options, "method": model.method, "k": k, "env": {key: env[key] for key in kept if key in env}}
 
 
 def prefill_point(args: argparse.Namespace, mbt: int) -> tuple[int, float, dict[str, str]]:
@@ -110,7 +67,7 @@ def decode_prompts(args: argparse.Namespace, batch: int, rng: random.Random) -> 
 
     if args.dummy:
         return [TokensPrompt(prompt_token_ids=[rng.randrange(10, args.vocab) for _ in range(32)]) for _ in range(batch)]
-    return [CODE_PROMPTS[i % len(CODE_PROMPTS)] + f"# {i}\n" for i in range(batch)]
+    return [HELD_OUT_PROMPTS[i % len(HELD_OUT_PROMPTS)] + f"# {i}\n" for i in range(batch)]
 
 
 def timed_generate(engine, prompts: list, max_tokens: int) -> tuple[float, dict[str, float]]:

@@ -202,6 +202,21 @@ def plugin_engine(
 BENCH_KV_LEASE_S = 0
 
 
+def worker_engine_options(role: str, model, worker, dummy: bool, kept_env: tuple[str, ...]) -> tuple[dict, dict]:
+    """vLLM's engine options of a `role` worker as pdspec's launcher sets them
+    (`engine_options`, less the API server's own), random weights with `dummy`, and the
+    variables of `kept_env` from the worker's environment (`worker_env`): what an
+    in-process engine built as that worker needs."""
+    from pdspec.worker.launch import SERVER_OPTIONS, engine_options, is_cpu_build, worker_env
+
+    cpu = is_cpu_build()
+    options = {k: v for k, v in engine_options(role, model, worker, cpu).items() if k not in SERVER_OPTIONS}
+    if dummy:
+        options.update(load_format="dummy", skip_tokenizer_init=True)
+    env = worker_env(role, worker, Path(tempfile.gettempdir()), cpu)
+    return options, {k: env[k] for k in kept_env if k in env}
+
+
 def prefill_worker_engine(
     args: argparse.Namespace, mbt: int, max_model_len: int, method: str | None = None, side_channel_port: int = 5600
 ) -> dict[str, Any]:
@@ -211,10 +226,8 @@ def prefill_worker_engine(
     delay, KV-only switch), requests that ask for a remote decode, and the KV released
     at once (`BENCH_KV_LEASE_S`). `method="none"`: the same worker with no drafter."""
     from pdspec.settings import ModelSettings, PrefillWorkerSettings
-    from pdspec.worker.launch import SERVER_OPTIONS, engine_options, is_cpu_build, worker_env
     from proxy.apis.legs import PREFILL_KV_REQUEST
 
-    cpu = is_cpu_build()
     model = ModelSettings(
         target=args.target,
         drafter=args.drafter,
@@ -231,14 +244,6 @@ def prefill_worker_engine(
         # Its own KV-event ports too (a worker publishes them): two engines run in one benchmark.
         kv_events_port=side_channel_port + 50,
     )
-    options = {k: v for k, v in engine_options("prefill", model, worker, cpu).items() if k not in SERVER_OPTIONS}
-    options["kv_transfer_config"] = {
-        **options["kv_transfer_config"],
-        "kv_connector_extra_config": {"kv_lease_duration": BENCH_KV_LEASE_S},
-    }
-    if args.dummy:
-        options.update(load_format="dummy", skip_tokenizer_init=True)
-    env = worker_env("prefill", worker, Path(tempfile.gettempdir()), cpu)
     kept = (
         "VLLM_NIXL_SIDE_CHANNEL_HOST",
         "VLLM_NIXL_SIDE_CHANNEL_PORT",
@@ -248,12 +253,43 @@ def prefill_worker_engine(
         "PDSPEC_ROLE",
         "VLLM_CPU_KVCACHE_SPACE",
     )
-    return {
-        **options,
-        "method": model.method,
-        "env": {k: env[k] for k in kept if k in env},
-        "kv_transfer_params": dict(PREFILL_KV_REQUEST),
+    options, env = worker_engine_options("prefill", model, worker, args.dummy, kept)
+    options["kv_transfer_config"] = {
+        **options["kv_transfer_config"],
+        "kv_connector_extra_config": {"kv_lease_duration": BENCH_KV_LEASE_S},
     }
+    return {**options, "method": model.method, "env": env, "kv_transfer_params": dict(PREFILL_KV_REQUEST)}
+
+
+def decode_worker_engine(args: argparse.Namespace, k: int) -> dict[str, Any]:
+    """`plugin_engine` keyword arguments for a decode worker's engine with draft length `k`
+    (0: no drafter): vLLM's options from pdspec's launcher (`engine_options("decode", ...)`,
+    NixlConnector `kv_consumer`) and the worker's environment."""
+    from pdspec.settings import DecodeWorkerSettings, ModelSettings
+
+    model = ModelSettings(
+        target=args.target,
+        drafter=args.drafter,
+        method=args.method if k > 0 else "none",
+        num_speculative_tokens=max(k, 1),
+        max_model_len=args.max_model_len,
+        models_dir=args.models_dir,
+    )
+    worker = DecodeWorkerSettings(
+        enforce_eager=args.eager,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=max(args.batch),
+        side_channel_port=5620,
+        kv_events_port=5680,
+    )
+    kept = (
+        "VLLM_NIXL_SIDE_CHANNEL_HOST",
+        "VLLM_NIXL_SIDE_CHANNEL_PORT",
+        "PDSPEC_NIXL_PROGRESS_DELAY_US",
+        "PDSPEC_ROLE",
+    )
+    options, env = worker_engine_options("decode", model, worker, args.dummy, kept)
+    return {**options, "method": model.method, "k": k, "env": env}
 
 
 def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:

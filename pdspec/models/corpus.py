@@ -10,6 +10,20 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
+# Held-out prompts of the corpus's kind (Python code the models never trained on verbatim),
+# on which the local drafter is accepted: the e2e acceptance checks take the first six
+# (tests/prompts.py), the engine profile tool all of them (loadtest.engine_profile).
+HELD_OUT_PROMPTS = (
+    'def load_settings(filename):\n    """Read the settings file and return a dict."""\n',
+    "class Cache(object):\n    def __init__(self, size):\n        self.size = size\n",
+    "import re\nimport os\n\n\ndef find_files(pattern, root):\n",
+    "    if not isinstance(value, str):\n        raise TypeError(",
+    "# The following functions handle the conversion of\n# values between the two formats.\n\n",
+    "def parse_args(argv=None):\n    parser = argparse.ArgumentParser(",
+    "    for key, value in sorted(items.items()):\n",
+    "class Node:\n    def __init__(self, value, children=None):\n",
+)
+
 
 def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])

@@ -5,7 +5,7 @@ says with what command)."""
 
 import argparse
 
-from loadtest.engine_bench import engine_profile
+from loadtest.engine_bench import engine_profile, engines
 from pdspec.plan import profile
 
 
@@ -25,7 +25,7 @@ def args(**overrides) -> argparse.Namespace:
 
 
 def test_a_decode_engine_is_a_decode_workers_with_the_k_asked_for():
-    engine = engine_profile.decode_worker_engine(args(), 3)
+    engine = engines.decode_worker_engine(args(), 3)
     assert engine["kv_transfer_config"]["kv_role"] == "kv_consumer"
     assert engine["speculative_config"]["num_speculative_tokens"] == 3 and engine["k"] == 3
     assert engine["max_num_seqs"] == 32 and engine["enforce_eager"] is True
@@ -33,7 +33,7 @@ def test_a_decode_engine_is_a_decode_workers_with_the_k_asked_for():
 
 
 def test_k_0_is_a_decode_worker_without_a_drafter():
-    engine = engine_profile.decode_worker_engine(args(), 0)
+    engine = engines.decode_worker_engine(args(), 0)
     assert engine["method"] == "none" and "speculative_config" not in engine
     assert engine["kv_transfer_config"]["kv_role"] == "kv_consumer"
 
