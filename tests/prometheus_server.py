@@ -116,6 +116,22 @@ class PrometheusServer:
             time.sleep(0.2)  # poll interval
         raise RuntimeError("prometheus not ready in time")
 
+    def start_scraping(self, proxy_url: str, prefill_urls: list[str], decode_urls: list[str]) -> None:
+        """Start, scraping a proxy and its workers (jobs pdspec-proxy, -prefill, -decode), and
+        return once every one of them was scraped up."""
+        targets = {
+            "pdspec-proxy": [proxy_url],
+            "pdspec-prefill": list(prefill_urls),
+            "pdspec-decode": list(decode_urls),
+        }
+        self.start({job: [url.removeprefix("http://") for url in urls] for job, urls in targets.items()})
+        count = sum(map(len, targets.values()))
+        self.wait_for(
+            'count(up{job=~"pdspec-.*"} == 1)',
+            lambda r: r and float(r[0]["value"][1]) == count,
+            what=f"all {count} targets scraped",
+        )
+
     def wait_for(self, expr: str, predicate, timeout_s: float = 60, what: str = ""):
         """Polls an instant query until `predicate(result)` holds; returns the result."""
         deadline = time.monotonic() + timeout_s

@@ -78,19 +78,7 @@ def prometheus(stack, tmp_path_factory):
     # modules' tests sent requests straight to the prefill worker (K>0 under auto, a
     # real alert); a server scraping since the first test would still hold those rates.
     server = PrometheusServer(tmp_path_factory.mktemp("prometheus"), unused_port(18950, 18969))
-    host = lambda url: url.removeprefix("http://")  # noqa: E731
-    server.start(
-        {
-            "pdspec-proxy": [host(stack.proxy_url)],
-            "pdspec-prefill": [host(stack.prefill_url)],
-            "pdspec-decode": [host(stack.decode_url)],
-        }
-    )
-    server.wait_for(
-        'count(up{job=~"pdspec-.*"} == 1)',
-        lambda r: r and float(r[0]["value"][1]) == 3,
-        what="all three targets scraped",
-    )
+    server.start_scraping(stack.proxy_url, [stack.prefill_url], [stack.decode_url])
     yield server
     server.stop()
 

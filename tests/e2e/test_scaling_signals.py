@@ -40,15 +40,7 @@ def plan_proxy(stack):
 @pytest.fixture(scope="module")
 def prometheus(stack, plan_proxy, tmp_path_factory):
     server = PrometheusServer(tmp_path_factory.mktemp("prometheus"), unused_port(18950, 18969))
-    host = lambda url: url.removeprefix("http://")  # noqa: E731
-    server.start(
-        {
-            "pdspec-proxy": [host(plan_proxy.url)],
-            "pdspec-prefill": [host(stack.prefill_url)],
-            "pdspec-decode": [host(stack.decode_url)],
-        }
-    )
-    server.wait_for('count(up{job=~"pdspec-.*"} == 1)', lambda r: r and float(r[0]["value"][1]) == 3, what="targets")
+    server.start_scraping(plan_proxy.url, [stack.prefill_url], [stack.decode_url])
     yield server
     server.stop()
 

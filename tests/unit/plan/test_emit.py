@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 
 import pytest
@@ -22,6 +21,7 @@ from pdspec.supervisor import replica_settings
 from tests import dockerhost
 from tests.deploy_wiring import ROOT, settings_problems
 from tests.engine_profiles import synthetic
+from tests.k8s_render import kustomize
 
 GPU_PROFILE = synthetic(gpu="h200", budget=2048)
 CPU_PROFILE = synthetic(gpu="cpu-2core", budget=512, prefill=[(16, 10.0), (512, 40.0)])
@@ -125,14 +125,6 @@ def test_compose_and_k8s_have_no_colocated_workers(tmp_path, kind):
     with pytest.raises(emit.EmitError, match="no colocated workers"):
         emit.write(kind, deployment(Layout.aggregated(2)), tmp_path / kind)
     assert not (tmp_path / kind).exists()
-
-
-def kustomize(folder) -> list[dict]:
-    kubectl = shutil.which("kubectl")
-    assert kubectl, "kubectl is needed to render the emitted kustomization (kubectl kustomize)"
-    out = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True)
-    assert out.returncode == 0, f"kubectl kustomize {folder} failed:\n{out.stderr}"
-    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 
 
 @pytest.mark.parametrize("profile, overlay", [(GPU_PROFILE, "gpu-1p1d"), (CPU_PROFILE, "cpu")], ids=["gpu-1p1d", "cpu"])
