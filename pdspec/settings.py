@@ -792,6 +792,15 @@ class PlanCommand(_Base):
     max_num_seqs: int = Field(
         256, ge=1, description="Requests one engine batches at most (vLLM's max_num_seqs), in the model and the output."
     )
+    acceptance_rate: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Each draft's chance of acceptance on your prompts (given the drafts before it were accepted): "
+        "each K's tokens per step become (1 - a^(K+1)) / (1 - a) instead of the profile's measured ones. Needed with "
+        "profiles measured on random weights (their drafts are all rejected: 1.0 at every K); vLLM's "
+        "spec-decode metrics on a running decode worker give it (accepted drafts per position).",
+    )
     requests_per_trial: int = Field(
         200,
         ge=10,

@@ -4,17 +4,28 @@
 - **prefill**: a prefill worker's engine (K=0 proposals, KV-only drafter pass, NixlConnector
   `kv_producer`, KV released at once: `prefill_bench --as-prefill-worker`'s engine), one per
   `--prefill-mbt` value; prompts as long as the budget, so every step is full: the step's
-  time is the budget over the measured prompt tokens/s;
+  time is the budget over the measured prompt tokens/s. With `--prefill-one-engine`, one
+  engine of the largest budget instead, taking one prompt a step (`max_num_seqs` 1), each
+  prompt as long as the point's budget: an engine start per point costs more than a GPU
+  call can spare (about 40 s each on the H200), and a step's time depends on its tokens,
+  not on the budget it was allowed;
 - **decode**, for each `--k` (0: no drafter): a decode worker's engine (its launcher's
   options, NixlConnector `kv_consumer`, requests without KV parameters), a batch of B code
   prompts (the local model's own kind of text; random token ids on `--dummy` shapes) each
-  decoding `--output-tokens` tokens, for each B of `--batch`: a request's tokens per step
+  decoding `--output-tokens` tokens, for each B of `--batch` (on `--dummy` shapes each prompt is
+  `--decode-context` random ids: a step's attention grows with the context): a request's tokens per step
   are 1 + accepted drafts / drafts (vLLM's own spec-decode counters), and a step's time is
   the decode's time (the same batch with max_tokens 1 subtracted: the prefill) over the
   steps a request took;
 - **transfer**: not measured here (it needs a P/D pair): `--transfer POINT ...` gives it,
   each `TOKENS:MS` from a hand-off probe (`loadtest.handoff_probe`), and `measured` names it;
-- **kv_tokens**: the decode engine's KV blocks times its block size.
+- **kv_tokens**: the decode engine's KV blocks times its block size, or `--kv-tokens` with
+  `--kv-tokens-source` saying where that figure comes from (engines measured at a part of
+  the GPU hold less than a worker given the whole GPU).
+
+Acceptance on `--dummy` shapes: random drafter weights have every draft rejected, so each
+K measures 1.0 tokens a step; the step times are real. `pdspec plan --acceptance-rate`
+gives the acceptance of the user's own drafter and prompts (pdspec/plan/profile.py).
 
 Every measured point is the median of `--reps` runs. Writes the profile JSON to `--out` and
 prints it. Failure policy: an engine that does not start, or a counter that does not move
@@ -62,11 +73,40 @@ def prefill_point(args: argparse.Namespace, mbt: int) -> tuple[int, float, dict[
     return mbt, step_ms, features
 
 
+def prefill_points_one_engine(args: argparse.Namespace) -> tuple[list[tuple[int, float]], dict[str, str]]:
+    """([(tokens, a step's ms)], the engine's features): one prefill worker's engine of the
+    largest budget, one prompt a step (`max_num_seqs` 1), each point's prompts as long as
+    its budget, so each step holds exactly that many tokens."""
+    rng = random.Random(0)
+    mbt = max(args.prefill_mbt)
+    engine_args = prefill_worker_engine(args, mbt, mbt + 16)
+    engine_args["max_num_seqs"] = 1
+    points = []
+    with plugin_engine(**engine_args) as engine:
+        features = engine_features(engine)
+
+        def prompts(tokens: int) -> list[list[int]]:  # fresh ids each run: no prefix-cache hit
+            return [[rng.randrange(10, args.vocab) for _ in range(tokens)] for _ in range(args.prefill_prompts)]
+
+        timed_rep(engine, prompts(mbt)[:2], "auto")  # warm-up
+        for tokens in sorted(args.prefill_mbt):
+            rates = [timed_rep(engine, prompts(tokens), "auto")[0] for _ in range(args.reps)]
+            points.append((tokens, 1000 * tokens / statistics.median(rates)))
+            print(
+                f"prefill {tokens} tokens a step: {statistics.median(rates):,.0f} tok/s, {points[-1][1]:.2f} ms",
+                flush=True,
+            )
+    return points, features
+
+
 def decode_prompts(args: argparse.Namespace, batch: int, rng: random.Random) -> list:
     from vllm import TokensPrompt
 
     if args.dummy:
-        return [TokensPrompt(prompt_token_ids=[rng.randrange(10, args.vocab) for _ in range(32)]) for _ in range(batch)]
+        context = args.decode_context
+        return [
+            TokensPrompt(prompt_token_ids=[rng.randrange(10, args.vocab) for _ in range(context)]) for _ in range(batch)
+        ]
     return [HELD_OUT_PROMPTS[i % len(HELD_OUT_PROMPTS)] + f"# {i}\n" for i in range(batch)]
 
 
@@ -138,14 +178,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--prefill-mbt", type=int, nargs="+", default=[64, 128, 256, 512])
+    parser.add_argument(
+        "--prefill-one-engine", action="store_true", help="one prefill engine of the largest budget, a prompt a step"
+    )
     parser.add_argument("--prefill-prompts", type=int, default=8)
     parser.add_argument("--prefill-steps-per-prompt", type=int, default=2)
+    parser.add_argument("--decode-context", type=int, default=32, help="--dummy: each decode prompt's random ids")
     parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--kv-tokens", type=int, help="one engine's KV room, instead of the decode engines' own")
+    parser.add_argument("--kv-tokens-source", help="where --kv-tokens comes from (required with it)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--transfer", nargs="+", required=True, metavar="TOKENS:MS", help="measured KV hand-off times")
     parser.add_argument("--transfer-source", required=True, help="where the transfer points were measured")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.kv_tokens is not None and not args.kv_tokens_source:
+        parser.error("--kv-tokens needs --kv-tokens-source")
     args.as_prefill_worker = True
     args.k = max(args.ks) or 1
     target = Path(args.target or args.models_dir / "target")
@@ -158,8 +206,11 @@ def main(argv: list[str] | None = None) -> EngineProfile:
     import vllm
 
     started = time.strftime("%Y-%m-%d")
-    prefill = [prefill_point(args, mbt) for mbt in sorted(args.prefill_mbt)]
-    features = prefill[-1][2]
+    if args.prefill_one_engine:
+        prefill_steps, features = prefill_points_one_engine(args)
+    else:
+        prefill = [prefill_point(args, mbt) for mbt in sorted(args.prefill_mbt)]
+        prefill_steps, features = [(mbt, ms) for mbt, ms, _ in prefill], prefill[-1][2]
     if not str(features.get("kv_only_pass", "")).startswith("on") and args.method == "eagle3":
         print(f"warning: the prefill engines ran without the KV-only pass: {features}", file=sys.stderr)
     decode, kv_tokens = {}, None
@@ -168,6 +219,10 @@ def main(argv: list[str] | None = None) -> EngineProfile:
         rounded = [(batch, round(ms, 3)) for batch, ms in points]
         decode[k] = {"step_ms": {"points": rounded}, "tokens_per_step": round(tokens_per_step, 3)}
         kv_tokens = kv if kv_tokens is None else min(kv_tokens, kv)
+    kv_note = ""
+    if args.kv_tokens is not None:
+        kv_note = f"; kv_tokens {args.kv_tokens:,} ({args.kv_tokens_source}; the decode engines held {kv_tokens:,})"
+        kv_tokens = args.kv_tokens
     command = "python -m loadtest.engine_profile " + " ".join(sys.argv[1:] if argv is None else argv)
     profile = EngineProfile.model_validate(
         {
@@ -176,10 +231,10 @@ def main(argv: list[str] | None = None) -> EngineProfile:
             "drafter": args.drafter_name or f"{args.method} ({args.drafter or 'local'})",
             "gpu": args.gpu,
             "vllm_version": vllm.__version__,
-            "measured": f"{started}: {command}; prefill engine features {features}; transfer: {args.transfer_source}",
+            "measured": f"{started}: {command}; prefill engine features {features}; transfer: {args.transfer_source}{kv_note}",
             "prefill": {
                 "max_num_batched_tokens": max(args.prefill_mbt),
-                "step_ms": {"points": [(mbt, round(ms, 3)) for mbt, ms, _ in prefill]},
+                "step_ms": {"points": [(tokens, round(ms, 3)) for tokens, ms in prefill_steps]},
             },
             "decode": decode,
             "transfer_ms": {"points": transfer_points(args.transfer)},

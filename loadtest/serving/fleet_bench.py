@@ -12,7 +12,8 @@ the GPU's memory and the engines start together: `pdspec up` starts workers of a
 size side by side), or one already running (`--attach`). In front of the same workers,
 one proxy per pdspec policy, and vLLM's Rust router with `--vllm-router CMD`:
 - `round_robin`, `least_outstanding`, `prefix_affinity` (pdspec's default), `kv_aware`
-  (both pools), `kv_aware_conditional` (kv_aware with conditional disaggregation);
+  (both pools), `kv_aware_prefill` (kv_aware on the prefill pool, least_outstanding on the
+  decode pool), `kv_aware_conditional` (kv_aware with conditional disaggregation);
 - `colocated_kv_aware`: every worker, prefill and decode alike, as a colocated server
   behind kv_aware: its decode pool is the whole fleet and every prompt is prefilled where
   it is decoded (conditional disaggregation with no length limit), so the same engines on
@@ -62,6 +63,7 @@ POLICIES: dict[str, dict] = {
     "least_outstanding": {"routing": {"prefill_policy": "least_outstanding", "decode_policy": "least_outstanding"}},
     "prefix_affinity": {"routing": {"prefill_policy": "prefix_affinity", "decode_policy": "least_outstanding"}},
     "kv_aware": {"routing": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware"}},
+    "kv_aware_prefill": {"routing": {"prefill_policy": "kv_aware", "decode_policy": "least_outstanding"}},
     "kv_aware_conditional": {
         "routing": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware", "disaggregation": "conditional"}
     },
@@ -76,7 +78,7 @@ POLICIES: dict[str, dict] = {
 }
 COLOCATED = "colocated_kv_aware"
 # The policies whose proxy keeps a cache index (subscribed to every worker's KV events).
-INDEXED = ("kv_aware", "kv_aware_conditional", COLOCATED)
+INDEXED = ("kv_aware", "kv_aware_prefill", "kv_aware_conditional", COLOCATED)
 VLLM_ROUTER = "vllm_router_cache_aware"
 ALL_POLICIES = (*POLICIES, VLLM_ROUTER)
 

@@ -48,6 +48,7 @@ COLOURS = {
     "least_outstanding": "tab:gray",
     "prefix_affinity": "tab:green",
     "kv_aware": "tab:blue",
+    "kv_aware_prefill": "tab:cyan",
     "kv_aware_conditional": "tab:brown",
     "colocated_kv_aware": "tab:red",
     "vllm_router_cache_aware": "tab:purple",

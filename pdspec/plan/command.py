@@ -36,6 +36,8 @@ def load_profile(spec: str) -> EngineProfile:
 def run_plan(cmd: PlanCommand) -> int:
     try:
         engine = load_profile(cmd.profile)
+        if cmd.acceptance_rate is not None:
+            engine = engine.with_acceptance(cmd.acceptance_rate)
         if cmd.workload:
             shapes = workload.shapes_of(workload.load(cmd.workload))
             described = f"{len(shapes)} requests' shapes from {cmd.workload}"
@@ -63,6 +65,7 @@ def run_plan(cmd: PlanCommand) -> int:
     context = (
         f"pdspec plan: {cmd.gpus} GPUs of {engine.gpu}, {engine.model_shape} with {engine.drafter} "
         f"(vLLM {engine.vllm_version}), workload {described}"
+        + (f", draft acceptance rate {cmd.acceptance_rate:g} (given)" if cmd.acceptance_rate is not None else "")
     )
     print(report.render(plan, slo, context), end="")
     print(

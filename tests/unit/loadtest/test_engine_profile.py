@@ -5,6 +5,8 @@ says with what command)."""
 
 import argparse
 
+import pytest
+
 from loadtest.engine_bench import engine_profile, engines
 from pdspec.plan import profile
 
@@ -48,3 +50,12 @@ def test_the_shipped_cpu_profile_loads_and_has_every_k_it_was_measured_for():
     shipped = profile.load(profile.shipped()["cpu-2core-pdspec-tiny-eagle3"])
     assert sorted(shipped.decode) == [0, 1, 2, 3, 5]
     assert shipped.decode[0].tokens_per_step == 1 and all(shipped.decode[k].tokens_per_step > 1 for k in (1, 2, 3, 5))
+
+
+def test_a_given_kv_room_must_say_where_it_comes_from(capsys):
+    base = ["--model-shape", "t", "--gpu", "g", "--transfer", "512:6", "--transfer-source", "x", "--out", "/tmp/p"]
+    with pytest.raises(SystemExit):
+        engine_profile.parse_args([*base, "--kv-tokens", "1000"])
+    assert "--kv-tokens needs --kv-tokens-source" in capsys.readouterr().err
+    parsed = engine_profile.parse_args([*base, "--kv-tokens", "1000", "--kv-tokens-source", "computed"])
+    assert parsed.kv_tokens == 1000 and parsed.decode_context == 32 and not parsed.prefill_one_engine

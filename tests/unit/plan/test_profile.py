@@ -67,3 +67,18 @@ def test_anything_else_is_refused_naming_the_file(tmp_path, broken):
     path.write_text(json.dumps(broken))
     with pytest.raises(profile.ProfileError, match="bad.json"):
         profile.load(path)
+
+
+def test_an_acceptance_rate_replaces_each_ks_tokens_per_step_and_keeps_the_step_times():
+    measured = profile.EngineProfile.model_validate(
+        {**PROFILE, "decode": {str(k): {"step_ms": {"points": [[1, 5 + k]]}, "tokens_per_step": 1} for k in (0, 1, 3)}}
+    )
+    given = measured.with_acceptance(0.5)
+    assert given.decode[0].tokens_per_step == 1  # no drafts, one token
+    assert given.decode[1].tokens_per_step == pytest.approx(1.5)  # 1 + 0.5
+    assert given.decode[3].tokens_per_step == pytest.approx(1.875)  # 1 + 0.5 + 0.25 + 0.125
+    assert [given.decode[k].step_ms for k in (0, 1, 3)] == [measured.decode[k].step_ms for k in (0, 1, 3)]
+    assert measured.decode[3].tokens_per_step == 1  # a copy: the measured profile is unchanged
+    for rate in (0, 1, 1.2):
+        with pytest.raises(ValueError):
+            measured.with_acceptance(rate)

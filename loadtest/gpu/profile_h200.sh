@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The fleet planner's engine profile (issue 43) of the Qwen3-8B shape on the lent H200 (kind
+# nvidia-h200), in one device call on a machine where ../shared/tools/gpu-stage installed
+# vLLM 0.33 into /tmp/site:
+#
+#   bash loadtest/gpu/profile_h200.sh eagle3   # EAGLE3 (one layer), K = 0 1 2 3 5
+#   bash loadtest/gpu/profile_h200.sh dflash   # DFlash (five layers), K = 0 8 16
+#
+# `python -m loadtest.engine_profile` with engines built as pdspec's workers build them:
+# random weights (the full 151,936-token vocabulary: a real deployment's lm_head), eager
+# (CUDA graphs and compilation cost 105-300 s of start-up per engine; six engines must start
+# inside one call), each engine at 45% of the GPU (the previous engine's process may still
+# hold its memory while the next one starts). One prefill worker engine of a 2,048-token
+# budget, one prompt a step of 128-2,048 tokens; one decode worker engine per K, batches of
+# 1-128 requests over 512-token contexts, 48 output tokens, two reps a point.
+# Acceptance: random drafter weights have every draft rejected (1.0 tokens a step at every
+# K); the step times are real, and `pdspec plan --acceptance-rate` gives a drafter's own.
+# KV room: an engine given the whole GPU (0.9) holds about 791,000 tokens, computed from the
+# fleet run's memory (loadtest/results/fleet/h200-qwen3-8b: 79,050 MiB for four engines of
+# 4,737.6 MiB of KV each, so 15,025 MiB an engine besides its KV; 0.9 x 143,771 MiB less that,
+# over 151,552 bytes a token); the engines measured here hold less (the profile says how much).
+# Transfer: the one-GPU push hand-off measured on 2026-12-02.
+# Everything comes back in $OUT: the profile JSON and the whole log.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+drafter=${1:?usage: profile_h200.sh eagle3|dflash}
+OUT=${OUT:-/tmp/profile-out}
+T0=$(date +%s)
+source loadtest/gpu/device_env.sh 1
+mkdir -p "$OUT"
+case "$drafter" in
+  eagle3) args=(--drafter deploy/shapes/qwen3-8b-eagle3 --method eagle3 --ks 0 1 2 3 5
+                --drafter-name "eagle3 (the one-layer EAGLE3 shape, random weights)") ;;
+  dflash) args=(--drafter deploy/shapes/qwen3-8b-dflash --method dflash --ks 0 8 16
+                --drafter-name "dflash (the five-layer DFlash b16 shape, random weights)") ;;
+  *) echo "unknown drafter $drafter" >&2; exit 2 ;;
+esac
+TRANSFER_SOURCE="loadtest/results/handoff/h200-push-eager/NOTES.md: one H200, KV pushed, eager; 1 token: \
+the decode worker's first step after a hand-off (vllm:request_prefill_time_seconds, mean 70.3 ms: the \
+notification round trip, whatever the size); 4,096 tokens: the decode leg's time to its first token after \
+the prefill leg, median 86 ms"
+KV_SOURCE="computed for an engine at gpu_memory_utilization 0.9: 0.9 x 143,771 MiB less 15,025 MiB an \
+engine besides its KV (the fleet run's 79,050 MiB for four engines of 4,737.6 MiB of KV), over 151,552 \
+bytes a token"
+LEFT=$(( ${CALL_S:-585} - ($(date +%s) - T0) - 15 ))
+echo "profile_h200.sh: $drafter, $LEFT s for the profile"
+timeout -s INT -k 15 "$LEFT" python3 -m loadtest.engine_profile \
+  --target deploy/shapes/qwen3-8b --dummy --eager --gpu-memory-utilization 0.45 "${args[@]}" \
+  --model-shape "Qwen3-8B (random weights)" --gpu h200 \
+  --batch 1 8 32 64 128 --decode-context 512 --output-tokens 48 --reps 2 \
+  --prefill-one-engine --prefill-mbt 128 256 512 1024 2048 --prefill-prompts 8 --max-model-len 2048 \
+  --transfer 1:70.3 4096:86 --transfer-source "$TRANSFER_SOURCE" \
+  --kv-tokens 791000 --kv-tokens-source "$KV_SOURCE" \
+  --out "$OUT/h200-qwen3-8b-$drafter.json" > "$OUT/profile-$drafter.log" 2>&1
+rc=$?
+grep -E "^(prefill|decode|warning)|Error|error:|Traceback|took" "$OUT/profile-$drafter.log" | tail -60
+nvidia-smi --query-gpu=memory.used,memory.total --format=csv
+echo "engine_profile exit $rc; profile_h200.sh: $(( $(date +%s) - T0 )) s in all"
