@@ -253,12 +253,28 @@ class RoutingSettings(BaseModel):
     disaggregation: Disaggregation = Field(
         "always",
         description="conditional: when the decode worker picked holds all but fewer than "
-        "local_prefill_max_tokens of the prompt, it prefills the rest itself (no prefill leg, no KV transfer).",
+        "local_prefill_max_tokens of the prompt, it prefills the rest itself (no prefill leg, no KV transfer); "
+        "with local_prefill_on_queue, also when the prefill pool's queue is the longer one.",
     )
     local_prefill_max_tokens: int = Field(
         512,
         ge=0,
-        description="conditional disaggregation: the most uncached prompt tokens a decode worker prefills itself.",
+        description="conditional disaggregation: the most uncached prompt tokens a decode worker prefills itself "
+        "whatever the queues; with local_prefill_on_queue, also the margin by which the prefill pool's work ahead "
+        "must exceed the decode worker's before it prefills a longer prompt.",
+    )
+    local_prefill_on_queue: bool = Field(
+        True,
+        description="conditional disaggregation with a kv_aware prefill pool (the only policy whose legs lease "
+        "their uncached tokens): the decode worker also prefills a prompt itself when every prefill worker has a "
+        "leg in flight and the prefill pool's work ahead of it (the least over its workers of the prompt's uncached part, the legs' uncached tokens in "
+        "flight and kv_aware_load_tokens per leg, plus one kv_aware_load_tokens for the hand-off) exceeds the "
+        "decode worker's (the part it lacks plus its own local prefills in flight) by more than "
+        "local_prefill_max_tokens; counted as reason prefill_queue. Both pools run the same engine, so the "
+        "tokens compare directly. Why: with prompts longer than local_prefill_max_tokens that no decode worker "
+        "holds, conditional was always-disaggregated and queued on a saturated prefill pool while decode "
+        "workers could have prefilled (loadtest/results/fleet/h200-qwen3-8b/, point 4). Off: the "
+        "local_prefill_max_tokens rule alone.",
     )
     kv_aware_load_tokens: int = Field(
         256,

@@ -31,6 +31,9 @@ class Worker:
     outstanding: int = 0
     # kv_aware: uncached prompt tokens of the prefill legs in flight, or prompt tokens the decode legs hold.
     pending_tokens: int = 0
+    # Conditional disaggregation, on a decode worker: the prompt tokens it is prefilling itself
+    # for legs without KV (local prefills), leased until their first token; its queue of prefill work.
+    local_prefill_tokens: int = 0
     consecutive_failures: int = 0
     consecutive_successes: int = 0
     seen_healthy: bool = True  # False for a member that has not yet passed a health check
@@ -52,18 +55,21 @@ class Worker:
     def __post_init__(self) -> None:
         self.host = urlsplit(self.url).hostname or ""
 
-    def lease(self, tokens: int = 0, computed: bool = True) -> Lease:
+    def lease(self, tokens: int = 0, computed: bool = True, prefilling: int = 0) -> Lease:
         """One leg open on this worker (what `least_outstanding` routing counts), until the
         lease is released: use it as a context manager, or hand it on (a decode stream's
         lease lives as long as the stream) and call `release()`, which is idempotent.
         `tokens`: kv_aware's load, the prompt tokens the leg makes the worker prefill
         (`computed`: they count as cache churn too) or, for a decode leg, the prompt
-        tokens it holds in the worker's KV cache (not `computed`)."""
+        tokens it holds in the worker's KV cache (not `computed`). `prefilling`: for a
+        decode leg without KV, the prompt tokens the worker prefills for it
+        (`local_prefill_tokens`), held until `prefilled()` (its first token) or the release."""
         self.outstanding += 1
         self.pending_tokens += tokens
+        self.local_prefill_tokens += prefilling
         if tokens and computed:
             self.churn.add(tokens)
-        return Lease(self, tokens)
+        return Lease(self, tokens, prefilling)
 
 
 class DecayingSum:
@@ -88,14 +94,23 @@ class DecayingSum:
 
 
 class Lease:
-    __slots__ = ("worker", "tokens")
+    __slots__ = ("worker", "tokens", "prefilling")
 
-    def __init__(self, worker: Worker, tokens: int = 0) -> None:
+    def __init__(self, worker: Worker, tokens: int = 0, prefilling: int = 0) -> None:
         self.worker: Worker | None = worker
         self.tokens = tokens
+        self.prefilling = prefilling
+
+    def prefilled(self) -> None:
+        """The worker has prefilled the leg's prompt (its first token came): its
+        `prefilling` tokens are no longer ahead of anything. Idempotent."""
+        if self.worker is not None:
+            self.worker.local_prefill_tokens -= self.prefilling
+        self.prefilling = 0
 
     def release(self) -> None:
         if self.worker is not None:
+            self.prefilled()
             self.worker.outstanding -= 1
             self.worker.pending_tokens -= self.tokens
             self.worker = None

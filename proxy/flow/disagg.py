@@ -56,7 +56,7 @@ from proxy.flow.outcomes import DecodeFailed, LegFailed, PassThrough, release_re
 from proxy.flow.relay import Relay, RelayMetrics
 from proxy.metrics import ProxyMetrics
 from proxy.routing.kv_router import KvRouter
-from proxy.routing.plan import leg_key
+from proxy.routing.plan import leg_key, local_prefill_tokens
 from proxy.routing.policies.kv_aware import decode_tokens, uncached_tokens
 from proxy.upstream.client import UpstreamClient, UpstreamError, UpstreamResponse
 
@@ -449,8 +449,18 @@ class Disaggregator:
                         early.task = None  # the relay owns the response now
                         sent()
                     else:
+                        # Without KV the worker prefills the prompt first: conditional
+                        # disaggregation reads that as its queue (proxy/routing/plan.py).
+                        prefilling = 0 if disaggregated else local_prefill_tokens(plan, worker)
                         resp, lease = await self._open_decode(
-                            worker, api.path, leg, request_id, trace.headers(span), sent, decode_tokens(plan)
+                            worker,
+                            api.path,
+                            leg,
+                            request_id,
+                            trace.headers(span),
+                            sent,
+                            decode_tokens(plan),
+                            prefilling,
                         )
                 except LegFailed as exc:
                     early = self._drop_early(early, prefilled)
@@ -493,12 +503,15 @@ class Disaggregator:
         trace_headers,
         on_sent: Callable[[], None],
         tokens: int = 0,
+        prefilling: int = 0,
     ):
         """The decode response, checked before any byte goes to the client: once a
         streaming response has started, its status can no longer change. `on_sent`: called
         once the leg went on the wire (the worker may then read its KV); `tokens`: what the
-        leg's lease holds of the worker (`kv_aware.decode_tokens`)."""
-        lease = worker.lease(tokens, computed=False)
+        leg's lease holds of the worker (`kv_aware.decode_tokens`); `prefilling`: the prompt
+        tokens it prefills there, a leg without KV (proxy/routing/plan.py's `local_prefill_tokens`), held until
+        the relay's first byte after the preamble."""
+        lease = worker.lease(tokens, computed=False, prefilling=prefilling)
         try:
             resp = await self.client.request(
                 worker.url,

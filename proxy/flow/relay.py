@@ -2,7 +2,8 @@
 
 Contract: `read()` returns a whole reply, `chunks()` relays a stream as it comes; either
 marks the hand-off done at the first byte that follows the KV read (the prefill reply to
-that byte is `pdspec_proxy_leg_seconds{leg="handoff"}`). Failure policy: a reply that
+that byte is `pdspec_proxy_leg_seconds{leg="handoff"}`), and a prompt the worker prefilled
+itself done there (its lease's `prefilled()`). Failure policy: a reply that
 breaks before it is whole is a 502 (`read`), or, its headers being gone already, a stream
 that ends with an SSE error event, never a hang (`chunks`). `close()` is idempotent and
 safe at any point; a reply not read to its end drops its connection, so vLLM aborts it.
@@ -95,6 +96,9 @@ class Relay:
         self.error_event = sse_error_event  # (status, message) -> the event ending a broken stream
 
     def _first_byte(self) -> None:
+        # The worker has the prompt's first token: a prompt it prefilled itself is no longer
+        # ahead of the next (conditional disaggregation's decode-side queue).
+        self.lease.prefilled()
         if self.handoff_started is not None:
             # Prefill reply to the decode worker's first byte: the NIXL pull and first step.
             self.metrics.handoff_seconds.observe(time.perf_counter() - self.handoff_started)

@@ -15,8 +15,9 @@ the workers' caches, the subscriptions that fill it, and a request's route plan.
   prompt's rendezvous keys (its ids' start for prefix_affinity; for kv_aware's tie-break,
   its first block no worker holds, `new_part_key`). The decode worker is
   chosen first: with conditional disaggregation, a prompt whose part uncached on that
-  worker is short is prefilled there (proxy/routing/plan.py's `local_prefill`: no prefill
-  leg, no KV transfer).
+  worker is short, or whose wait for the prefill pool (`prefill_work_ahead`) is longer
+  than for that worker's own prefills, is prefilled there (proxy/routing/plan.py's
+  `local_prefill`: no prefill leg, no KV transfer).
 - `routed()` notes a routing decision in the index for a short while.
 
 Failure policy: nothing here fails a request. Without token ids or a known block size a
@@ -236,12 +237,6 @@ class KvRouter:
             )
         except NoHealthyWorker:  # the decode leg will say so
             return None
-        local = None
-        if self.settings.disaggregation == "conditional":
-            # What the worker's events say it holds, not routing notes: a burst of one new
-            # prompt is noted on the worker before its KV is there.
-            held = self.cached_tokens(keys, block_size, self.decode_pool, routed=False)
-            local = local_prefill(len(ids), held.get(decode_worker.url, 0), self.settings.local_prefill_max_tokens)
         building = None
         if self.prefill_pool.policy.cache_aware:
             prefill_held = self.cached_tokens(keys, block_size, self.prefill_pool, routed=False)
@@ -250,6 +245,25 @@ class KvRouter:
                 for url, tokens in prefill_cached.items()
                 if tokens > prefill_held.get(url, 0)
             }
+        local, decode_uncached = None, None
+        if self.settings.disaggregation == "conditional":
+            # What the worker's events say it holds, not routing notes: a burst of one new
+            # prompt is noted on the worker before its KV is there.
+            held = self.cached_tokens(keys, block_size, self.decode_pool, routed=False).get(decode_worker.url, 0)
+            held = min(held, len(ids))
+            decode_uncached = len(ids) - held
+            prefill_ahead = None
+            # Only a cache-aware prefill pool (kv_aware) leases its legs' uncached tokens:
+            # elsewhere its queue is unknown, and the rule stays off.
+            if self.settings.local_prefill_on_queue and self.prefill_pool.policy.cache_aware:
+                prefill_ahead = self.prefill_work_ahead(len(ids), prefill_cached, building)
+            local = local_prefill(
+                len(ids),
+                held,
+                self.settings.local_prefill_max_tokens,
+                prefill_ahead,
+                decode_worker.local_prefill_tokens,
+            )
         return RoutePlan(
             keys,
             len(ids),
@@ -260,6 +274,34 @@ class KvRouter:
             new_part=new_part,
             local_prefill=local,
             prefill_building=building,
+            decode_uncached=decode_uncached,
+        )
+
+    def prefill_work_ahead(self, prompt_tokens: int, cached: dict[str, int], building: dict[str, int]) -> int | None:
+        """The prefill pool's work ahead of a prompt, in prompt tokens to prefill, as kv_aware
+        counts a worker's (proxy/routing/policies/kv_aware.py): the least, over its healthy
+        workers, of the part of the prompt it lacks (`cached`, routing notes included), plus
+        the uncached tokens its prefill legs in flight lease (`pending_tokens`, less those
+        `building` this prompt's blocks), plus `kv_aware_load_tokens` per leg in flight; plus
+        one more `kv_aware_load_tokens`, the hand-off's fixed cost. Only meaningful where the
+        prefill legs lease their uncached tokens, which they do on a cache-aware pool (kv_aware;
+        the plan has no `prefill_cached` otherwise, and `uncached_tokens` leases 0): the caller
+        asks only then.
+
+        None (no queue to weigh; the P/D decision is the other rule's): a healthy prefill
+        worker has no leg in flight, so the prompt would start at once there, and the
+        hand-off's cost alone is no reason to prefill on a decode worker (its decodes would
+        pay for it; that is what disaggregation avoids), whatever `local_prefill_max_tokens`
+        is; or there is no healthy prefill worker (the prefill leg's failure policy decides)."""
+        workers = self.prefill_pool.healthy()
+        if not workers or any(w.outstanding == 0 for w in workers):
+            return None
+        load = self.settings.kv_aware_load_tokens
+        return load + min(
+            max(0, prompt_tokens - cached.get(w.url, 0))
+            + max(0, w.pending_tokens - building.get(w.url, 0))
+            + load * w.outstanding
+            for w in workers
         )
 
     def cached_tokens(

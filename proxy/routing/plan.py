@@ -1,8 +1,9 @@
 """A request's route plan, from cache-aware routing (proxy/routing/kv_router.py makes it):
 the prompt's blocks and length, what each worker holds of it, the decode worker chosen
 first, the rendezvous keys, and the P/D decision (conditional disaggregation: whether the
-decode worker prefills the prompt itself). Also the rendezvous key a leg is routed by,
-plan or not (`leg_key`).
+decode worker prefills the prompt itself, `local_prefill`). Also the rendezvous key a leg
+is routed by, plan or not (`leg_key`), and what a decode leg without KV leases of its
+worker as prefill work (`local_prefill_tokens`).
 
 Failure policy: none here; without a plan a request is routed by load and the body's key,
 and disaggregated.
@@ -35,6 +36,9 @@ class RoutePlan:
     # earlier request is computing them there now (or just did). kv_aware does not count
     # that leg's pending tokens against this prompt, which would wait for them anyway.
     prefill_building: dict[str, int] | None = None
+    # Conditional disaggregation: the prompt tokens decode_worker lacks by its own KV events
+    # (None: not looked up), what it prefills if it serves the prompt without KV.
+    decode_uncached: int | None = None
 
     def key(self, policy: Policy) -> str | None:
         """The rendezvous key a pool of `policy` routes this prompt by."""
@@ -52,12 +56,42 @@ def leg_key(body: dict[str, Any], plan: RoutePlan | None, policy: Policy) -> str
     return key if key is not None else affinity_key(body)
 
 
-def local_prefill(prompt_tokens: int, held: int, max_tokens: int) -> str | None:
+def local_prefill(
+    prompt_tokens: int,
+    held: int,
+    max_tokens: int,
+    prefill_ahead: int | None = None,
+    decode_ahead: int = 0,
+) -> str | None:
     """Conditional disaggregation's decision: why the decode worker prefills the prompt itself
-    (`cached_on_decode`, `short_prompt`), or None to disaggregate. `held`: the prompt tokens
-    the decode worker's own KV events say it holds; local when the part it lacks is shorter
-    than `max_tokens` (`local_prefill_max_tokens`)."""
+    (`cached_on_decode`, `short_prompt`, `prefill_queue`), or None to disaggregate.
+
+    `held`: the prompt tokens the decode worker's own KV events say it holds; local when the
+    part it lacks is shorter than `max_tokens` (`local_prefill_max_tokens`). Else, when
+    `prefill_ahead` is given (the prefill pool's work ahead of the prompt, in prompt tokens
+    to prefill: the prompt's own uncached part, the legs queued there and the hand-off; see
+    KvRouter.prefill_work_ahead), local when it exceeds the decode worker's work ahead by
+    more than `max_tokens`: its `decode_ahead` (what its local prefills in flight are still
+    computing) plus the part of the prompt it lacks. Both pools run the same engine, so
+    their tokens compare directly; the margin keeps the decode worker, whose decodes a
+    prefill slows, from taking a prompt over a small difference. None for `prefill_ahead`:
+    no queue to weigh (a prefill worker is idle, the prefill pool has no load accounting,
+    or the setting is off), the length rule alone."""
     cached = min(held, prompt_tokens)
-    if prompt_tokens - cached < max_tokens:
+    lacks = prompt_tokens - cached
+    if lacks < max_tokens:
         return "cached_on_decode" if cached else "short_prompt"
+    if prefill_ahead is not None and prefill_ahead - (decode_ahead + lacks) > max_tokens:
+        return "prefill_queue"
     return None
+
+
+def local_prefill_tokens(plan: RoutePlan | None, worker: Worker) -> int:
+    """The prompt tokens a decode leg without KV (a local prefill, a decode-only request, a
+    fallback) makes `worker` prefill, which it leases as `Worker.local_prefill_tokens`
+    until its first token: what the planned decode worker lacks by its events, the whole
+    prompt on another (a retry's; what it holds was not looked up); 0 without a plan that
+    looked (not conditional disaggregation, where nothing reads them)."""
+    if plan is None or plan.decode_uncached is None:
+        return 0
+    return plan.decode_uncached if worker is plan.decode_worker else plan.prompt_tokens

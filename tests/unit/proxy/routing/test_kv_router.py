@@ -12,10 +12,12 @@ import httpx
 import pytest
 
 from pdspec.settings import RoutingSettings
-from proxy.fleet.pool import CHURN_HALF_LIFE_S, DecayingSum, Worker
+from proxy.fleet.pool import CHURN_HALF_LIFE_S, DecayingSum, Worker, WorkerPool
 from proxy.metrics import ProxyMetrics
+from proxy.routing import registry
 from proxy.routing.kv_events import Cleared, Stored
 from proxy.routing.kv_router import KvRouter
+from proxy.routing.plan import local_prefill_tokens
 from tests.harness import merged, wait_for
 from tests.proxy_cluster import Fleet, sample
 from tests.standin import StandinBehaviour, decode_legs
@@ -415,3 +417,124 @@ def test_a_request_whose_render_fails_is_routed_without_cache_knowledge_and_serv
         assert len(behaviour.rendered) == 2
         assert sum(prefill_legs(b) for b in fleet.prefills) == 2  # always disaggregated without ids
         assert metric(fleet, 'pdspec_proxy_routing_decisions_total{pool="any",reason="no_token_ids"}') == 2
+
+
+# --- conditional disaggregation's queue rule, on stand-in pools ------------------------
+
+PROMPT = list(range(4096))  # uncached everywhere unless a test says otherwise
+
+
+def queue_router(prefill_legs: list[int], **routing) -> KvRouter:
+    """A router over a kv_aware prefill pool whose workers run `prefill_legs[i]` legs of
+    4096 uncached tokens each, and one idle decode worker; conditional disaggregation with
+    the default weights (margin local_prefill_max_tokens 512, kv_aware_load_tokens 256)."""
+    settings = RoutingSettings(
+        **{"prefill_policy": "kv_aware", "disaggregation": "conditional", "kv_routed_ttl_s": 0, **routing}
+    )
+    prefill = WorkerPool(
+        "prefill", [Worker(f"http://p{i}") for i in range(len(prefill_legs))], registry.for_pool(settings, "prefill")
+    )
+    for worker, legs in zip(prefill.workers, prefill_legs):
+        for _ in range(legs):
+            worker.lease(4096)
+    decode = WorkerPool("decode", [Worker("http://d0")], registry.for_pool(settings, "decode"))
+    router = KvRouter(settings, None, prefill, decode, ProxyMetrics.create())
+    for worker in prefill.workers + decode.workers:
+        router.index.set_block_size(worker.url, 4)
+    return router
+
+
+def test_a_long_prompt_is_prefilled_on_the_decode_worker_when_the_prefill_pool_is_the_longer_queue():
+    # Prefill side: 4096 of the prompt + 4096 queued + 256 a leg + 256 the hand-off; decode: 4096.
+    plan = queue_router([1, 1]).plan_for(PROMPT, 4)
+    assert plan.local_prefill == "prefill_queue"
+    assert plan.decode_uncached == 4096
+
+
+@pytest.mark.parametrize(
+    "prefill_legs, routing",
+    [
+        ([0, 0], {}),  # an idle prefill pool: the hand-off's cost alone is no reason
+        ([3, 0], {}),  # one prefill worker idle: the prompt starts there at once
+        # The same with a margin under the hand-off's cost (256), which alone would be enough.
+        ([0, 0], {"local_prefill_max_tokens": 64}),
+        ([3, 0], {"local_prefill_max_tokens": 64}),
+        ([3, 3], {"local_prefill_on_queue": False}),  # the rule switched off
+        ([3, 3], {"prefill_policy": "prefix_affinity"}),  # no prefill-side token accounting
+        ([3, 3], {"disaggregation": "always"}),
+    ],
+)
+def test_a_long_uncached_prompt_is_disaggregated_without_a_prefill_queue_to_weigh(prefill_legs, routing):
+    plan = queue_router(prefill_legs, **routing).plan_for(PROMPT, 4)
+    assert plan.decode_worker is not None
+    assert plan.local_prefill is None
+
+
+def test_a_decode_worker_with_local_prefills_in_flight_stops_taking_more():
+    """Prefill workers 3 legs of 4k deep: 13,312 tokens more ahead than on the idle decode
+    worker. Each prompt it takes leases its 4k there until its first token, so it takes 4
+    (13,312 - 3 * 4096 = 1,024 > 512; then 13,312 - 4 * 4096 < 512), and one more once a
+    local prefill is done: the queues balance."""
+    router = queue_router([3, 3])
+    decode = router.decode_pool.workers[0]
+    leases = []
+    while (plan := router.plan_for(PROMPT, 4)).local_prefill == "prefill_queue":
+        leases.append(decode.lease(plan.prompt_tokens, computed=False, prefilling=local_prefill_tokens(plan, decode)))
+        assert len(leases) < 10
+    assert len(leases) == 4
+    assert decode.local_prefill_tokens == 4 * 4096
+    leases[0].prefilled()  # its first token: streaming now, no longer ahead of anything
+    assert router.plan_for(PROMPT, 4).local_prefill == "prefill_queue"
+
+
+def test_a_prompt_a_busy_prefill_worker_holds_stays_disaggregated():
+    """The prefill worker holding the whole prompt has only its queue ahead of it (4096 + 256
+    + 256 for the hand-off), no more than the decode worker's 4096 to compute plus the
+    margin; the same queue without the hit would send the prompt to the decode worker."""
+    router = queue_router([1, 1])
+    router.index.apply("http://p0", [Stored(tuple(range(1, 1025)), None, tuple(PROMPT), 4)])
+    assert router.plan_for(PROMPT, 4).local_prefill is None
+    router.index.forget("http://p0")
+    assert router.plan_for(PROMPT, 4).local_prefill == "prefill_queue"
+
+
+def test_a_local_prefill_leases_its_tokens_on_its_decode_worker_until_its_first_token():
+    """End to end on stand-ins: the prefill worker is busy with a long prompt, so the next
+    one is prefilled on the decode worker (counted as prefill_queue); until its first byte
+    the decode worker has that prompt's tokens ahead, while it streams no longer."""
+    import threading
+
+    settings = merged(KV_AWARE, {"routing": {"disaggregation": "conditional", "local_prefill_max_tokens": 64}})
+    with Fleet(1, 1, INFO, **settings) as fleet:
+        fleet.prefills[0].delay_s = 2.0
+        decode = fleet.app.state.pools[1].workers[0]
+        first = threading.Thread(target=complete, args=(fleet, LONG))
+        first.start()
+        assert wait_for(lambda: fleet.app.state.pools[0].workers[0].pending_tokens > 0, 5)
+        fleet.decodes[0].delay_s = 0.5  # the local prefill's leg: its headers come after this
+        fleet.decodes[0].stream_event_delay_s = 0.1
+        prompt = "y = 2\n" * 40
+        leased = []  # whether the decode worker had the prompt's tokens ahead before its first byte
+        watcher = threading.Thread(
+            target=lambda: leased.append(
+                wait_for(lambda: decode.local_prefill_tokens == len(prompt.encode()), 5, poll_s=0.02)
+            )
+        )
+        watcher.start()
+        streaming = []
+        with httpx.stream(
+            "POST",
+            fleet.url + "/v1/completions",
+            json={"model": "m", "prompt": prompt, "max_tokens": 3, "stream": True},
+        ) as response:
+            assert response.status_code == 200
+            for _ in response.iter_lines():
+                streaming.append((decode.local_prefill_tokens, decode.outstanding))
+        watcher.join(5)
+        first.join(10)
+        assert leased == [True]  # the stand-ins' ids are the prompt's bytes
+        assert streaming[0] == (0, 1)  # streaming: its prefill is done, its leg still open
+        assert wait_for(lambda: decode.local_prefill_tokens == 0 and decode.outstanding == 0, 5)
+        assert prefill_legs(fleet.prefills[0]) == 1  # the second prompt had no prefill leg
+        assert decode_legs(fleet.decodes[0])[0].get("kv_transfer_params") is None
+        assert metric(fleet, 'pdspec_proxy_local_prefills_total{reason="prefill_queue"}') == 1

@@ -1,0 +1,89 @@
+"""The route plan's P/D decision (proxy/routing/plan.py's `local_prefill`, a function of
+numbers) and what a decode leg without KV leases of its worker (`local_prefill_tokens`).
+The numbers the router feeds it: test_kv_router.py."""
+
+import pytest
+
+from proxy.fleet.pool import Worker
+from proxy.routing.plan import RoutePlan, local_prefill, local_prefill_tokens
+
+
+@pytest.mark.parametrize(
+    "prompt, held, expected",
+    [
+        (4096, 3900, "cached_on_decode"),  # lacks 196 < 512
+        (300, 0, "short_prompt"),
+        (300, 900, "cached_on_decode"),  # holds more than the prompt (a longer earlier turn)
+        (4096, 0, None),  # long and uncached: disaggregated
+        (4096, 3584, None),  # lacks exactly 512: not fewer
+    ],
+)
+def test_the_length_rule_without_queues(prompt, held, expected):
+    assert local_prefill(prompt, held, 512) == expected
+
+
+@pytest.mark.parametrize(
+    "prefill_ahead, decode_ahead, expected",
+    [
+        (4096 + 4096 + 256 + 256, 0, "prefill_queue"),  # one 4k leg queued on the best prefill worker
+        (4096 + 256, 0, None),  # only the hand-off's cost ahead: under the margin
+        (4096 + 512, 0, None),  # exactly the margin: not more
+        (4096 + 513, 0, "prefill_queue"),
+        (4096 + 4096 + 256 + 256, 4096, None),  # the decode worker is prefilling 4k of its own
+        (4096 + 4096 + 256 + 256, 4096 - 513, "prefill_queue"),
+        (None, 0, None),  # no prefill-side accounting: the length rule alone
+    ],
+)
+def test_a_long_uncached_prompt_goes_local_when_the_prefill_queue_is_longer_by_the_margin(
+    prefill_ahead, decode_ahead, expected
+):
+    assert local_prefill(4096, 0, 512, prefill_ahead, decode_ahead) == expected
+
+
+def test_the_part_the_decode_worker_holds_counts_on_its_side():
+    """A decode worker holding 2k of a 6k prompt lacks too much for the length rule, and
+    has 4k to do: work ahead on the prefill side is weighed against those 4k, not 6k."""
+    assert local_prefill(6000, 2000, 512, 4000 + 512, 0) is None
+    assert local_prefill(6000, 2000, 512, 4000 + 513, 0) == "prefill_queue"
+
+
+def test_the_length_rule_comes_first():
+    """A short prompt is `short_prompt` whatever the queues, not `prefill_queue`."""
+    assert local_prefill(100, 0, 512, 10_000, 0) == "short_prompt"
+    assert local_prefill(4096, 4000, 512, 10_000, 0) == "cached_on_decode"
+
+
+def test_a_decode_worker_taking_prompts_stops_once_its_queue_catches_up():
+    """Prompts of 4k against a prefill pool 16k ahead: each one the decode worker takes adds
+    to its own queue, until the difference is under the margin."""
+    prefill_ahead, decode_ahead, taken = 16_384 + 4096, 0, 0
+    while local_prefill(4096, 0, 512, prefill_ahead, decode_ahead) == "prefill_queue":
+        decode_ahead += 4096
+        taken += 1
+    assert taken == 4  # 16,384 - 4 * 4,096 = 0 <= 512
+    assert decode_ahead == 16_384
+
+
+def test_a_decode_leg_without_kv_leases_what_its_worker_lacks():
+    planned, other = Worker("http://d0"), Worker("http://d1")
+    plan = RoutePlan([], 4096, None, None, decode_worker=planned, decode_uncached=1000)
+    assert local_prefill_tokens(plan, planned) == 1000
+    assert local_prefill_tokens(plan, other) == 4096  # a retry's worker: the whole prompt
+    assert local_prefill_tokens(RoutePlan([], 4096, None, None, decode_worker=planned), planned) == 0
+    assert local_prefill_tokens(None, planned) == 0
+
+
+def test_a_lease_holds_its_prefill_tokens_until_the_first_token_or_its_release():
+    worker = Worker("http://d0")
+    first = worker.lease(4096, computed=False, prefilling=1000)
+    second = worker.lease(2048, computed=False, prefilling=2048)
+    assert worker.local_prefill_tokens == 3048
+    first.prefilled()
+    first.prefilled()  # idempotent
+    assert (worker.local_prefill_tokens, worker.pending_tokens, worker.outstanding) == (2048, 6144, 2)
+    first.release()  # its prefill tokens are not given back twice
+    assert (worker.local_prefill_tokens, worker.pending_tokens, worker.outstanding) == (2048, 2048, 1)
+    second.release()  # never prefilled (failed, client gone): the release gives them back
+    second.prefilled()
+    assert (worker.local_prefill_tokens, worker.pending_tokens, worker.outstanding) == (0, 0, 0)
+    assert worker.churn.value() == 0  # a decode leg's prefill is not the prefill pool's churn
