@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 
 from loadtest.engine_bench.engines import (
+    ITL_COUNT,
+    ITL_SUM,
     add_engine_arguments,
     decode_worker_engine,
     delta,
@@ -141,9 +143,18 @@ def decode_curve(args: argparse.Namespace, k: int) -> tuple[list[tuple[int, floa
                     counters
                 )
                 steps = (args.output_tokens - 1) / tokens_per_step
-                steps_ms.append(1000 * max(total_s - prefill_s, 0.0) / steps)
+                if args.decode_step_from == "itl":
+                    # vLLM's inter-token latency: one observation per request and step after its
+                    # first token, so its mean is the step time the batch's requests saw.
+                    count = counters.get(ITL_COUNT, 0.0)
+                    if not count:
+                        raise SystemExit("--decode-step-from itl: vLLM's inter-token latency histogram did not move")
+                    steps_ms.append(1000 * counters.get(ITL_SUM, 0.0) / count)
+                else:
+                    steps_ms.append(1000 * max(total_s - prefill_s, 0.0) / steps)
             points.append((batch, statistics.median(steps_ms)))
-            print(f"decode K={k} batch {batch}: {points[-1][1]:.2f} ms a step", flush=True)
+            reps = ", ".join(f"{ms:.2f}" for ms in steps_ms)
+            print(f"decode K={k} batch {batch}: {points[-1][1]:.2f} ms a step (reps {reps})", flush=True)
     if k > 0 and drafts == 0:
         raise SystemExit(f"the K={k} engine never drafted: its spec-decode counters did not move")
     tokens_per_step = 1 + accepted / drafts if drafts else 1.0
@@ -183,6 +194,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--prefill-prompts", type=int, default=8)
     parser.add_argument("--prefill-steps-per-prompt", type=int, default=2)
+    parser.add_argument(
+        "--decode-step-from",
+        choices=["subtraction", "itl"],
+        default="subtraction",
+        help="a decode step's time: the decode's time less a max_tokens 1 run's (prefill) over the steps, "
+        "or the mean of vLLM's inter-token latency (no prefill to subtract: steady at large batches)",
+    )
     parser.add_argument("--decode-context", type=int, default=32, help="--dummy: each decode prompt's random ids")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--kv-tokens", type=int, help="one engine's KV room, instead of the decode engines' own")

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+ITL_SUM = "vllm:inter_token_latency_seconds_sum"
+ITL_COUNT = "vllm:inter_token_latency_seconds_count"
 COUNTERS = (
     "pdspec_proposals_total",
     "pdspec_k0_proposals_total",
@@ -41,6 +43,9 @@ COUNTERS = (
     # prefill-worker KV released by lease expiry rather than by a decode worker's read.
     "vllm:num_preemptions_total",
     "vllm:nixl_num_kv_expired_reqs_total",
+    # A decode step's time as requests see it (engine_profile --decode-step-from itl).
+    ITL_SUM,
+    ITL_COUNT,
 )
 
 

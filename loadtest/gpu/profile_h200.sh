@@ -47,7 +47,7 @@ echo "profile_h200.sh: $drafter, $LEFT s for the profile"
 timeout -s INT -k 15 "$LEFT" python3 -m loadtest.engine_profile \
   --target deploy/shapes/qwen3-8b --dummy --eager --gpu-memory-utilization 0.45 "${args[@]}" \
   --model-shape "Qwen3-8B (random weights)" --gpu h200 \
-  --batch 1 8 32 64 128 --decode-context 512 --output-tokens 48 --reps 2 \
+  --batch 1 8 32 64 128 --decode-context 512 --output-tokens 48 --reps 2 --decode-step-from "${DECODE_STEP_FROM:-itl}" \
   --prefill-one-engine --prefill-mbt 128 256 512 1024 2048 --prefill-prompts 8 --max-model-len 2048 \
   --transfer 1:70.3 4096:86 --transfer-source "$TRANSFER_SOURCE" \
   --kv-tokens 791000 --kv-tokens-source "$KV_SOURCE" \
