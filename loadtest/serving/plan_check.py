@@ -7,12 +7,15 @@ model with the profile, `--seeds` times (arrivals differ by seed, as two runs of
 stack would), and the medians of those runs are set beside the measured figures: request
 throughput, TTFT median and p99, TPOT median. The model's decode gain per step is the one
 the stack's decode worker measured in that phase (its acceptance length), unless
-`--profile-acceptance`: the profile's was measured on other prompts.
+`--profile-acceptance`: the profile's was measured on other prompts. `--devices N` says the
+measured stack ran its engines on N devices (the CPU 2P1D on two cores, four engines on one
+H200): the model then puts them on N devices round robin, each device running one engine
+step at a time (`Layout.devices`); by default each engine had a device of its own.
 
 Written to `--out`: `plan_check.json` (every phase, measured and predicted) and
 `plan_check.md` (the table, with the predicted / measured ratio of each figure). Failure
-policy: a results file without Poisson phases, or a layout the profile cannot run, stops it
-with the reason.
+policy: a results file without Poisson phases, a layout the profile cannot run, or more
+devices than engines (or none) stops it with the reason.
 """
 
 from __future__ import annotations
@@ -30,12 +33,14 @@ from pdspec.plan.workload import poisson
 NO_SLO = Slo(ttft_p90_ms=float("inf"), tpot_p90_ms=float("inf"))
 
 
-def layout_of(spec: str) -> Layout:
-    """'1p1d' / '2p1d' (P prefill, D decode engines) or 'colocated-N'."""
+def layout_of(spec: str, devices: int | None = None) -> Layout:
+    """'1p1d' / '2p1d' (P prefill, D decode engines) or 'colocated-N', on `devices` devices
+    (None: one per engine). Raises ValueError for a spec it cannot read or a device count
+    outside 1 to the engines."""
     if spec.startswith("colocated-"):
-        return Layout.aggregated(int(spec.removeprefix("colocated-")))
+        return Layout.aggregated(int(spec.removeprefix("colocated-")), devices)
     prefill, _, decode = spec.lower().removesuffix("d").partition("p")
-    return Layout.disaggregated(int(prefill), int(decode))
+    return Layout.disaggregated(int(prefill), int(decode), devices)
 
 
 def with_acceptance(profile: profiles.EngineProfile, k: int, tokens_per_step: float) -> profiles.EngineProfile:
@@ -72,8 +77,11 @@ FIGURES = ("throughput_rps", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms")
 
 
 def markdown(report: dict) -> str:
+    devices = report["devices"]
+    # Named only when shared, so that a table of one engine per device reads as it always did.
+    on = f" on {devices} device{'s' if devices > 1 else ''}" if devices < report["engines"] else ""
     lines = [
-        f"# The fleet model against {report['layout']} measured ({report['profile']})",
+        f"# The fleet model against {report['layout']}{on} measured ({report['profile']})",
         "",
         f"`{report['command']}`",
         "",
@@ -100,6 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--profile", required=True, help="a shipped profile's name or a file")
     parser.add_argument("--layout", required=True, help="1p1d, 2p1d, ... or colocated-N")
     parser.add_argument("--k", type=int, required=True, help="the stack's draft length")
+    parser.add_argument("--devices", type=int, help="the devices the stack's engines shared (default: one per engine)")
     parser.add_argument("--results", type=Path, nargs="+", required=True, help="serve_bench.json files")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--profile-acceptance", action="store_true")
@@ -107,7 +116,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     shipped = profiles.shipped()
     profile = profiles.load(shipped.get(args.profile) or Path(args.profile))
-    layout = layout_of(args.layout)
+    try:
+        layout = layout_of(args.layout, args.devices)
+    except ValueError as error:
+        devices = args.devices or "one per engine"
+        raise SystemExit(f"cannot model --layout {args.layout} on --devices {devices}: {error}") from None
     if args.k not in profile.decode:
         raise SystemExit(f"{args.profile} has no decode curve for K={args.k} (it has K={sorted(profile.decode)})")
     rows = []
@@ -149,6 +162,8 @@ def main(argv: list[str] | None = None) -> dict:
         "command": "python -m loadtest.plan_check " + " ".join(sys.argv[1:] if argv is None else argv),
         "profile": args.profile,
         "layout": args.layout,
+        "engines": layout.engines,
+        "devices": layout.devices,
         "k": args.k,
         "seeds": args.seeds,
         "phases": rows,

@@ -2,7 +2,8 @@
 engines gives a workload, from an engine profile's measured step times.
 
 A layout is aggregated (G colocated engines, each prefilling and decoding) or
-disaggregated (P prefill engines, D decode engines). The model's assumptions:
+disaggregated (P prefill engines, D decode engines), its engines on one device each or
+sharing fewer devices (`Layout.devices`). The model's assumptions:
 
 - **Prefill engine**: FCFS. Each step takes up to `prefill.max_num_batched_tokens` prompt
   tokens from the head of its queue (chunked prefill: a long prompt spans steps, short ones
@@ -32,24 +33,40 @@ disaggregated (P prefill engines, D decode engines). The model's assumptions:
   hand-off or decoding); a colocated engine, the one with the fewest outstanding requests.
   Ties go to the lowest-numbered engine. An engine plans a step when it starts: a request
   arriving while it runs (or at the instant it starts, after it) waits for the next one.
+- **Devices**: the profile's step times are an engine's alone on its device. Engines sharing a
+  device (engine i of the layout, counting prefill, then decode, then colocated engines, is on
+  device i mod `devices`) take turns: a device runs one step at a time (a SimPy Resource of
+  capacity 1), the steps waiting for it served in the order they asked; an engine plans its
+  step (batch, chunk) when it asks, and the step lasts its profiled time from when it gets the
+  device. That is how time-sliced GPU contexts without MPS, and processes sharing a CPU core,
+  behave to first order: the device's throughput is split, not multiplied. Its limits: steps
+  that leave the device partly idle (small kernels, launch gaps, a CPU engine's Python
+  between steps) could overlap with another engine's and do not here, so for small steps it
+  errs pessimistic; a GPU's time slices do not fall on step boundaries and a context switch
+  has a cost, both ignored; each engine keeps the profile's `kv_tokens` (a profile for a
+  shared GPU must be measured at the memory share each engine gets there). An engine alone on
+  its device never waits for it, so a layout of one engine per device runs exactly as before
+  devices were modelled.
 - **Out of scope** in this version: prefix caching (every prompt is computed in full),
   preemption, a prefill engine's KV room (it holds a prompt's KV until the hand-off; never
   full here), per-request acceptance variance, the proxy's own time, network contention.
 
 TTFT is the first token's time minus the arrival; TPOT is (end - first token) / (OSL - 1),
 None for OSL 1. Utilization is the fraction of a role's engine time spent in steps (a decode
-engine steps whenever it holds a request, so its utilization says busy, not full).
+engine steps whenever it holds a request, so its utilization says busy, not full; time spent
+waiting for a shared device is not in it).
 
 Contract: `simulate` is deterministic (a pure function of its arguments) and every request
 finishes: queues are unbounded and nothing is refused or timed out, so an overloaded fleet
 shows as growing TTFT, not as lost requests. Failure policy: a K the profile has no decode
-curve for, or a layout that is neither kind, raises ValueError before anything runs.
+curve for, a layout that is neither kind, or a layout's devices outside 1 to its engine
+count, raises ValueError before anything runs.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -63,25 +80,33 @@ DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default for a GPU engine
 
 @dataclass(frozen=True)
 class Layout:
-    """Aggregated: `colocated` engines; disaggregated: `prefill` and `decode` engines."""
+    """Aggregated: `colocated` engines; disaggregated: `prefill` and `decode` engines. Their
+    `devices`: None (the default) is one per engine, and reads back as the engine count; fewer
+    put the engines on them round robin (`placement`), sharing each as the module docstring says."""
 
     prefill: int = 0
     decode: int = 0
     colocated: int = 0
+    devices: int | None = None
 
     def __post_init__(self) -> None:
         aggregated = self.colocated >= 1 and self.prefill == self.decode == 0
         disaggregated = self.colocated == 0 and self.prefill >= 1 and self.decode >= 1
         if not (aggregated or disaggregated):
             raise ValueError(f"a layout is G >= 1 colocated engines or P >= 1 prefill + D >= 1 decode, got {self!r}")
+        if self.devices is None:
+            # Normalized so that one engine per device is one layout however it was written.
+            object.__setattr__(self, "devices", self.engines)
+        elif not 1 <= self.devices <= self.engines:
+            raise ValueError(f"{self.engines} engines go on 1 to {self.engines} devices, got devices={self.devices}")
 
     @classmethod
-    def aggregated(cls, engines: int) -> Layout:
-        return cls(colocated=engines)
+    def aggregated(cls, engines: int, devices: int | None = None) -> Layout:
+        return cls(colocated=engines, devices=devices)
 
     @classmethod
-    def disaggregated(cls, prefill: int, decode: int) -> Layout:
-        return cls(prefill=prefill, decode=decode)
+    def disaggregated(cls, prefill: int, decode: int, devices: int | None = None) -> Layout:
+        return cls(prefill=prefill, decode=decode, devices=devices)
 
     @property
     def is_aggregated(self) -> bool:
@@ -91,8 +116,21 @@ class Layout:
     def engines(self) -> int:
         return self.prefill + self.decode + self.colocated
 
+    @property
+    def shares_devices(self) -> bool:
+        return self.devices < self.engines
+
+    @property
+    def placement(self) -> tuple[int, ...]:
+        """Each engine's device, the prefill engines listed first, then decode, then colocated:
+        round robin, so 2P:2D on 2 devices puts a prefill and a decode engine on each."""
+        return tuple(engine % self.devices for engine in range(self.engines))
+
     def __str__(self) -> str:
-        return f"aggregated x{self.colocated}" if self.is_aggregated else f"{self.prefill}P:{self.decode}D"
+        engines = f"aggregated x{self.colocated}" if self.is_aggregated else f"{self.prefill}P:{self.decode}D"
+        if not self.shares_devices:
+            return engines
+        return f"{engines} on {self.devices} device" + ("s" if self.devices > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -272,8 +310,9 @@ class _Engine:
 
     role = ""
 
-    def __init__(self, fleet: _Fleet) -> None:
-        self.fleet, self.env = fleet, fleet.env
+    def __init__(self, fleet: _Fleet, device: simpy.Resource | None) -> None:
+        """`device`: the device it shares with other engines; None when it has one to itself."""
+        self.fleet, self.env, self.device = fleet, fleet.env, device
         self.load = 0
         self.step_times: list[tuple[float, float]] = []  # (start, end) of each step
         self._wake: simpy.Event | None = None
@@ -291,8 +330,16 @@ class _Engine:
                 yield self._wake
                 self._wake = None
                 continue
-            start = self.env.now
-            yield self.env.timeout(step_ms / 1000)
+            if self.device is None:
+                # No Resource at all, not a free one: a request adds an event, which would
+                # reorder same-instant events against the one-engine-per-device model.
+                start = self.env.now
+                yield self.env.timeout(step_ms / 1000)
+            else:
+                with self.device.request() as turn:
+                    yield turn
+                    start = self.env.now
+                    yield self.env.timeout(step_ms / 1000)
             self.step_times.append((start, self.env.now))
             self._end_step()
 
@@ -307,8 +354,8 @@ class _Engine:
 class _PrefillEngine(_Engine):
     role = "prefill"  # load: outstanding prompt tokens
 
-    def __init__(self, fleet: _Fleet) -> None:
-        super().__init__(fleet)
+    def __init__(self, fleet: _Fleet, device: simpy.Resource | None) -> None:
+        super().__init__(fleet, device)
         self.queue: deque[_Job] = deque()
         self._chunk = self._completed = 0
 
@@ -333,8 +380,8 @@ class _BatchingEngine(_Engine):
     """What decode and colocated engines share: KV room, the batch, and steps counted so a
     request's end is known when it joins (O(1) per step, not O(batch))."""
 
-    def __init__(self, fleet: _Fleet) -> None:
-        super().__init__(fleet)
+    def __init__(self, fleet: _Fleet, device: simpy.Resource | None) -> None:
+        super().__init__(fleet, device)
         self.waiting: deque[_Job] = deque()
         self.batch = 0  # requests decoding
         self.kv_used = 0
@@ -374,8 +421,8 @@ class _BatchingEngine(_Engine):
 class _DecodeEngine(_BatchingEngine):
     role = "decode"  # load: outstanding requests, counted from the hand-off's start
 
-    def __init__(self, fleet: _Fleet) -> None:
-        super().__init__(fleet)
+    def __init__(self, fleet: _Fleet, device: simpy.Resource | None) -> None:
+        super().__init__(fleet, device)
         self._joined: list[_Job] = []
 
     def _begin_step(self) -> float | None:
@@ -395,8 +442,8 @@ class _DecodeEngine(_BatchingEngine):
 class _ColocatedEngine(_BatchingEngine):
     role = "colocated"  # load: outstanding requests
 
-    def __init__(self, fleet: _Fleet) -> None:
-        super().__init__(fleet)
+    def __init__(self, fleet: _Fleet, device: simpy.Resource | None) -> None:
+        super().__init__(fleet, device)
         self.prefilling: deque[_Job] = deque()  # admitted, KV reserved
         self._chunk = self._completed = 0
 
@@ -434,9 +481,14 @@ class _Fleet:
         self.decode_ms = _Memo(profile.decode[k].step_ms)
         self.prefill_fixed_ms = profile.prefill.step_ms.intercept()  # a mixed step pays it once
         self.env = simpy.Environment()
-        self.prefill = [_PrefillEngine(self) for _ in range(layout.prefill)]
-        self.decode = [_DecodeEngine(self) for _ in range(layout.decode)]
-        self.colocated = [_ColocatedEngine(self) for _ in range(layout.colocated)]
+        placement = layout.placement
+        devices = [simpy.Resource(self.env, capacity=1) for _ in range(layout.devices)]
+        engines_on = Counter(placement)
+        shared = iter(devices[device] if engines_on[device] > 1 else None for device in placement)
+        # Built in `placement`'s order: the prefill engines, then decode, then colocated.
+        self.prefill = [_PrefillEngine(self, next(shared)) for _ in range(layout.prefill)]
+        self.decode = [_DecodeEngine(self, next(shared)) for _ in range(layout.decode)]
+        self.colocated = [_ColocatedEngine(self, next(shared)) for _ in range(layout.colocated)]
 
     def engines(self) -> dict[str, list[_Engine]]:
         groups = {"prefill": self.prefill, "decode": self.decode, "colocated": self.colocated}

@@ -1,6 +1,6 @@
-"""The planner's validation tool (loadtest/serving/plan_check.py): layouts by name, the
-measured acceptance put into the model, and a table of measured / predicted per phase from
-a serve_bench result of the shape it writes."""
+"""The planner's validation tool (loadtest/serving/plan_check.py): layouts by name and on
+how many devices, the measured acceptance put into the model, and a table of measured /
+predicted per phase from a serve_bench result of the shape it writes."""
 
 import json
 
@@ -14,6 +14,18 @@ def test_layouts_by_name():
     assert str(plan_check.layout_of("1p1d")) == str(plan_check.Layout.disaggregated(1, 1))
     assert plan_check.layout_of("2P1D").engines == 3
     assert plan_check.layout_of("colocated-4").is_aggregated
+    assert plan_check.layout_of("2p2d", devices=1) == plan_check.Layout.disaggregated(2, 2, devices=1)
+    assert plan_check.layout_of("colocated-4", devices=2).devices == 2
+
+
+@pytest.mark.parametrize("devices", ["0", "5"])
+def test_devices_outside_one_to_the_engines_are_refused_before_any_run(tmp_path, devices):
+    with pytest.raises(SystemExit, match="on --devices .*4 engines go on 1 to 4 devices"):
+        plan_check.main(
+            ["--profile", "cpu-2core-pdspec-tiny-eagle3", "--layout", "2p2d", "--k", "3", "--devices", devices]
+            + ["--results", str(tmp_path / "never-read.json"), "--out", str(tmp_path / "out")]
+        )
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_measured_acceptance_replaces_the_profiles_for_that_k_only():
@@ -23,27 +35,52 @@ def test_the_measured_acceptance_replaces_the_profiles_for_that_k_only():
     assert plan_check.with_acceptance(shipped, 3, 0.2).decode[3].tokens_per_step == 1.0  # never below one
 
 
-def test_each_poisson_phase_gets_a_prediction_beside_its_measurement(tmp_path):
-    phase = {
-        "request_rate": 2.0,
-        "completed": 20,
-        "request_throughput": 1.8,
-        "ttft_ms": {"median": 100.0, "p99": 200.0},
-        "tpot_ms": {"median": 7.0},
-        "decode_acceptance_length": 2.0,
-    }
+PHASE = {
+    "request_rate": 2.0,
+    "completed": 20,
+    "request_throughput": 1.8,
+    "ttft_ms": {"median": 100.0, "p99": 200.0},
+    "tpot_ms": {"median": 7.0},
+    "decode_acceptance_length": 2.0,
+}
+
+
+def _results(tmp_path, phases, isl=128, osl=16):
     results = tmp_path / "run" / "serve_bench.json"
-    results.parent.mkdir()
-    closed_loop = {**phase, "request_rate": None}
-    results.write_text(json.dumps({"input_len": 128, "output_len": 16, "phases": [phase, closed_loop]}))
+    results.parent.mkdir(exist_ok=True)
+    results.write_text(json.dumps({"input_len": isl, "output_len": osl, "phases": phases}))
+    return results
+
+
+def test_each_poisson_phase_gets_a_prediction_beside_its_measurement(tmp_path):
+    results = _results(tmp_path, [PHASE, {**PHASE, "request_rate": None}])
     report = plan_check.main(
         ["--profile", "cpu-2core-pdspec-tiny-eagle3", "--layout", "1p1d", "--k", "3"]
         + ["--results", str(results), "--seeds", "2", "--out", str(tmp_path / "out")]
     )
     (row,) = report["phases"]  # the closed-loop phase has no rate to model
     assert row["tokens_per_step"] == 2.0 and row["predicted"]["ttft_p50_ms"] > 0
+    assert (report["engines"], report["devices"]) == (2, 2)  # one device per engine unless told
     table = (tmp_path / "out" / "plan_check.md").read_text()
+    assert table.startswith("# The fleet model against 1p1d measured (")
     assert "| run | 2 | 2.00 | 1.8 / " in table
+
+
+def test_devices_put_the_engines_on_fewer_devices_which_costs_latency(tmp_path):
+    loaded = {**PHASE, "request_rate": 20.0, "completed": 200}
+    results = _results(tmp_path, [loaded], isl=512, osl=64)
+
+    def check(devices):
+        out = tmp_path / f"on-{devices}"
+        argv = ["--profile", "cpu-2core-pdspec-tiny-eagle3", "--layout", "2p2d", "--k", "3", "--seeds", "2"]
+        argv += ["--results", str(results), "--out", str(out)] + (["--devices", str(devices)] if devices else [])
+        return plan_check.main(argv)
+
+    own, two, one = check(None), check(2), check(1)
+    assert (own["devices"], two["devices"], one["devices"]) == (4, 2, 1)
+    ttft = [report["phases"][0]["predicted"]["ttft_p50_ms"] for report in (own, two, one)]
+    assert ttft == sorted(ttft) and ttft[2] > ttft[0]
+    assert "against 2p2d on 2 devices measured" in (tmp_path / "on-2" / "plan_check.md").read_text()
 
 
 def test_results_without_poisson_phases_are_refused(tmp_path):

@@ -20,6 +20,10 @@ def ms(seconds):
     return seconds * 1000
 
 
+def ms_to_s(milliseconds):
+    return milliseconds / 1000
+
+
 def test_alone_a_request_waits_one_prefill_step_its_hand_off_and_one_decode_step():
     requests = [Request(arrival_s=t, isl=1024, osl=6) for t in (0.0, 100.0, 200.0)]  # never overlapping
     run = simulate(PROFILE, ONE_P_ONE_D, 3, requests)
@@ -169,3 +173,93 @@ def test_a_layout_is_one_kind_or_the_other(counts):
 def test_a_draft_length_the_profile_did_not_measure_is_refused():
     with pytest.raises(ValueError, match="K=5"):
         simulate(PROFILE, ONE_P_ONE_D, 5, [Request(0.0, 10, 10)])
+
+
+# Devices: engines sharing one take turns, a step at a time; alone, an engine runs as before.
+
+MIXED = [(512, 64), (2048, 16), (64, 1)]
+
+
+@pytest.mark.parametrize(
+    ("layout", "figures"),
+    [
+        # What the model gave before devices were modelled (commit 722f1f8), to the last digit.
+        (Layout.disaggregated(2, 2, devices=4), (37.16626094627432, 109.98105732216872, 5.9103267973856175)),
+        (Layout.aggregated(3, devices=3), (37.251166139669124, 125.79363422777254, 9.945656792900825)),
+    ],
+    ids=str,
+)
+def test_one_engine_per_device_gives_the_figures_of_the_model_without_devices(layout, figures):
+    assert layout == Layout(layout.prefill, layout.decode, layout.colocated) and not layout.shares_devices
+    run = simulate(synthetic(kv_tokens=20_000), layout, 3, workload.poisson(40.0, 300, MIXED, seed=0))
+    summary = run.summary(Slo(500, 50))
+    assert (summary.throughput_rps, summary.ttft_ms.p90, summary.tpot_ms.p90) == pytest.approx(figures, rel=1e-12)
+
+
+def test_on_a_shared_device_a_prompt_waits_for_the_decode_step_running_and_the_next_waits_for_it():
+    resident = Request(0.0, isl=1024, osl=1000)
+    prefill, transfer, decode = PREFILL.at(1024), TRANSFER.at(1024), DECODE0.at(1)
+    newcomer = Request(ms_to_s(prefill + transfer + decode / 2), isl=1024, osl=1)  # mid first decode step
+    own = simulate(PROFILE, ONE_P_ONE_D, 0, [resident, newcomer])
+    shared = simulate(PROFILE, Layout.disaggregated(1, 1, devices=1), 0, [resident, newcomer])
+    # On its own device the newcomer's prompt starts when it arrives; on the shared one, when
+    # the decode step under way ends; the decode engine's next step then waits for that prompt's.
+    assert own.steps["prefill"][1][0] == pytest.approx(newcomer.arrival_s)
+    prompt_start = ms_to_s(prefill + transfer + decode)
+    assert shared.steps["prefill"][1] == pytest.approx((prompt_start, prompt_start + ms_to_s(prefill)))
+    assert shared.steps["decode"][1][0] == pytest.approx(prompt_start + ms_to_s(prefill))
+    assert shared.outcomes[0].tpot_s > own.outcomes[0].tpot_s
+
+
+def _most_at_once(steps):
+    """The most steps running at one instant (a step ending as another starts: not overlapping)."""
+    edges = sorted([(start, 1) for start, _ in steps] + [(end, -1) for _, end in steps])
+    running = most = 0
+    for _, change in edges:  # -1 sorts before +1 at one instant
+        running += change
+        most = max(most, running)
+    return most
+
+
+@pytest.mark.parametrize(
+    ("layout", "most"),
+    [
+        (Layout.disaggregated(2, 2, devices=1), 1),
+        (Layout.disaggregated(2, 2, devices=2), 2),
+        (Layout.aggregated(3, devices=2), 2),
+    ],
+    ids=str,
+)
+def test_a_device_runs_one_step_at_a_time(layout, most):
+    run = simulate(synthetic(kv_tokens=20_000), layout, 3, workload.poisson(40.0, 300, MIXED, seed=1))
+    assert _most_at_once([step for steps in run.steps.values() for step in steps]) == most
+    summary = run.summary(Slo(500, 50))
+    busy = sum(summary.utilization[role] * engines for role, engines in run.engines.items())
+    assert busy <= layout.devices + 1e-9
+
+
+def test_sharing_devices_costs_throughput_past_capacity():
+    requests = workload.poisson(500.0, 300, MIXED, seed=3)
+
+    def throughput(devices):
+        run = simulate(synthetic(kv_tokens=20_000), Layout.disaggregated(2, 2, devices=devices), 3, requests)
+        return run.summary(Slo(500, 50)).throughput_rps
+
+    assert throughput(1) < throughput(2) < throughput(4)
+
+
+def test_engines_go_on_the_devices_round_robin_prefill_first():
+    assert Layout.disaggregated(2, 2, devices=2).placement == (0, 1, 0, 1)
+    assert Layout.disaggregated(2, 1, devices=2).placement == (0, 1, 0)
+    assert Layout.aggregated(3, devices=1).placement == (0, 0, 0)
+    assert (str(Layout.disaggregated(2, 2, devices=1)), str(Layout.aggregated(3, devices=2))) == (
+        "2P:2D on 1 device",
+        "aggregated x3 on 2 devices",
+    )
+    assert str(Layout.disaggregated(2, 2, devices=4)) == "2P:2D"
+
+
+@pytest.mark.parametrize("devices", [0, 5, -1])
+def test_a_layout_needs_one_to_as_many_devices_as_engines(devices):
+    with pytest.raises(ValueError, match="devices"):
+        Layout.disaggregated(2, 2, devices=devices)
