@@ -33,14 +33,16 @@ from pdspec.plan.workload import poisson
 NO_SLO = Slo(ttft_p90_ms=float("inf"), tpot_p90_ms=float("inf"))
 
 
-def layout_of(spec: str, devices: int | None = None) -> Layout:
+def layout_of(spec: str, devices: int | None = None, placement: str | None = None) -> Layout:
     """'1p1d' / '2p1d' (P prefill, D decode engines) or 'colocated-N', on `devices` devices
-    (None: one per engine). Raises ValueError for a spec it cannot read or a device count
-    outside 1 to the engines."""
+    (None: one per engine) or placed by `placement` ('0,0,1': each engine's device, prefill
+    engines first). Raises ValueError for a spec it cannot read, a device count outside 1 to
+    the engines, or a placement that does not name each engine's device."""
+    device_of = tuple(int(d) for d in placement.split(",")) if placement else None
     if spec.startswith("colocated-"):
-        return Layout.aggregated(int(spec.removeprefix("colocated-")), devices)
+        return Layout.aggregated(int(spec.removeprefix("colocated-")), devices, device_of)
     prefill, _, decode = spec.lower().removesuffix("d").partition("p")
-    return Layout.disaggregated(int(prefill), int(decode), devices)
+    return Layout.disaggregated(int(prefill), int(decode), devices, device_of)
 
 
 def with_acceptance(profile: profiles.EngineProfile, k: int, tokens_per_step: float) -> profiles.EngineProfile:
@@ -73,6 +75,35 @@ def measured_of(phase: dict) -> dict:
     }
 
 
+def goodput_of(args: argparse.Namespace, profile, layout: Layout, rows: list[dict]) -> dict:
+    """The model's goodput of the layout under `--goodput-slo` (with the phases' mean
+    acceptance unless `--profile-acceptance`) and the best measured phase's, which must have
+    been taken under the same SLO (serve_bench's `slos_ms`; SystemExit otherwise)."""
+    from pdspec.plan.search import evaluate
+
+    ttft_ms, tpot_ms = args.goodput_slo
+    measured, shapes = 0.0, []
+    for path in args.results:
+        results = json.loads(path.read_text())
+        shapes.append((results["input_len"], results["output_len"]))
+        for phase in results["phases"]:
+            if not phase.get("request_rate"):
+                continue
+            if phase.get("slos_ms") != {"ttft": ttft_ms, "tpot": tpot_ms}:
+                raise SystemExit(
+                    f"{path}: its goodput was measured under {phase.get('slos_ms')}, not {args.goodput_slo}"
+                )
+            measured = max(measured, phase.get("goodput") or 0.0)
+    tokens_per_step = statistics.mean(row["tokens_per_step"] for row in rows)
+    model = profile if args.profile_acceptance else with_acceptance(profile, args.k, tokens_per_step)
+    candidate = evaluate(model, layout, args.k, shapes[:1], Slo(ttft_p90_ms=ttft_ms, tpot_p90_ms=tpot_ms))
+    return {
+        "slo_ms": [ttft_ms, tpot_ms],
+        "predicted_rps": round(candidate.goodput_rps, 2),
+        "measured_rps": round(measured, 2),
+    }
+
+
 FIGURES = ("throughput_rps", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms")
 
 
@@ -85,6 +116,22 @@ def markdown(report: dict) -> str:
         "",
         f"`{report['command']}`",
         "",
+        *(
+            [
+                f"Goodput under TTFT {report['goodput']['slo_ms'][0]:g} ms and TPOT {report['goodput']['slo_ms'][1]:g} ms: "
+                f"measured {report['goodput']['measured_rps']} req/s (the best phase's requests meeting both), predicted "
+                f"{report['goodput']['predicted_rps']} req/s (the highest rate whose p90s meet both, times the share "
+                "meeting both).",
+                "",
+            ]
+            if report.get("goodput")
+            else []
+        ),
+        *(
+            [f"Devices of the engines, prefill engines first: {report['placement']}.", ""]
+            if on and "placement" in report
+            else []
+        ),
         "Each cell: measured / predicted (predicted over measured). Predicted: the median of "
         f"{report['seeds']} runs of the model with the phase's rate, request count and shape.",
         "",
@@ -109,18 +156,32 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--layout", required=True, help="1p1d, 2p1d, ... or colocated-N")
     parser.add_argument("--k", type=int, required=True, help="the stack's draft length")
     parser.add_argument("--devices", type=int, help="the devices the stack's engines shared (default: one per engine)")
+    parser.add_argument(
+        "--placement",
+        help="each engine's device, prefill engines first, e.g. 0,0,1 for pdspec's CPU 2P1D (both prefill workers "
+        "on core 0); default: round robin over --devices",
+    )
     parser.add_argument("--results", type=Path, nargs="+", required=True, help="serve_bench.json files")
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument(
+        "--goodput-slo",
+        nargs=2,
+        type=float,
+        metavar=("TTFT_MS", "TPOT_MS"),
+        help="also the layout's goodput under this SLO: the model's (the search's rate meeting both p90s, "
+        "pdspec.plan.search.evaluate) beside the best measured phase's (serve_bench --goodput: requests "
+        "meeting both one by one), so that layouts can be ranked both ways",
+    )
     parser.add_argument("--profile-acceptance", action="store_true")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     shipped = profiles.shipped()
     profile = profiles.load(shipped.get(args.profile) or Path(args.profile))
     try:
-        layout = layout_of(args.layout, args.devices)
+        layout = layout_of(args.layout, args.devices, args.placement)
     except ValueError as error:
-        devices = args.devices or "one per engine"
-        raise SystemExit(f"cannot model --layout {args.layout} on --devices {devices}: {error}") from None
+        devices = args.placement or args.devices or "one per engine"
+        raise SystemExit(f"cannot model --layout {args.layout} on devices {devices}: {error}") from None
     if args.k not in profile.decode:
         raise SystemExit(f"{args.profile} has no decode curve for K={args.k} (it has K={sorted(profile.decode)})")
     rows = []
@@ -158,15 +219,21 @@ def main(argv: list[str] | None = None) -> dict:
             print(
                 f"{path.parent.name} rate {phase['request_rate']:g}: {rows[-1]['measured']} vs {predicted}", flush=True
             )
+    goodput = None
+    if args.goodput_slo:
+        goodput = goodput_of(args, profile, layout, rows)
+        print(f"goodput: {goodput}", flush=True)
     report = {
         "command": "python -m loadtest.plan_check " + " ".join(sys.argv[1:] if argv is None else argv),
         "profile": args.profile,
         "layout": args.layout,
         "engines": layout.engines,
         "devices": layout.devices,
+        "placement": list(layout.placement),
         "k": args.k,
         "seeds": args.seeds,
         "phases": rows,
+        "goodput": goodput,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "plan_check.json").write_text(json.dumps(report, indent=2))

@@ -82,18 +82,33 @@ DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default for a GPU engine
 class Layout:
     """Aggregated: `colocated` engines; disaggregated: `prefill` and `decode` engines. Their
     `devices`: None (the default) is one per engine, and reads back as the engine count; fewer
-    put the engines on them round robin (`placement`), sharing each as the module docstring says."""
+    put the engines on them round robin (`placement`), sharing each as the module docstring says.
+    `device_of`: each engine's device instead (the prefill engines first, then decode, then
+    colocated), for a measured stack placed otherwise (pdspec's CPU stacks pin every prefill
+    worker to one core and every decode worker to the other); it sets `devices` to the
+    devices it names, which must be 0 to devices - 1, each used."""
 
     prefill: int = 0
     decode: int = 0
     colocated: int = 0
     devices: int | None = None
+    device_of: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         aggregated = self.colocated >= 1 and self.prefill == self.decode == 0
         disaggregated = self.colocated == 0 and self.prefill >= 1 and self.decode >= 1
         if not (aggregated or disaggregated):
             raise ValueError(f"a layout is G >= 1 colocated engines or P >= 1 prefill + D >= 1 decode, got {self!r}")
+        if self.device_of is not None:
+            used = set(self.device_of)
+            if len(self.device_of) != self.engines or used != set(range(len(used))):
+                raise ValueError(
+                    f"device_of names each of the {self.engines} engines' devices, numbered from 0 with none skipped, "
+                    f"got {self.device_of}"
+                )
+            if self.devices not in (None, len(used)):
+                raise ValueError(f"device_of uses {len(used)} devices, devices says {self.devices}")
+            object.__setattr__(self, "devices", len(used))
         if self.devices is None:
             # Normalized so that one engine per device is one layout however it was written.
             object.__setattr__(self, "devices", self.engines)
@@ -101,12 +116,14 @@ class Layout:
             raise ValueError(f"{self.engines} engines go on 1 to {self.engines} devices, got devices={self.devices}")
 
     @classmethod
-    def aggregated(cls, engines: int, devices: int | None = None) -> Layout:
-        return cls(colocated=engines, devices=devices)
+    def aggregated(cls, engines: int, devices: int | None = None, device_of: tuple[int, ...] | None = None) -> Layout:
+        return cls(colocated=engines, devices=devices, device_of=device_of)
 
     @classmethod
-    def disaggregated(cls, prefill: int, decode: int, devices: int | None = None) -> Layout:
-        return cls(prefill=prefill, decode=decode, devices=devices)
+    def disaggregated(
+        cls, prefill: int, decode: int, devices: int | None = None, device_of: tuple[int, ...] | None = None
+    ) -> Layout:
+        return cls(prefill=prefill, decode=decode, devices=devices, device_of=device_of)
 
     @property
     def is_aggregated(self) -> bool:
@@ -123,7 +140,10 @@ class Layout:
     @property
     def placement(self) -> tuple[int, ...]:
         """Each engine's device, the prefill engines listed first, then decode, then colocated:
-        round robin, so 2P:2D on 2 devices puts a prefill and a decode engine on each."""
+        `device_of` when given, else round robin, so 2P:2D on 2 devices puts a prefill and a
+        decode engine on each."""
+        if self.device_of is not None:
+            return self.device_of
         return tuple(engine % self.devices for engine in range(self.engines))
 
     def __str__(self) -> str:

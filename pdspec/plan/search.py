@@ -119,6 +119,25 @@ def plan(
     return Plan(ranked=ranked, trials=search.trials)
 
 
+def evaluate(
+    profile: EngineProfile,
+    layout: Layout,
+    k: int,
+    shapes: Sequence[tuple[int, int]],
+    slo: Slo,
+    requests_per_trial: int = DEFAULT_REQUESTS_PER_TRIAL,
+    seed: int = 0,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+) -> Candidate:
+    """One layout and K as the search rates it (the highest rate meeting the SLO and the
+    goodput there), for a layout the search does not try: engines sharing devices, when a
+    measured stack's ranking is checked against the model's (loadtest.plan_check). Its
+    throughput bound takes no account of sharing, so the first trial overshoots and the
+    bisection below it finds the rate."""
+    search = _RateSearch(profile, shapes, slo, requests_per_trial, seed, max_num_seqs, DEFAULT_BISECTION_STEPS)
+    return search.candidate(layout, k)
+
+
 def _latency(candidate: Candidate) -> tuple[float, float]:
     summary = candidate.summary
     return (summary.tpot_ms.p90, summary.ttft_ms.p90) if summary else (0.0, 0.0)

@@ -20,7 +20,7 @@ def test_layouts_by_name():
 
 @pytest.mark.parametrize("devices", ["0", "5"])
 def test_devices_outside_one_to_the_engines_are_refused_before_any_run(tmp_path, devices):
-    with pytest.raises(SystemExit, match="on --devices .*4 engines go on 1 to 4 devices"):
+    with pytest.raises(SystemExit, match="on devices .*4 engines go on 1 to 4 devices"):
         plan_check.main(
             ["--profile", "cpu-2core-pdspec-tiny-eagle3", "--layout", "2p2d", "--k", "3", "--devices", devices]
             + ["--results", str(tmp_path / "never-read.json"), "--out", str(tmp_path / "out")]
@@ -91,3 +91,16 @@ def test_results_without_poisson_phases_are_refused(tmp_path):
             ["--profile", "cpu-2core-pdspec-tiny-eagle3", "--layout", "1p1d", "--k", "3"]
             + ["--results", str(results), "--out", str(tmp_path / "out")]
         )
+
+
+def test_goodput_under_an_slo_is_set_beside_the_measured_phases_best(tmp_path):
+    slos = {"slos_ms": {"ttft": 1000.0, "tpot": 100.0}}
+    results = _results(tmp_path, [{**PHASE, **slos, "goodput": 1.5}, {**PHASE, **slos, "goodput": 1.7}])
+    argv = ["--profile", "cpu-2core-pdspec-tiny-eagle3", "--layout", "1p1d", "--k", "3", "--seeds", "1"]
+    report = plan_check.main(
+        argv + ["--goodput-slo", "1000", "100", "--results", str(results), "--out", str(tmp_path / "o")]
+    )
+    assert report["goodput"]["measured_rps"] == 1.7 and report["goodput"]["predicted_rps"] > 0
+    assert "measured 1.7 req/s" in (tmp_path / "o" / "plan_check.md").read_text()
+    with pytest.raises(SystemExit, match="measured under"):
+        plan_check.main(argv + ["--goodput-slo", "500", "100", "--results", str(results), "--out", str(tmp_path / "p")])

@@ -263,3 +263,30 @@ def test_engines_go_on_the_devices_round_robin_prefill_first():
 def test_a_layout_needs_one_to_as_many_devices_as_engines(devices):
     with pytest.raises(ValueError, match="devices"):
         Layout.disaggregated(2, 2, devices=devices)
+
+
+def test_an_explicit_placement_puts_each_engine_where_it_says_and_sets_the_devices():
+    by_role = Layout.disaggregated(2, 2, device_of=(0, 0, 1, 1))  # pdspec's CPU stack: prefill on core 0
+    assert by_role.placement == (0, 0, 1, 1) and by_role.devices == 2 and by_role.shares_devices
+    assert Layout.disaggregated(2, 1, devices=2, device_of=(0, 0, 1)).devices == 2
+
+
+@pytest.mark.parametrize(
+    "device_of, devices",
+    [((0, 0, 1), None), ((0, 0, 2, 2), None), ((1, 1, 1, 1), None), ((0, 0, 1, 1), 3)],
+)
+def test_a_placement_must_name_every_engines_device_from_zero_with_none_skipped(device_of, devices):
+    with pytest.raises(ValueError, match="device"):
+        Layout.disaggregated(2, 2, devices=devices, device_of=device_of)
+
+
+def test_a_placement_by_role_puts_the_prefill_work_on_one_device():
+    # Both prefill engines on device 0 take turns at every prompt, the decode engines have
+    # device 1 to themselves; round robin spreads each role over both devices.
+    prefill_bound = synthetic(prefill=[(16, 5.0), (512, 40.0)], decode={0: ([(1, 2.0), (64, 4.0)], 1.0)})
+    arrivals = workload.poisson(30.0, 200, [(512, 8)], seed=1)
+    no_slo = Slo(ttft_p90_ms=float("inf"), tpot_p90_ms=float("inf"))
+    by_role = simulate(prefill_bound, Layout.disaggregated(2, 2, device_of=(0, 0, 1, 1)), 0, arrivals).summary(no_slo)
+    spread = simulate(prefill_bound, Layout.disaggregated(2, 2, devices=2), 0, arrivals).summary(no_slo)
+    assert by_role.ttft_ms.p50 > spread.ttft_ms.p50
+    assert by_role.tpot_ms.p50 <= spread.tpot_ms.p50
