@@ -261,7 +261,7 @@ class RoutingSettings(BaseModel):
         ge=0,
         description="conditional disaggregation: the most uncached prompt tokens a decode worker prefills itself "
         "whatever the queues; with local_prefill_on_queue, also the margin by which the prefill pool's work ahead "
-        "must exceed the decode worker's before it prefills a longer prompt.",
+        "must exceed the decode worker's before it prefills a longer prompt. 0: never prefill on a decode worker.",
     )
     local_prefill_on_queue: bool = Field(
         True,

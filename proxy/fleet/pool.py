@@ -32,7 +32,8 @@ class Worker:
     # kv_aware: uncached prompt tokens of the prefill legs in flight, or prompt tokens the decode legs hold.
     pending_tokens: int = 0
     # Conditional disaggregation, on a decode worker: the prompt tokens it is prefilling itself
-    # for legs without KV (local prefills), leased until their first token; its queue of prefill work.
+    # for legs without KV (local prefills), leased until their first token (a non-streamed reply's
+    # whole reply: vLLM sends its headers at the end), or the leg's end; its queue of prefill work.
     local_prefill_tokens: int = 0
     consecutive_failures: int = 0
     consecutive_successes: int = 0
@@ -63,7 +64,9 @@ class Worker:
         (`computed`: they count as cache churn too) or, for a decode leg, the prompt
         tokens it holds in the worker's KV cache (not `computed`). `prefilling`: for a
         decode leg without KV, the prompt tokens the worker prefills for it
-        (`local_prefill_tokens`), held until `prefilled()` (its first token) or the release."""
+        (`local_prefill_tokens`), held until `prefilled()` (the relay's first byte after the
+        preamble: the first token of a stream, the end of a non-streamed reply, which so counts
+        as prefilling for longer and makes the queue rule fire less) or the release."""
         self.outstanding += 1
         self.pending_tokens += tokens
         self.local_prefill_tokens += prefilling

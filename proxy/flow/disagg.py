@@ -451,7 +451,8 @@ class Disaggregator:
                     else:
                         # Without KV the worker prefills the prompt first: conditional
                         # disaggregation reads that as its queue (proxy/routing/plan.py).
-                        prefilling = 0 if disaggregated else local_prefill_tokens(plan, worker)
+                        # Per attempt: a retry's prefill may have fallen back to none.
+                        prefilling = 0 if prefilled.kv_transfer_params is not None else local_prefill_tokens(plan, worker)
                         resp, lease = await self._open_decode(
                             worker,
                             api.path,

@@ -76,7 +76,11 @@ def local_prefill(
     their tokens compare directly; the margin keeps the decode worker, whose decodes a
     prefill slows, from taking a prompt over a small difference. None for `prefill_ahead`:
     no queue to weigh (a prefill worker is idle, the prefill pool has no load accounting,
-    or the setting is off), the length rule alone."""
+    or the setting is off), the length rule alone. `max_tokens` 0: never local, as before the
+    queue rule (a margin of 0 would send every long prompt local whenever the prefill pool
+    has a queue at all)."""
+    if max_tokens == 0:
+        return None
     cached = min(held, prompt_tokens)
     lacks = prompt_tokens - cached
     if lacks < max_tokens:

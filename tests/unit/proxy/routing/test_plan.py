@@ -87,3 +87,8 @@ def test_a_lease_holds_its_prefill_tokens_until_the_first_token_or_its_release()
     second.prefilled()
     assert (worker.local_prefill_tokens, worker.pending_tokens, worker.outstanding) == (0, 0, 0)
     assert worker.churn.value() == 0  # a decode leg's prefill is not the prefill pool's churn
+
+
+def test_a_zero_margin_never_prefills_on_the_decode_worker_whatever_the_queues():
+    assert local_prefill(4096, 0, 0, prefill_ahead=100_000, decode_ahead=0) is None
+    assert local_prefill(16, 0, 0) is None
