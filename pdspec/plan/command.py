@@ -50,6 +50,10 @@ def run_plan(cmd: PlanCommand) -> int:
     except (ProfileError, workload.WorkloadError, plot.PlotUnavailable, emit.EmitError) as exc:
         return _fail(str(exc))
 
+    for anomaly in engine.anomalies():
+        print(
+            f"warning: {cmd.profile}: {anomaly}: a noisy curve; a K chosen for it may be its artifact", file=sys.stderr
+        )
     slo = Slo(ttft_p90_ms=cmd.slo_ttft_p90_ms, tpot_p90_ms=cmd.slo_tpot_p90_ms)
     started = time.perf_counter()
     plan = search.plan(

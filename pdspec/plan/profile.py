@@ -119,6 +119,30 @@ class EngineProfile(BaseModel):
             raise ValueError("decode needs at least one draft length K >= 0")
         return decode
 
+    def anomalies(self, tolerance: float = 0.05) -> list[str]:
+        """What a measurement cannot mean, beyond `tolerance` (a share of the larger step):
+        a decode step that costs less with more requests in the batch, or less with more
+        drafts (K) at the same batch. Noise, or a measuring method off at some points; a
+        planner reading such a curve can pick a K for its dips (K=1 over K=0 with no draft
+        accepted). Empty for a clean profile."""
+        found = []
+        for k, decode in sorted(self.decode.items()):
+            points = decode.step_ms.points
+            for (b0, ms0), (b1, ms1) in zip(points, points[1:]):
+                if ms1 < ms0 * (1 - tolerance):
+                    found.append(
+                        f"K={k}: a step of {b1:g} requests ({ms1:g} ms) costs less than of {b0:g} ({ms0:g} ms)"
+                    )
+        ks = sorted(self.decode)
+        for lower, higher in zip(ks, ks[1:]):
+            for batch, ms in self.decode[higher].step_ms.points:
+                below = self.decode[lower].step_ms.at(batch)
+                if ms < below * (1 - tolerance):
+                    found.append(
+                        f"K={higher} at {batch:g} requests ({ms:g} ms) costs less than K={lower} ({below:.4g} ms)"
+                    )
+        return found
+
     def with_acceptance(self, rate: float) -> EngineProfile:
         """This profile with each K's tokens per step taken from a per-draft acceptance rate
         instead of measured: (1 - rate^(K+1)) / (1 - rate), the expected tokens a step when

@@ -125,3 +125,14 @@ def test_an_acceptance_rate_is_said_and_used(profile_file, capsys):
     text = capsys.readouterr().out
     assert "draft acceptance rate 0.1 (given)" in text
     assert "Recommended: 3P:1D, K=0" in text
+
+
+def test_a_noisy_profile_is_warned_of_before_the_plan(tmp_path, capsys, monkeypatch):
+    for name in [name for name in os.environ if name.startswith(s.ENV_PREFIX)]:
+        monkeypatch.delenv(name)
+    noisy = synthetic(decode={0: ([(1, 20.0), (256, 60.0)], 1.0), 2: ([(1, 24.0), (256, 30.0)], 1.8)})
+    path = tmp_path / "noisy.json"
+    path.write_text(noisy.dump())
+    assert pdspec("--profile", path, *ARGS) == 0
+    err = capsys.readouterr().err
+    assert "warning: " in err and "K=2 at 256 requests (30 ms) costs less than K=0 (60 ms)" in err

@@ -82,3 +82,29 @@ def test_an_acceptance_rate_replaces_each_ks_tokens_per_step_and_keeps_the_step_
     for rate in (0, 1, 1.2):
         with pytest.raises(ValueError):
             measured.with_acceptance(rate)
+
+
+def test_a_step_cheaper_with_more_requests_or_more_drafts_is_an_anomaly():
+    clean = profile.EngineProfile.model_validate(
+        {
+            **PROFILE,
+            "decode": {
+                "0": {"step_ms": {"points": [[1, 10], [64, 20]]}, "tokens_per_step": 1},
+                "1": {"step_ms": {"points": [[1, 14], [64, 26]]}, "tokens_per_step": 1.5},
+            },
+        }
+    )
+    assert clean.anomalies() == []
+    noisy = clean.model_copy(
+        update={
+            "decode": {
+                0: clean.decode[0],
+                1: profile.DecodeProfile(step_ms=Curve(points=[(1, 14), (32, 30), (64, 12)]), tokens_per_step=1.5),
+            }
+        }
+    )
+    found = noisy.anomalies()
+    assert any("K=1: a step of 64 requests (12 ms) costs less than of 32 (30 ms)" in a for a in found)
+    assert any(a.startswith("K=1 at 64 requests (12 ms) costs less than K=0") for a in found)
+    assert clean.model_copy(update={"decode": {0: clean.decode[0]}}).anomalies() == []
+    assert len(profile.load(profile.shipped()["h200-qwen3-8b-eagle3"]).anomalies()) > 0  # as measured: noisy
