@@ -452,7 +452,9 @@ class Disaggregator:
                         # Without KV the worker prefills the prompt first: conditional
                         # disaggregation reads that as its queue (proxy/routing/plan.py).
                         # Per attempt: a retry's prefill may have fallen back to none.
-                        prefilling = 0 if prefilled.kv_transfer_params is not None else local_prefill_tokens(plan, worker)
+                        prefilling = (
+                            0 if prefilled.kv_transfer_params is not None else local_prefill_tokens(plan, worker)
+                        )
                         resp, lease = await self._open_decode(
                             worker,
                             api.path,
