@@ -506,12 +506,14 @@ def test_a_local_prefill_leases_its_tokens_on_its_decode_worker_until_its_first_
 
     settings = merged(KV_AWARE, {"routing": {"disaggregation": "conditional", "local_prefill_max_tokens": 64}})
     with Fleet(1, 1, INFO, **settings) as fleet:
-        fleet.prefills[0].delay_s = 2.0
+        # Wide windows, so that a loaded CI machine still sees each state: the first prompt
+        # holds the prefill worker 3 s, the local prefill's headers come after 1 s.
+        fleet.prefills[0].delay_s = 3.0
         decode = fleet.app.state.pools[1].workers[0]
         first = threading.Thread(target=complete, args=(fleet, LONG))
         first.start()
         assert wait_for(lambda: fleet.app.state.pools[0].workers[0].pending_tokens > 0, 5)
-        fleet.decodes[0].delay_s = 0.5  # the local prefill's leg: its headers come after this
+        fleet.decodes[0].delay_s = 1.0  # the local prefill's leg: its headers come after this
         fleet.decodes[0].stream_event_delay_s = 0.1
         prompt = "y = 2\n" * 40
         leased = []  # whether the decode worker had the prompt's tokens ahead before its first byte
