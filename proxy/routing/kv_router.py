@@ -43,6 +43,7 @@ from proxy.routing.kv_index import KvIndex, block_keys
 from proxy.routing.kv_subscriber import EventSource, Subscriber
 from proxy.routing.local_tokenizer import LocalTokenizer
 from proxy.routing.plan import RoutePlan, local_prefill
+from proxy.routing.policies.kv_aware import work_ahead
 from proxy.routing.tokenizer_check import TokenizerCheck
 from proxy.routing.tokens import direct_token_ids, prompt_token_ids, rendered_token_ids
 from proxy.upstream.client import UpstreamClient
@@ -297,12 +298,7 @@ class KvRouter:
         if not workers or any(w.outstanding == 0 for w in workers):
             return None
         load = self.settings.kv_aware_load_tokens
-        return load + min(
-            max(0, prompt_tokens - cached.get(w.url, 0))
-            + max(0, w.pending_tokens - building.get(w.url, 0))
-            + load * w.outstanding
-            for w in workers
-        )
+        return load + min(max(0, prompt_tokens - cached.get(w.url, 0)) + work_ahead(w, building, load) for w in workers)
 
     def cached_tokens(
         self, keys: list[bytes], block_size: int, pool: WorkerPool, routed: bool = True

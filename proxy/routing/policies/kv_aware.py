@@ -70,12 +70,12 @@ class KvAware:
         total = sum(churn.values())
 
         def score(w: Worker) -> tuple:
-            work_ahead = max(0, w.pending_tokens - building.get(w.url, 0)) + self.load_tokens * w.outstanding
+            ahead = work_ahead(w, building, self.load_tokens)
             # n * share is 1 at an even share (and while nothing has churned).
             pressure = len(candidates) * churn[w.url] / total if total else 1.0
             stored = max(0, prompt_tokens - cached.get(w.url, 0))
             return (
-                cached.get(w.url, 0) - work_ahead - self.churn_weight * stored * pressure,
+                cached.get(w.url, 0) - ahead - self.churn_weight * stored * pressure,
                 -w.outstanding,
                 rendezvous(key, w.url),
             )
@@ -83,6 +83,13 @@ class KvAware:
         best = max(candidates, key=score)
         least = min(candidates, key=lambda w: w.outstanding)
         return best if best.outstanding - least.outstanding < AFFINITY_MAX_EXTRA_LOAD else least
+
+
+def work_ahead(worker: Worker, building: dict[str, int], load_tokens: int) -> int:
+    """The work a worker's legs in flight put ahead of a prompt, in prompt tokens: the
+    tokens they lease (`pending_tokens`) less those `building` this prompt's own blocks, plus
+    `load_tokens` per leg (a leg's fixed cost). The prompt's own uncached part is not in it."""
+    return max(0, worker.pending_tokens - building.get(worker.url, 0)) + load_tokens * worker.outstanding
 
 
 def uncached_tokens(plan: RoutePlan | None, worker: Worker) -> int:
