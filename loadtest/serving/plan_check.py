@@ -28,6 +28,7 @@ from pathlib import Path
 
 from pdspec.plan import profile as profiles
 from pdspec.plan.fleet_model import Layout, Slo, simulate
+from pdspec.plan.search import evaluate
 from pdspec.plan.workload import poisson
 
 NO_SLO = Slo(ttft_p90_ms=float("inf"), tpot_p90_ms=float("inf"))
@@ -75,16 +76,15 @@ def measured_of(phase: dict) -> dict:
     }
 
 
-def goodput_of(args: argparse.Namespace, profile, layout: Layout, rows: list[dict]) -> dict:
+def goodput_of(
+    args: argparse.Namespace, profile, layout: Layout, rows: list[dict], loaded: list[tuple[Path, dict]]
+) -> dict:
     """The model's goodput of the layout under `--goodput-slo` (with the phases' mean
     acceptance unless `--profile-acceptance`) and the best measured phase's, which must have
     been taken under the same SLO (serve_bench's `slos_ms`; SystemExit otherwise)."""
-    from pdspec.plan.search import evaluate
-
     ttft_ms, tpot_ms = args.goodput_slo
     measured, shapes = 0.0, []
-    for path in args.results:
-        results = json.loads(path.read_text())
+    for path, results in loaded:
         shapes.append((results["input_len"], results["output_len"]))
         for phase in results["phases"]:
             if not phase.get("request_rate"):
@@ -185,8 +185,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.k not in profile.decode:
         raise SystemExit(f"{args.profile} has no decode curve for K={args.k} (it has K={sorted(profile.decode)})")
     rows = []
-    for path in args.results:
-        results = json.loads(path.read_text())
+    loaded = [(path, json.loads(path.read_text())) for path in args.results]
+    for path, results in loaded:
         phases = [phase for phase in results["phases"] if phase.get("request_rate")]
         if not phases:
             raise SystemExit(f"{path}: no phase with Poisson arrivals (serve_bench --request-rate)")
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
             )
     goodput = None
     if args.goodput_slo:
-        goodput = goodput_of(args, profile, layout, rows)
+        goodput = goodput_of(args, profile, layout, rows, loaded)
         print(f"goodput: {goodput}", flush=True)
     report = {
         "command": "python -m loadtest.plan_check " + " ".join(sys.argv[1:] if argv is None else argv),
