@@ -57,6 +57,18 @@ from pdspec.models.corpus import HELD_OUT_PROMPTS
 from pdspec.plan.profile import SCHEMA, EngineProfile
 
 
+def random_prompts(args: argparse.Namespace, rng: random.Random, count: int, tokens: int) -> list[list[int]]:
+    """`count` prompts of `tokens` random ids: fresh ids each call, so no prefix-cache hit."""
+    return [[rng.randrange(10, args.vocab) for _ in range(tokens)] for _ in range(count)]
+
+
+def median_prefill_rate(engine, args: argparse.Namespace, rng: random.Random, tokens: int) -> float:
+    """Prompt tokens/s, the median of `--reps` runs of `--prefill-prompts` fresh prompts of `tokens`."""
+    return statistics.median(
+        timed_rep(engine, random_prompts(args, rng, args.prefill_prompts, tokens), "auto")[0] for _ in range(args.reps)
+    )
+
+
 def prefill_point(args: argparse.Namespace, mbt: int) -> tuple[int, float, dict[str, str]]:
     """(mbt, a full step's ms, the engine's features) for a prefill worker's engine of budget `mbt`."""
     rng = random.Random(mbt)
@@ -64,14 +76,10 @@ def prefill_point(args: argparse.Namespace, mbt: int) -> tuple[int, float, dict[
     engine_args = prefill_worker_engine(args, mbt, prompt_tokens + 16)
     with plugin_engine(**engine_args) as engine:
         features = engine_features(engine)
-
-        def prompts() -> list[list[int]]:  # fresh ids each run: no prefix-cache hit
-            return [[rng.randrange(10, args.vocab) for _ in range(prompt_tokens)] for _ in range(args.prefill_prompts)]
-
-        timed_rep(engine, prompts()[:2], "auto")  # warm-up
-        rates = [timed_rep(engine, prompts(), "auto")[0] for _ in range(args.reps)]
-    step_ms = 1000 * mbt / statistics.median(rates)
-    print(f"prefill mbt {mbt}: {statistics.median(rates):,.0f} tok/s, {step_ms:.2f} ms a full step", flush=True)
+        timed_rep(engine, random_prompts(args, rng, 2, prompt_tokens), "auto")  # warm-up
+        rate = median_prefill_rate(engine, args, rng, prompt_tokens)
+    step_ms = 1000 * mbt / rate
+    print(f"prefill mbt {mbt}: {rate:,.0f} tok/s, {step_ms:.2f} ms a full step", flush=True)
     return mbt, step_ms, features
 
 
@@ -86,18 +94,11 @@ def prefill_points_one_engine(args: argparse.Namespace) -> tuple[list[tuple[int,
     points = []
     with plugin_engine(**engine_args) as engine:
         features = engine_features(engine)
-
-        def prompts(tokens: int) -> list[list[int]]:  # fresh ids each run: no prefix-cache hit
-            return [[rng.randrange(10, args.vocab) for _ in range(tokens)] for _ in range(args.prefill_prompts)]
-
-        timed_rep(engine, prompts(mbt)[:2], "auto")  # warm-up
+        timed_rep(engine, random_prompts(args, rng, 2, mbt), "auto")  # warm-up
         for tokens in sorted(args.prefill_mbt):
-            rates = [timed_rep(engine, prompts(tokens), "auto")[0] for _ in range(args.reps)]
-            points.append((tokens, 1000 * tokens / statistics.median(rates)))
-            print(
-                f"prefill {tokens} tokens a step: {statistics.median(rates):,.0f} tok/s, {points[-1][1]:.2f} ms",
-                flush=True,
-            )
+            rate = median_prefill_rate(engine, args, rng, tokens)
+            points.append((tokens, 1000 * tokens / rate))
+            print(f"prefill {tokens} tokens a step: {rate:,.0f} tok/s, {points[-1][1]:.2f} ms", flush=True)
     return points, features
 
 
@@ -105,10 +106,7 @@ def decode_prompts(args: argparse.Namespace, batch: int, rng: random.Random) -> 
     from vllm import TokensPrompt
 
     if args.dummy:
-        context = args.decode_context
-        return [
-            TokensPrompt(prompt_token_ids=[rng.randrange(10, args.vocab) for _ in range(context)]) for _ in range(batch)
-        ]
+        return [TokensPrompt(prompt_token_ids=ids) for ids in random_prompts(args, rng, batch, args.decode_context)]
     return [HELD_OUT_PROMPTS[i % len(HELD_OUT_PROMPTS)] + f"# {i}\n" for i in range(batch)]
 
 
