@@ -129,6 +129,8 @@ def probe(
         rows.append(row)
     proxy_after = proxy_legs(client, proxy_url)
     return {
+        "input_len": input_len,
+        "max_tokens": max_tokens,
         "rows": rows,
         "median": medians(rows),
         "decode_pull_metrics": metric_means({}, pulls["decode"]),

@@ -47,9 +47,14 @@ sharing fewer devices (`Layout.devices`). The model's assumptions:
   shared GPU must be measured at the memory share each engine gets there). An engine alone on
   its device never waits for it, so a layout of one engine per device runs exactly as before
   devices were modelled.
+- **Serving**: a request's time outside the engines (HTTP servers, the proxy, the legs' round
+  trips), the profile's `serving_ms` for the layout's kind (0 without one), is added to its
+  first token and its end: a constant that shifts TTFT, loads no engine and leaves TPOT as it
+  is. It was measured on an idle stack, so any growth of it under load (API servers sharing
+  the engines' cores, say) is not in it.
 - **Out of scope** in this version: prefix caching (every prompt is computed in full),
   preemption, a prefill engine's KV room (it holds a prompt's KV until the hand-off; never
-  full here), per-request acceptance variance, the proxy's own time, network contention.
+  full here), per-request acceptance variance, network contention.
 
 TTFT is the first token's time minus the arrival; TPOT is (end - first token) / (OSL - 1),
 None for OSL 1. Utilization is the fraction of a role's engine time spent in steps (a decode
@@ -274,8 +279,9 @@ def simulate(
     if any(job.end_s is None for job in jobs):  # the contract above: a bug, never a result
         raise RuntimeError("the fleet model stopped with requests unfinished")
     engines = fleet.engines()
+    serving_s = profile.serving_ms.for_layout(layout.is_aggregated) / 1000 if profile.serving_ms else 0.0
     return FleetRun(
-        outcomes=[Outcome(job.request, job.first_token_s, job.end_s) for job in jobs],
+        outcomes=[Outcome(job.request, job.first_token_s + serving_s, job.end_s + serving_s) for job in jobs],
         steps={role: [step for engine in group for step in engine.step_times] for role, group in engines.items()},
         engines={role: len(group) for role, group in engines.items()},
     )

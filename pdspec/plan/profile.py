@@ -9,7 +9,10 @@ the KV room:
   step against the requests in the batch, and the tokens a request gains per step (1 + its
   accepted drafts, on the prompts the profile was measured with);
 - **transfer**: the KV hand-off's time against the prompt's tokens;
-- **kv_tokens**: the tokens one engine's KV cache holds.
+- **kv_tokens**: the tokens one engine's KV cache holds;
+- **serving_ms** (optional, 0 when absent): a request's time outside the engines (the HTTP
+  servers, the proxy, the legs' round trips and the hand-off's notifications), per layout
+  kind, measured on an idle stack (`loadtest.engine_bench.serving_overhead`).
 
 Between measured points a curve is interpolated linearly; past its last point it is
 extrapolated along its last segment (a step costs more with more tokens, never less), and
@@ -91,6 +94,24 @@ class DecodeProfile(BaseModel):
     )
 
 
+class ServingOverhead(BaseModel):
+    """A request's time outside the engines, added to its TTFT by the fleet model: what one
+    request through the whole stack on an idle fleet took, less what the model gives the
+    same request from the engine curves alone. A constant: it shifts TTFT, and loads no
+    engine."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    disaggregated_ms: float = Field(
+        ge=0, description="Through the proxy, a prefill leg, the hand-off and a decode leg."
+    )
+    aggregated_ms: float = Field(ge=0, description="Through the proxy and one colocated worker's leg.")
+    source: str = Field(description="The probe it was taken from, and how.")
+
+    def for_layout(self, aggregated: bool) -> float:
+        return self.aggregated_ms if aggregated else self.disaggregated_ms
+
+
 class EngineProfile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -104,6 +125,9 @@ class EngineProfile(BaseModel):
     decode: dict[int, DecodeProfile] = Field(description="By draft length K (0: no drafter).")
     transfer_ms: Curve = Field(description="The KV hand-off's time (ms) against the prompt's tokens.")
     kv_tokens: int = Field(gt=0, description="Tokens one engine's KV cache holds.")
+    serving_ms: ServingOverhead | None = Field(
+        default=None, description="A request's time outside the engines; none measured: 0."
+    )
 
     @field_validator("schema_")
     @classmethod

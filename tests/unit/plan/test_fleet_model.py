@@ -7,6 +7,7 @@ import pytest
 
 from pdspec.plan import workload
 from pdspec.plan.fleet_model import FleetRun, Layout, Outcome, Slo, percentiles, simulate
+from pdspec.plan.profile import ServingOverhead
 from pdspec.plan.workload import Request
 from tests.engine_profiles import synthetic
 
@@ -39,6 +40,17 @@ def test_alone_on_a_colocated_engine_a_request_waits_its_prefill_step_only():
     for outcome in run.outcomes:
         assert ms(outcome.ttft_s) == pytest.approx(PREFILL.at(1024))  # no hand-off, first token from the prefill
         assert ms(outcome.tpot_s) == pytest.approx(2 * DECODE3.at(1) / 5)  # 5 more tokens at 2.5 a step
+
+
+@pytest.mark.parametrize(("layout", "term"), [(ONE_P_ONE_D, 40.0), (Layout.aggregated(1), 15.0)])
+def test_the_serving_term_of_the_layouts_kind_shifts_ttft_and_leaves_tpot(layout, term):
+    serving = ServingOverhead(disaggregated_ms=40.0, aggregated_ms=15.0, source="a unit test")
+    requests = workload.poisson(20.0, 60, [(1024, 6)], seed=1)
+    bare = simulate(PROFILE, layout, 3, requests)
+    served = simulate(PROFILE.model_copy(update={"serving_ms": serving}), layout, 3, requests)
+    for without, with_term in zip(bare.outcomes, served.outcomes):
+        assert ms(with_term.ttft_s) == pytest.approx(ms(without.ttft_s) + term)
+        assert with_term.tpot_s == pytest.approx(without.tpot_s)
 
 
 def test_a_long_prompt_is_chunked_over_full_steps():
