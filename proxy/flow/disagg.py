@@ -388,7 +388,14 @@ class Disaggregator:
 
     def _decode_attempts(self, ex: Exchange, tries: int, first: Worker | None = None):
         plan = ex.plan
-        cached, planned = (plan.decode_cached, plan.decode_worker) if plan is not None else (None, None)
+        cached = plan.decode_cached if plan is not None else None
+        # The plan's decode worker binds only a prompt it prefills itself: conditional
+        # disaggregation chose it for that. A leg with KV is picked when it leaves, on the
+        # loads then: the pool counts a decode leg from its hand-off, so picks made at
+        # arrival all saw the counts of before a burst, and every request arriving within
+        # one prefill leg's time went to one decode worker (the fleet benchmark's kv_aware
+        # tail: loadtest/results/fleet/h200-qwen3-8b/round2/tail-analysis.md).
+        planned = plan.decode_worker if plan is not None and plan.local_prefill is not None else None
         key = leg_key(ex.body, plan, self.decode_pool.policy)
         return attempts(self.decode_pool, tries, key, cached, first or planned)
 
