@@ -5,7 +5,8 @@ It reads `serve_bench` results taken with Poisson arrivals (`--request-rate`): f
 phase, the same number of requests of the same shape at the same rate go through the fleet
 model with the profile, `--seeds` times (arrivals differ by seed, as two runs of the real
 stack would), and the medians of those runs are set beside the measured figures: request
-throughput, TTFT median and p99, TPOT median. The model's decode gain per step is the one
+throughput, TTFT median, p90 (results of serve_bench from before it kept a p90
+show "-") and p99, TPOT median. The model's decode gain per step is the one
 the stack's decode worker measured in that phase (its acceptance length), unless
 `--profile-acceptance`: the profile's was measured on other prompts. `--devices N` says the
 measured stack ran its engines on N devices (the CPU 2P1D on two cores, four engines on one
@@ -54,7 +55,7 @@ def with_acceptance(profile: profiles.EngineProfile, k: int, tokens_per_step: fl
 
 
 def predict(profile, layout: Layout, k: int, rate: float, count: int, isl: int, osl: int, seeds: int) -> dict:
-    """The medians over `seeds` runs of the model: throughput, TTFT p50/p99, TPOT p50."""
+    """The medians over `seeds` runs of the model: throughput, TTFT p50/p90/p99, TPOT p50."""
     runs = []
     for seed in range(seeds):
         run = simulate(profile, layout, k, poisson(rate, count, [(isl, osl)], seed))
@@ -62,6 +63,7 @@ def predict(profile, layout: Layout, k: int, rate: float, count: int, isl: int, 
     return {
         "throughput_rps": statistics.median(s.throughput_rps for s in runs),
         "ttft_p50_ms": statistics.median(s.ttft_ms.p50 for s in runs),
+        "ttft_p90_ms": statistics.median(s.ttft_ms.p90 for s in runs),
         "ttft_p99_ms": statistics.median(s.ttft_ms.p99 for s in runs),
         "tpot_p50_ms": statistics.median(s.tpot_ms.p50 for s in runs),
     }
@@ -71,6 +73,7 @@ def measured_of(phase: dict) -> dict:
     return {
         "throughput_rps": phase["request_throughput"],
         "ttft_p50_ms": phase["ttft_ms"]["median"],
+        "ttft_p90_ms": phase["ttft_ms"].get("p90"),  # None in results from before serve_bench kept it
         "ttft_p99_ms": phase["ttft_ms"]["p99"],
         "tpot_p50_ms": phase["tpot_ms"]["median"],
     }
@@ -104,7 +107,7 @@ def goodput_of(
     }
 
 
-FIGURES = ("throughput_rps", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms")
+FIGURES = ("throughput_rps", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms")
 
 
 def markdown(report: dict) -> str:
@@ -135,13 +138,16 @@ def markdown(report: dict) -> str:
         "Each cell: measured / predicted (predicted over measured). Predicted: the median of "
         f"{report['seeds']} runs of the model with the phase's rate, request count and shape.",
         "",
-        "| results | rate /s | acceptance | throughput req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| results | rate /s | acceptance | throughput req/s | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | TPOT p50 ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in report["phases"]:
         cells = []
         for figure in FIGURES:
             measured, predicted = row["measured"][figure], row["predicted"][figure]
+            if measured is None:
+                cells.append(f"- / {predicted:,.1f}")
+                continue
             ratio = predicted / measured if measured else float("nan")
             cells.append(f"{measured:,.1f} / {predicted:,.1f} ({ratio:.2f})")
         lines.append(

@@ -39,7 +39,7 @@ PHASE = {
     "request_rate": 2.0,
     "completed": 20,
     "request_throughput": 1.8,
-    "ttft_ms": {"median": 100.0, "p99": 200.0},
+    "ttft_ms": {"median": 100.0, "p90": 150.0, "p99": 200.0},
     "tpot_ms": {"median": 7.0},
     "decode_acceptance_length": 2.0,
 }
@@ -64,6 +64,17 @@ def test_each_poisson_phase_gets_a_prediction_beside_its_measurement(tmp_path):
     table = (tmp_path / "out" / "plan_check.md").read_text()
     assert table.startswith("# The fleet model against 1p1d measured (")
     assert "| run | 2 | 2.00 | 1.8 / " in table
+    assert row["measured"]["ttft_p90_ms"] == 150.0 and row["predicted"]["ttft_p90_ms"] > 0
+
+
+def test_results_from_before_serve_bench_kept_a_p90_show_none_measured(tmp_path):
+    old = {**PHASE, "ttft_ms": {"median": 100.0, "p99": 200.0}}
+    report = plan_check.main(
+        ["--profile", "cpu-2core-pdspec-tiny-eagle3", "--layout", "1p1d", "--k", "3"]
+        + ["--results", str(_results(tmp_path, [old])), "--seeds", "1", "--out", str(tmp_path / "out")]
+    )
+    assert report["phases"][0]["measured"]["ttft_p90_ms"] is None
+    assert "| 100.0 / " in (tmp_path / "out" / "plan_check.md").read_text()
 
 
 def test_devices_put_the_engines_on_fewer_devices_which_costs_latency(tmp_path):

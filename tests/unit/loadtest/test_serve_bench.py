@@ -23,8 +23,9 @@ def test_distribution_in_ms():
     d = distribution_ms([0.001 * i for i in range(1, 101)])  # 1..100 ms
     assert d["mean"] == pytest.approx(50.5)
     assert d["median"] == pytest.approx(50.5)
+    assert d["p90"] == pytest.approx(90.1)
     assert d["p99"] == pytest.approx(99.01)
-    assert distribution_ms([]) == {"mean": None, "median": None, "p99": None}
+    assert distribution_ms([]) == {"mean": None, "median": None, "p90": None, "p99": None}
 
 
 def test_tpot_excludes_first_token():
@@ -212,7 +213,7 @@ def test_ab_summary_table_and_files(tmp_path):
         "decode_acceptance_length",
     ):
         assert field in data["phases"][0]
-    assert set(data["phases"][0]["ttft_ms"]) == {"mean", "median", "p99"}
+    assert set(data["phases"][0]["ttft_ms"]) == {"mean", "median", "p90", "p99"}
 
 
 def test_ab_plot_of_a_run_whose_deadline_left_no_phase(tmp_path):
