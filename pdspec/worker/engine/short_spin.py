@@ -13,6 +13,19 @@ window of a few milliseconds a reader still catches the next message of a busy l
 engine core sends the next step within about a millisecond) and sleeps otherwise, woken
 by the notification (tens of microseconds).
 
+A reader that sleeps must not miss its wake-up for long. vLLM's reader sleeps in a poll
+of the notification socket for up to `SHM_READER_RECHECK_INTERVAL_MS` (5 s), then looks
+at the ring again; with a window of milliseconds a reader sleeps between most messages,
+and now and then a notification does not wake it (how it is lost inside vLLM's ZMQ
+notification, whose writer socket drops at a high-water mark of 1, was not traced): on
+the CPU 1P1D at 2 requests/s every decode stream and every new request then stopped for
+5.02 s at once, the recheck interval, in 3 of 12 runs (`loadtest/serving/stall_probe.py`,
+`loadtest/results/stalls-cpu/`; the multi-second stalls of `serve_bench` phases here), and
+in none of 24 with the bound. So a short-spinning
+reader's sleep is cut into polls of at most `RECHECK_MS` (20 ms): a lost notification
+costs that much, and an idle reader wakes 50 times a second to look (a poll and a read of
+one flag: nothing beside the engines).
+
 Failure policy: off (reported) on GPU builds, with `window_ms` 0, or where vLLM's
 SpinCondition has no `busy_loop_s`; it changes a timing only, never what is read.
 """
@@ -28,6 +41,7 @@ from pdspec.worker.engine.control import SPIN_WINDOW_ENV as WINDOW_ENV
 from pdspec.worker.engine.wrap_once import wrap_once
 
 MARKER = "short_spin"
+RECHECK_MS = 20  # longest sleep of a short-spinning reader between looks at its ring
 
 
 def _short_window(original: Any, window_s: float) -> Any:
@@ -38,6 +52,14 @@ def _short_window(original: Any, window_s: float) -> Any:
             self.busy_loop_s = min(self.busy_loop_s, window_s)
 
     return __init__
+
+
+def _bounded_sleep(original: Any, recheck_ms: int) -> Any:
+    @functools.wraps(original)
+    def wait(self: Any, timeout_ms: int | None = None) -> None:
+        original(self, recheck_ms if timeout_ms is None else min(timeout_ms, recheck_ms))
+
+    return wait
 
 
 def install_short_spin() -> None:
@@ -58,4 +80,5 @@ def install_short_spin() -> None:
         features.report(features.SHORT_SPIN, False, "vLLM has no shm_broadcast.SpinCondition here")
         return
     wrap_once(SpinCondition, "__init__", MARKER, lambda original: _short_window(original, window_ms / 1000))
+    wrap_once(SpinCondition, "wait", MARKER, lambda original: _bounded_sleep(original, RECHECK_MS))
     features.report(features.SHORT_SPIN, True)

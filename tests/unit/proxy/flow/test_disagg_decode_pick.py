@@ -62,7 +62,9 @@ def test_a_burst_planned_before_any_hand_off_spreads_over_the_decode_workers():
 def test_a_prompt_planned_to_prefill_on_its_decode_worker_is_served_there_without_kv():
     """Conditional disaggregation with a margin the prompts are under: each goes to its
     planned decode worker as a leg without KV, and no prefill leg is sent."""
-    settings = merged(KV_AWARE_PREFILL, {"routing": {"disaggregation": "conditional", "local_prefill_max_tokens": 4096}})
+    settings = merged(
+        KV_AWARE_PREFILL, {"routing": {"disaggregation": "conditional", "local_prefill_max_tokens": 4096}}
+    )
     with Fleet(1, 2, INFO, **settings) as fleet:
         for i in range(6):
             complete(fleet, f"short {i}")

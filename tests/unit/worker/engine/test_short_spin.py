@@ -1,5 +1,6 @@
 """short_spin: on CPU builds vLLM's shared-memory queue readers spin milliseconds, not a
-second, before they sleep; writers are untouched. On vLLM's own SpinCondition."""
+second, before they sleep, and sleep at most RECHECK_MS between looks at their ring;
+writers are untouched. On vLLM's own SpinCondition."""
 
 import pytest
 
@@ -12,6 +13,7 @@ from pdspec.worker.engine.wrap_once import is_wrapped
 def spin_condition(monkeypatch):
     shm = pytest.importorskip("vllm.distributed.device_communicators.shm_broadcast")
     monkeypatch.setattr(shm.SpinCondition, "__init__", shm.SpinCondition.__init__)  # restored after the test
+    monkeypatch.setattr(shm.SpinCondition, "wait", shm.SpinCondition.wait)
     return shm.SpinCondition
 
 
@@ -44,7 +46,7 @@ def test_a_reader_spins_the_window_on_a_cpu_build(monkeypatch, spin_condition, t
     monkeypatch.setenv(short_spin.WINDOW_ENV, "5")
     short_spin.install_short_spin()
     short_spin.install_short_spin()  # idempotent
-    assert is_wrapped(spin_condition.__init__, MARKER)
+    assert is_wrapped(spin_condition.__init__, MARKER) and is_wrapped(spin_condition.wait, MARKER)
     assert readers_window(spin_condition, tmp_path) == (0.005, 0)
     assert features.reported()[features.SHORT_SPIN] == ("on", "")
 
@@ -60,3 +62,43 @@ def test_off_by_setting_or_on_a_gpu_build(monkeypatch, spin_condition):
     short_spin.install_short_spin()
     assert features.reported()[features.SHORT_SPIN] == ("off", "not a CPU build (vLLM's one-second spin kept)")
     assert not is_wrapped(spin_condition.__init__, MARKER)
+
+
+def test_a_sleeping_reader_looks_again_within_the_recheck_bound():
+    """vLLM's reader sleeps up to 5 s (no timeout given: its recheck interval) for a
+    notification that now and then does not come; bounded, a lost one costs RECHECK_MS."""
+    asked = []
+    wait = short_spin._bounded_sleep(lambda self, timeout_ms=None: asked.append(timeout_ms), short_spin.RECHECK_MS)
+    for given in (None, 5000, short_spin.RECHECK_MS + 1, 3):
+        wait(object(), given)
+    assert asked == [short_spin.RECHECK_MS, short_spin.RECHECK_MS, short_spin.RECHECK_MS, 3]
+
+
+def test_an_idle_reader_on_vllms_condition_wakes_without_a_notification(monkeypatch, spin_condition, tmp_path):
+    """A real reader past its window, nothing written, asked to wait vLLM's recheck
+    interval (5 s, what its reads pass): it looks again after about RECHECK_MS."""
+    import threading
+
+    import zmq
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("the CPU build's test")
+    monkeypatch.setenv(short_spin.WINDOW_ENV, "5")
+    short_spin.install_short_spin()
+    context = zmq.Context()
+    address = f"ipc://{tmp_path}/notify"
+    writer = spin_condition(is_reader=False, context=context, notify_address=address)
+    reader = spin_condition(is_reader=True, context=context, notify_address=address)
+    reader.last_read = 0.0  # long idle: the next wait sleeps on the socket
+    returned = threading.Event()
+    thread = threading.Thread(target=lambda: (reader.wait(timeout_ms=5000), returned.set()), daemon=True)
+    thread.start()
+    try:
+        assert returned.wait(2.0)  # vLLM's own sleep is 5 s
+    finally:
+        thread.join(6)
+        for socket in (reader.local_notify_socket, reader.write_cancel_socket, reader.read_cancel_socket):
+            socket.close(linger=0)
+        writer.local_notify_socket.close(linger=0)
+        context.term()
