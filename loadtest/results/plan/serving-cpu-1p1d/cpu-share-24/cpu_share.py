@@ -1,34 +1,40 @@
-"""CPU seconds per process group of the running stack over one serve_bench phase."""
+"""The CPU seconds each process under a running `pdspec up` used while a command ran (the
+record of how cpu_seconds.json was taken).
 
-import json, subprocess, sys, time
+`python cpu_share.py UP_PID OUT.json COMMAND...`
+"""
+
+import json
+import subprocess
+import sys
+import time
+
 import psutil
 
-root = int(sys.argv[1])
-out = sys.argv[2]
-bench = sys.argv[3:]
 
-
-def groups():
+def cpu_by_process(root: int) -> dict[int, tuple[str, float]]:
     found = {}
-    for p in psutil.Process(root).children(recursive=True):
+    for process in psutil.Process(root).children(recursive=True):
         try:
-            name = " ".join(p.cmdline())[:200]
-            t = p.cpu_times()
-            found[p.pid] = (name, t.user + t.system)
+            times = process.cpu_times()
+            found[process.pid] = (" ".join(process.cmdline())[:200], times.user + times.system)
         except psutil.NoSuchProcess:
             pass
     return found
 
 
-before = groups()
-t0 = time.time()
-bench_proc = subprocess.run(bench, capture_output=True, text=True)
-wall = time.time() - t0
-after = groups()
-rows = []
-for pid, (name, cpu) in after.items():
-    rows.append((round(cpu - before.get(pid, (name, 0.0))[1], 1), pid, name))
-rows.sort(reverse=True)
-me = psutil.Process().cpu_times()
-print(json.dumps({"wall_s": round(wall, 1), "rows": rows[:12]}, indent=1))
-open(out, "w").write(json.dumps({"wall_s": round(wall, 1), "rows": rows}, indent=1))
+def main() -> None:
+    root, out, command = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    before, started = cpu_by_process(root), time.time()
+    subprocess.run(command, capture_output=True, text=True)
+    wall, after = time.time() - started, cpu_by_process(root)
+    rows = sorted(
+        ((round(cpu - before.get(pid, (name, 0.0))[1], 1), pid, name) for pid, (name, cpu) in after.items()),
+        reverse=True,
+    )
+    with open(out, "w") as file:
+        json.dump({"wall_s": round(wall, 1), "rows": rows}, file, indent=1)
+
+
+if __name__ == "__main__":
+    main()
