@@ -52,7 +52,7 @@ def test_a_burst_planned_before_any_hand_off_spreads_over_the_decode_workers():
         for i in range(4):
             threads.append(threading.Thread(target=complete, args=(fleet, f"prompt {i}: " + "x" * 40)))
             threads[-1].start()
-            assert wait_for(lambda: prefill.outstanding == i + 1, 5)  # planned, prefilling
+            assert wait_for(lambda n=i + 1: prefill.outstanding == n, 5)  # planned, prefilling
         assert sum(len(decode_legs(d)) for d in fleet.decodes) == 0  # no hand-off before the last plan
         for thread in threads:
             thread.join(30)
