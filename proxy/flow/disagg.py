@@ -389,13 +389,19 @@ class Disaggregator:
     def _decode_attempts(self, ex: Exchange, tries: int, first: Worker | None = None):
         plan = ex.plan
         cached = plan.decode_cached if plan is not None else None
-        # The plan's decode worker binds only a prompt it prefills itself: conditional
-        # disaggregation chose it for that. A leg with KV is picked when it leaves, on the
-        # loads then: the pool counts a decode leg from its hand-off, so picks made at
-        # arrival all saw the counts of before a burst, and every request arriving within
-        # one prefill leg's time went to one decode worker (the fleet benchmark's kv_aware
-        # tail: loadtest/results/fleet/h200-qwen3-8b/round2/tail-analysis.md).
-        planned = plan.decode_worker if plan is not None and plan.local_prefill is not None else None
+        # The plan's decode worker (conditional disaggregation's, proxy/routing/kv_router.py)
+        # binds a prompt it prefills itself, which it was chosen for, and any leg of a pool
+        # whose policy reads no load (round_robin: picking again would only take a second
+        # turn). Else a leg is picked when it leaves (early decode: when the prefill leg
+        # does), on the loads then: the pool counts a decode leg from its hand-off, so picks
+        # made at arrival all saw the counts of before a burst, and the requests arriving
+        # within one prefill leg's time went to the worker with the fewest legs open then
+        # (the fleet benchmark's kv_aware tail:
+        # loadtest/results/fleet/h200-qwen3-8b/round2/tail-analysis.md). A cache-aware
+        # pool still weighs what the plan found each worker holding at arrival.
+        planned = None
+        if plan is not None and (plan.local_prefill is not None or not self.decode_pool.policy.reads_load):
+            planned = plan.decode_worker
         key = leg_key(ex.body, plan, self.decode_pool.policy)
         return attempts(self.decode_pool, tries, key, cached, first or planned)
 

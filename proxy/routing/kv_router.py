@@ -13,8 +13,8 @@ the workers' caches, the subscriptions that fill it, and a request's route plan.
   the API's render endpoint for Responses and Messages). It keys its
   full blocks as the index does, and gives each pool's cached tokens per worker and the
   prompt's rendezvous keys (its ids' start for prefix_affinity; for kv_aware's tie-break,
-  its first block no worker holds, `new_part_key`). The decode worker is
-  chosen first: with conditional disaggregation, a prompt whose part uncached on that
+  its first block no worker holds, `new_part_key`). With conditional
+  disaggregation a decode worker is chosen first, and a prompt whose part uncached on that
   worker is short, or whose wait for the prefill pool (`prefill_work_ahead`) is longer
   than for that worker's own prefills, is prefilled there (proxy/routing/plan.py's
   `local_prefill`: no prefill leg, no KV transfer).
@@ -232,12 +232,19 @@ class KvRouter:
         decode_cached = self.cached_tokens(keys, block_size, self.decode_pool)
         affinity = token_affinity_key(ids)
         new_part = new_part_key(ids, keys, block_size, prefill_cached, decode_cached)
-        try:
-            decode_worker = self.decode_pool.pick(
-                affinity_key=rendezvous_key(self.decode_pool.policy, affinity, new_part), cached=decode_cached
-            )
-        except NoHealthyWorker:  # the decode leg will say so
+        if not self.decode_pool.has_healthy():  # the decode leg will say so
             return None
+        decode_worker = None
+        if self.settings.disaggregation == "conditional":
+            # Its decision is about one decode worker. Otherwise the decode leg picks its
+            # worker at its hand-off (proxy/flow/disagg.py): a pick here would only take a
+            # policy's turn (round_robin) or a random draw.
+            try:
+                decode_worker = self.decode_pool.pick(
+                    affinity_key=rendezvous_key(self.decode_pool.policy, affinity, new_part), cached=decode_cached
+                )
+            except NoHealthyWorker:
+                return None
         building = None
         if self.prefill_pool.policy.cache_aware:
             prefill_held = self.cached_tokens(keys, block_size, self.prefill_pool, routed=False)

@@ -25,7 +25,9 @@ class RoutePlan:
     prompt_tokens: int
     prefill_cached: dict[str, int] | None  # cached prompt tokens per prefill worker (None: not kv_aware)
     decode_cached: dict[str, int] | None
-    decode_worker: Worker | None = None  # chosen first: the decode leg tries it first
+    # Conditional disaggregation's decode worker, chosen first (None otherwise): the decode
+    # leg goes there when it prefills the prompt itself, or when its pool reads no load.
+    decode_worker: Worker | None = None
     # The rendezvous keys, from the ids (the same whatever API rendered them): `affinity`,
     # their start, for prefix_affinity (a prefix stays on one worker); `new_part`, the
     # prompt's first block no worker holds, kv_aware's tie-break (new_part_key).

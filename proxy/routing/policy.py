@@ -30,6 +30,9 @@ class Policy(Protocol):
     name: ClassVar[str]  # as the settings name it (pdspec.contract.RoutingPolicy)
     keyed: ClassVar[bool]  # routes by the prompt's rendezvous key: the flow computes it only then
     cache_aware: ClassVar[bool]  # reads the route plan's cached tokens; its key is the prompt's new part
+    # Reads the workers' loads (legs in flight, leased tokens), which change between a
+    # request's arrival and its hand-off: a decode worker is then picked at the hand-off.
+    reads_load: ClassVar[bool]
 
     def pick(
         self,

@@ -49,6 +49,7 @@ class KvAware:
     name = "kv_aware"
     keyed = True
     cache_aware = True
+    reads_load = True
 
     def __init__(self, load_tokens: int = 256, churn_weight: float = 0.0) -> None:
         self.load_tokens = load_tokens  # what one leg in flight costs, in prompt tokens to prefill

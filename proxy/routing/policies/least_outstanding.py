@@ -16,6 +16,7 @@ class LeastOutstanding:
     name = "least_outstanding"
     keyed = False
     cache_aware = False
+    reads_load = True
 
     def __init__(self) -> None:
         self._rng = random.Random(0)

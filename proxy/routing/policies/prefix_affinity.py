@@ -19,6 +19,7 @@ class PrefixAffinity:
     name = "prefix_affinity"
     keyed = True
     cache_aware = False
+    reads_load = True
 
     def __init__(self) -> None:
         self._least = LeastOutstanding()

@@ -11,6 +11,7 @@ class RoundRobin:
     name = "round_robin"
     keyed = False
     cache_aware = False
+    reads_load = False
 
     def __init__(self) -> None:
         self._counter = itertools.count()

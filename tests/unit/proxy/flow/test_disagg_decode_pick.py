@@ -1,11 +1,13 @@
-"""Where a disaggregated request decodes (proxy/flow/disagg.py, `_decode_attempts`): a leg
-with KV is picked by the decode pool's policy when it leaves, on the loads then, even when
-cache-aware routing planned a decode worker at arrival; only a prompt the planned decode
-worker prefills itself (conditional disaggregation) keeps it. Against stand-in workers."""
+"""Where a request decodes (proxy/flow/disagg.py, `_decode_attempts`): a leg with KV is
+picked by the decode pool's policy when it leaves, on the loads then, even where cache-aware
+routing made a route plan at arrival; conditional disaggregation's planned decode worker
+binds a prompt it prefills itself, and any leg of a pool whose policy reads no load
+(round_robin), which takes one turn a request either way. Against stand-in workers."""
 
 import threading
 
 import httpx
+import pytest
 
 from tests.harness import merged, wait_for
 from tests.proxy_cluster import Fleet
@@ -59,15 +61,24 @@ def test_a_burst_planned_before_any_hand_off_spreads_over_the_decode_workers():
         assert sorted(len(decode_legs(d)) for d in fleet.decodes) == [2, 2]
 
 
-def test_a_prompt_planned_to_prefill_on_its_decode_worker_is_served_there_without_kv():
-    """Conditional disaggregation with a margin the prompts are under: each goes to its
-    planned decode worker as a leg without KV, and no prefill leg is sent."""
-    settings = merged(
-        KV_AWARE_PREFILL, {"routing": {"disaggregation": "conditional", "local_prefill_max_tokens": 4096}}
-    )
+@pytest.mark.parametrize(
+    "routing, local",
+    [
+        ({}, False),  # a route plan (kv_aware prefill pool), no conditional: picked at the hand-off only
+        ({"disaggregation": "conditional", "local_prefill_max_tokens": 4096}, True),  # planned, prefilled there
+        ({"disaggregation": "conditional", "local_prefill_max_tokens": 8}, False),  # planned, disaggregated
+    ],
+)
+def test_round_robin_takes_one_turn_a_request_wherever_the_worker_is_picked(routing, local):
+    """Six prompts one after another over two decode workers on round_robin split 3 and 3:
+    a request that took a turn at its plan and another at its hand-off would land on the
+    same worker every time. With conditional disaggregation the planned worker serves the
+    prompt, prefilling it itself (no prefill leg, no KV) or given the KV."""
+    settings = merged(KV_AWARE_PREFILL, {"routing": {"decode_policy": "round_robin", **routing}})
     with Fleet(1, 2, INFO, **settings) as fleet:
         for i in range(6):
-            complete(fleet, f"short {i}")
-        assert sum(len(decode_legs(d)) for d in fleet.decodes) == 6
-        assert all(legs.get("kv_transfer_params") is None for d in fleet.decodes for legs in decode_legs(d))
-        assert fleet.prefills[0].received == []
+            complete(fleet, f"prompt {i}: " + "x" * 40)
+        assert [len(decode_legs(d)) for d in fleet.decodes] == [3, 3]
+        without_kv = [legs.get("kv_transfer_params") is None for d in fleet.decodes for legs in decode_legs(d)]
+        assert without_kv == [local] * 6
+        assert (fleet.prefills[0].received == []) == local

@@ -37,3 +37,5 @@ def test_only_the_keyed_policies_route_by_a_key_and_only_kv_aware_reads_the_cach
     policies = {name: registry.make(name) for name in registry.POLICIES}
     assert {n for n, p in policies.items() if p.keyed} == {"prefix_affinity", "kv_aware"}
     assert {n for n, p in policies.items() if p.cache_aware} == {"kv_aware"}
+    # Every policy but round_robin reads the workers' loads (a decode leg is then picked at its hand-off).
+    assert {n for n, p in policies.items() if not p.reads_load} == {"round_robin"}
