@@ -22,6 +22,9 @@
 - **kv_tokens**: the decode engine's KV blocks times its block size, or `--kv-tokens` with
   `--kv-tokens-source` saying where that figure comes from (engines measured at a part of
   the GPU hold less than a worker given the whole GPU).
+- **serving_ms**: not measured here (it needs the whole stack): a profile written here has
+  none, and `loadtest.engine_bench.serving_overhead` adds it from a hand-off probe (so a
+  re-measured profile needs that step again).
 
 Acceptance on `--dummy` shapes: random drafter weights have every draft rejected, so each
 K measures 1.0 tokens a step; the step times are real. `pdspec plan --acceptance-rate`

@@ -26,7 +26,7 @@ def attempts(
     `exclude` (prefill workers without room: read at each pick, so the caller may update it
     between attempts), picked by the pool's policy when the
     attempt starts (so a retry sees health changes), the first one `first` when it is still
-    healthy (the decode worker a route plan chose). `cached`, `building` and `prompt_tokens` are kv_aware's
+    healthy (the decode worker a route plan bound, or an early decode leg's). `cached`, `building` and `prompt_tokens` are kv_aware's
     (`WorkerPool.pick`). Ends early when no healthy worker is left to try; the caller stops
     once a try succeeds and pauses with `backoff` after a failure. A plain generator: left
     suspended, it is freed at once."""

@@ -96,7 +96,8 @@ def local_prefill_tokens(plan: RoutePlan | None, worker: Worker) -> int:
     """The prompt tokens a decode leg without KV (a local prefill, a decode-only request, a
     fallback) makes `worker` prefill, which it leases as `Worker.local_prefill_tokens`
     until its first token: what the planned decode worker lacks by its events, the whole
-    prompt on another (a retry's; what it holds was not looked up); 0 without a plan that
+    prompt on another (a retry's, or a decode-only or fallback leg's picked when it left:
+    what that worker holds was not looked up, so the lease errs high); 0 without a plan that
     looked (not conditional disaggregation, where nothing reads them)."""
     if plan is None or plan.decode_uncached is None:
         return 0

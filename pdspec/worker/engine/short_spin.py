@@ -75,9 +75,15 @@ def install_short_spin() -> None:
         if not current_platform.is_cpu():
             features.report(features.SHORT_SPIN, False, "not a CPU build (vLLM's one-second spin kept)")
             return
+        from vllm.distributed.device_communicators import shm_broadcast
         from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
     except ImportError:
         features.report(features.SHORT_SPIN, False, "vLLM has no shm_broadcast.SpinCondition here")
+        return
+    if getattr(shm_broadcast, "SPINLOOP_EXT_ENABLED", False):
+        # Its reads spin 100 ms in the extension before each wait: bounded waits would
+        # make an idle reader spin most of the time, the opposite of this feature.
+        features.report(features.SHORT_SPIN, False, "vLLM's spin-loop extension is on (VLLM_USE_SPINLOOP_EXT)")
         return
     wrap_once(SpinCondition, "__init__", MARKER, lambda original: _short_window(original, window_ms / 1000))
     wrap_once(SpinCondition, "wait", MARKER, lambda original: _bounded_sleep(original, RECHECK_MS))

@@ -102,3 +102,19 @@ def test_an_idle_reader_on_vllms_condition_wakes_without_a_notification(monkeypa
             socket.close(linger=0)
         writer.local_notify_socket.close(linger=0)
         context.term()
+
+
+def test_off_where_vllms_spin_loop_extension_spins_each_read(monkeypatch, spin_condition):
+    """With VLLM_USE_SPINLOOP_EXT each read spins 100 ms before it waits: bounded waits would
+    keep an idle reader spinning, so the feature stays off and says why."""
+    from vllm.distributed.device_communicators import shm_broadcast
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("the CPU build's test")
+    monkeypatch.setenv(short_spin.WINDOW_ENV, "5")
+    monkeypatch.setattr(shm_broadcast, "SPINLOOP_EXT_ENABLED", True, raising=False)
+    short_spin.install_short_spin()
+    state, reason = features.reported()[features.SHORT_SPIN]
+    assert state == "off" and not is_wrapped(spin_condition.wait, MARKER)
+    assert "spin-loop extension" in reason
