@@ -12,6 +12,18 @@ from tests.harness import merged, start_proxy, wait_for, wait_healthy
 from tests.standin import StandinBehaviour, ThreadServer, create_standin, proxy_server, unused_port
 
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 5}
+# The pdspec_worker_info labels of stand-ins that pair with each other: EAGLE3 K=3, blocks
+# of 4 tokens (so short prompts make whole blocks for cache-aware routing).
+PAIRED_INFO = {
+    "role": "x",
+    "model": "/m/t",
+    "drafter": "/m/eagle3",
+    "method": "eagle3",
+    "num_speculative_tokens": "3",
+    "block_size": "4",
+    "vllm_version": "0.32.0",
+    "drafts_policy": "auto",
+}
 
 
 class Cluster:

@@ -6,18 +6,8 @@ import asyncio
 import httpx
 
 from loadtest.serving.serve_client import completion_body, server_timing, stream_completion
+from tests.proxy_cluster import PAIRED_INFO as INFO
 from tests.proxy_cluster import Fleet
-
-INFO = {
-    "role": "x",
-    "model": "/m/t",
-    "drafter": "/m/eagle3",
-    "method": "eagle3",
-    "num_speculative_tokens": "3",
-    "block_size": "4",
-    "vllm_version": "0.32.0",
-    "drafts_policy": "auto",
-}
 
 
 def test_server_timing_reads_durations_and_skips_what_has_none():

@@ -10,19 +10,10 @@ import httpx
 import pytest
 
 from tests.harness import merged, wait_for
+from tests.proxy_cluster import PAIRED_INFO as INFO
 from tests.proxy_cluster import Fleet
 from tests.standin import decode_legs
 
-INFO = {
-    "role": "x",
-    "model": "/m/t",
-    "drafter": "/m/eagle3",
-    "method": "eagle3",
-    "num_speculative_tokens": "3",
-    "block_size": "4",
-    "vllm_version": "0.32.0",
-    "drafts_policy": "auto",
-}
 # kv_aware on the prefill pool plans a route (its decode worker included) at arrival;
 # least_outstanding on the decode pool, as the fleet benchmark's kv_aware_prefill ran.
 KV_AWARE_PREFILL = {

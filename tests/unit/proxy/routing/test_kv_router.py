@@ -19,19 +19,10 @@ from proxy.routing.kv_events import Cleared, Stored
 from proxy.routing.kv_router import KvRouter
 from proxy.routing.plan import local_prefill_tokens
 from tests.harness import merged, wait_for
+from tests.proxy_cluster import PAIRED_INFO as INFO
 from tests.proxy_cluster import Fleet, sample
 from tests.standin import StandinBehaviour, decode_legs
 
-INFO = {
-    "role": "x",
-    "model": "/m/t",
-    "drafter": "/m/eagle3",
-    "method": "eagle3",
-    "num_speculative_tokens": "3",
-    "block_size": "4",
-    "vllm_version": "0.32.0",
-    "drafts_policy": "auto",
-}
 KV_AWARE = {
     "routing": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware", "kv_routed_ttl_s": 600},
     "health": {"interval_s": 0.05},
