@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from loadtest.serving.fleet_tail import label, load, pct
+from proxy.routing.plan import local_prefill
 
 LOCAL = "local"
 
@@ -174,17 +175,17 @@ def rule(
     lacks_on: dict[str, int],
 ) -> tuple[str | None, float | None, float]:
     """The queue rule at q's arrival on the rebuilt state: (reason or None, prefill_ahead or
-    None, decode_ahead). `lacks_on`: the prompt tokens each prefill worker lacks."""
-    lacks = q.dw_uncached
+    None, decode_ahead). `lacks_on`: the prompt tokens each prefill worker lacks. The
+    prefill pool's work ahead is counted as `KvRouter.prefill_work_ahead` counts it (which
+    needs a live router, so it is rebuilt here); the decision is the proxy's own
+    (`proxy.routing.plan.local_prefill`)."""
     decode_ahead = state[q.dw]["local_pending"]
-    if lacks < margin:
-        return "cached_on_decode", None, decode_ahead
-    if not prefill_workers or any(state[w]["legs"] == 0 for w in prefill_workers):
-        return None, None, decode_ahead
-    ahead = load_tokens + min(
-        lacks_on[w] + state[w]["pending"] + load_tokens * state[w]["legs"] for w in prefill_workers
-    )
-    return ("prefill_queue" if ahead - (decode_ahead + lacks) > margin else None), ahead, decode_ahead
+    ahead = None
+    if q.dw_uncached >= margin and prefill_workers and all(state[w]["legs"] > 0 for w in prefill_workers):
+        ahead = load_tokens + min(
+            lacks_on[w] + state[w]["pending"] + load_tokens * state[w]["legs"] for w in prefill_workers
+        )
+    return local_prefill(q.prompt, q.prompt - q.dw_uncached, margin, ahead, decode_ahead), ahead, decode_ahead
 
 
 def decisions(reqs: list[Req], margin: int, load_tokens: int, context: int, block: int = 16) -> None:
