@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pdspec.settings import RoutingSettings
-from proxy.fleet.pool import NoHealthyWorker, Worker, WorkerPool
+from proxy.fleet.pool import Worker, WorkerPool
 from proxy.metrics import ProxyMetrics
 from proxy.routing.keys import new_part_key, rendezvous_key, token_affinity_key
 from proxy.routing.kv_index import KvIndex, block_keys
@@ -238,13 +238,10 @@ class KvRouter:
         if self.settings.disaggregation == "conditional":
             # Its decision is about one decode worker. Otherwise the decode leg picks its
             # worker at its hand-off (proxy/flow/disagg.py): a pick here would only take a
-            # policy's turn (round_robin) or a random draw.
-            try:
-                decode_worker = self.decode_pool.pick(
-                    affinity_key=rendezvous_key(self.decode_pool.policy, affinity, new_part), cached=decode_cached
-                )
-            except NoHealthyWorker:
-                return None
+            # policy's turn (round_robin) or a random draw. A healthy worker is there (above).
+            decode_worker = self.decode_pool.pick(
+                affinity_key=rendezvous_key(self.decode_pool.policy, affinity, new_part), cached=decode_cached
+            )
         building = None
         if self.prefill_pool.policy.cache_aware:
             prefill_held = self.cached_tokens(keys, block_size, self.prefill_pool, routed=False)
