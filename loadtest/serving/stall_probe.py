@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.serving.serve_client import completion_body, random_prompts, run_load
 from loadtest.serving.serve_stats import RequestResult
@@ -31,12 +32,13 @@ LAG = "pdspec_proxy_event_loop_lag_seconds_bucket"
 
 def loop_lag_buckets(url: str) -> dict[str, float]:
     """The proxy's event-loop lag histogram, cumulative count by bucket bound."""
-    buckets = {}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith(LAG + "{"):
-            bound = line.split('le="', 1)[1].split('"', 1)[0]
-            buckets[bound] = float(line.rsplit(" ", 1)[1])
-    return buckets
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {
+        sample.labels["le"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == LAG
+    }
 
 
 def run_report(results: list[RequestResult], window_s: float, slow_ttft_s: float) -> dict:
