@@ -4,7 +4,7 @@
 #
 #   JOBS=sc3x:kv_aware,sc3x:round_robin,... bash loadtest/gpu/fleet_h200.sh
 #
-# A 2P2D fleet of the Qwen3-8B shape with its EAGLE3 drafter (K=3, random weights, the
+# A 2P2D fleet (PREFILL=3 DECODE=1 for 3P1D, and so on: four engines fit) of the Qwen3-8B shape with its EAGLE3 drafter (K=3, random weights, the
 # shipped tokenizer's 4,096-token vocabulary) on GPU 0, eager (CUDA graphs and compilation
 # cost 105-300 s of start-up per engine, more than a call can spare), the KV pushed (on one
 # GPU a pull goes over TCP), each engine's KV cache cut to KV_BLOCKS blocks of 16 tokens
@@ -35,6 +35,7 @@ fi
 python3 -c "import vllm_router" 2>/dev/null && ROUTER=(--vllm-router "python3 -m vllm_router.launch_router") || ROUTER=()
 export VLLM_SERVER_DEV_MODE=1  # /reset_prefix_cache between jobs
 KV_BLOCKS=${KV_BLOCKS:-2048}
+PREFILL=${PREFILL:-2} DECODE=${DECODE:-2}
 JOBS=${JOBS:-sc3x:kv_aware,sc3x:round_robin,sc3x:prefix_affinity,sc3x:vllm_router_cache_aware,sc3x:colocated_kv_aware,sc3x:kv_aware_conditional,sc3x:least_outstanding}
 pack() {
   cp "$RUN"/pdspec-up.log "$RUN"/logs/*.log "$OUT"/ 2>/dev/null
@@ -61,11 +62,11 @@ UP="--model.target deploy/shapes/qwen3-8b-v4096 --model.drafter deploy/shapes/qw
  --ready_timeout_s 300 --restart never"
 # Left for the benchmark: the call's 600 s less what came before, the stop and the packing.
 LEFT=$(( ${CALL_S:-590} - ($(date +%s) - T0) - 45 ))
-echo "fleet_h200.sh: $LEFT s for the benchmark; jobs $JOBS; router: ${ROUTER[*]:-none}"
+echo "fleet_h200.sh: $LEFT s for the benchmark; ${PREFILL}P${DECODE}D; jobs $JOBS; router: ${ROUTER[*]:-none}"
 # 151,552 bytes of KV a token: 37 layers (36 of the target, 1 of the drafter) x 8 KV heads x 128 x 2 (K, V) x 2 bytes.
 timeout -s INT -k 20 "$LEFT" python3 -m loadtest.fleet_bench --out "$OUT" --run-dir "$RUN" \
   --trace /tmp/fleet-traces/sc3x.json.gz --trace /tmp/fleet-traces/sc1x.json.gz --trace /tmp/fleet-traces/mt.json.gz \
-  --jobs "$JOBS" --model Qwen3-8B-dummy --kv-blocks "$KV_BLOCKS" --block-size 16 --kv-bytes-per-token 151552 \
+  --jobs "$JOBS" --model Qwen3-8B-dummy --prefill-replicas "$PREFILL" --decode-replicas "$DECODE" --kv-blocks "$KV_BLOCKS" --block-size 16 --kv-bytes-per-token 151552 \
   --extra-vllm-args '["--load-format", "dummy"]' --up-args "$UP" "${ROUTER[@]}" \
   --deadline-s $(( LEFT - 40 )) --drain-s 15
 echo "fleet_bench exit $?"
