@@ -22,7 +22,7 @@ import pytest
 from deploy.prometheus.promql import load_dashboard, metric_names, panel_queries, rule_queries, substitute
 from tests import harness
 from tests.prometheus_server import PrometheusServer
-from tests.prompts import chat_body, completion_body, unique_prompt
+from tests.prompts import ACCEPTANCE_PROMPTS, acceptance_body, chat_body, completion_body, unique_prompt
 from tests.standin import unused_port
 
 # Windows for Grafana's built-in intervals: the traffic below is within them.
@@ -84,8 +84,12 @@ def prometheus(stack, tmp_path_factory):
 
 
 def send_traffic(stack, client) -> int:
-    """Long prompts (several prefill chunks: K=0 steps) and short ones, whole and streamed."""
+    """Long prompts (several prefill chunks: K=0 steps) and short ones, whole and streamed;
+    and two held-out code prompts that the trained drafter is accepted on, so the acceptance
+    panel reads more than the random continuations of the unique prompts (seen at 1.43)."""
     bodies = [
+        acceptance_body(ACCEPTANCE_PROMPTS[0]),
+        acceptance_body(ACCEPTANCE_PROMPTS[1]),
         completion_body(unique_prompt(400), max_tokens=32),
         completion_body(unique_prompt(60), max_tokens=48),
         completion_body(unique_prompt(200), stream=True, max_tokens=32),
