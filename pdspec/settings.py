@@ -254,7 +254,9 @@ class RoutingSettings(BaseModel):
         "always",
         description="conditional: when the decode worker picked holds all but fewer than "
         "local_prefill_max_tokens of the prompt, it prefills the rest itself (no prefill leg, no KV transfer); "
-        "with local_prefill_on_queue, also when the prefill pool's queue is the longer one.",
+        "with local_prefill_on_queue, also when the prefill pool's queue is the longer one; with "
+        "decode_on_prefill_when_full, a prefill worker serves a request whole when no decode worker has KV room "
+        "for it.",
     )
     local_prefill_max_tokens: int = Field(
         512,
@@ -275,6 +277,21 @@ class RoutingSettings(BaseModel):
         "holds, conditional was always-disaggregated and queued on a saturated prefill pool while decode "
         "workers could have prefilled (loadtest/results/fleet/h200-qwen3-8b/, point 4). Off: the "
         "local_prefill_max_tokens rule alone.",
+    )
+    decode_on_prefill_when_full: bool = Field(
+        True,
+        description="conditional disaggregation: when no healthy decode worker has KV room for a prompt that "
+        "would be disaggregated (the prompt tokens its legs in flight hold, by the proxy's own count, plus this "
+        "prompt exceed its KV size, num_gpu_blocks x block_size of its vllm:cache_config_info) and a prefill "
+        "worker has room by the same count (its decode legs, its prefill legs in flight and the prompt), that "
+        "prefill worker serves the request whole, prefill and decode, with no KV transfer (the one with the most "
+        "room); counted as local prefill reason decode_full. If that leg fails before its reply begins, the "
+        "request goes to the decode pool as a decode-only one. Why: a request that would wait for decode KV is "
+        "decoded where there is KV; with the decode pool's KV full, conditional disaggregation lost to a "
+        "colocated fleet of the same engines, which decoded in all of them "
+        "(loadtest/results/fleet/h200-qwen3-8b/round2/conditional-analysis.md). Its cost: that prefill "
+        "worker's steps mix decodes with prefills, slowing both. A worker whose KV size cannot be read is never "
+        "judged full and never serves a request whole. Off: such requests wait for decode KV room.",
     )
     kv_aware_load_tokens: int = Field(
         256,

@@ -20,8 +20,9 @@ PREFILL_OUTCOMES = ("ok", "retried_ok", "fallback", "error")
 DECODE_ONLY_REASONS = ("beam_search", "structured_output")
 # Why a client connection was refused (proxy/edge/connections.py).
 REFUSAL_REASONS = ("header_too_large", "head_timeout", "body_timeout", "too_many_connections")
-# Why the decode worker prefilled a prompt itself (conditional disaggregation, proxy/routing/kv_router.py).
-LOCAL_PREFILL_REASONS = ("cached_on_decode", "short_prompt", "prefill_queue")
+# Why the worker that decodes prefilled a prompt itself (conditional disaggregation, proxy/routing/kv_router.py):
+# the decode worker, or a prefill worker serving the request whole (decode_full).
+LOCAL_PREFILL_REASONS = ("cached_on_decode", "short_prompt", "prefill_queue", "decode_full")
 # Where cache-aware routing got a prompt's token ids (proxy/routing/kv_router.py, token_ids).
 PROMPT_ID_SOURCES = ("given", "proxy", "worker", "none")
 # What the cache index did with the workers' KV events (proxy/routing/kv_index.py, kv_subscriber.py).
@@ -243,10 +244,12 @@ class ProxyMetrics:
             ),
             local_prefills=Counter(
                 "pdspec_proxy_local_prefills",
-                "Requests the decode worker prefilled itself under conditional "
-                "disaggregation, by reason (cached_on_decode: it held all but a short part of the prompt; "
-                "short_prompt: the prompt is short and nothing of it was cached; prefill_queue: the prefill pool's "
-                "work ahead exceeded the decode worker's by more than local_prefill_max_tokens).",
+                "Requests served without a prefill leg under conditional disaggregation, the worker "
+                "that decodes prefilling the prompt itself, by reason (the decode worker: cached_on_decode: it held "
+                "all but a short part of the prompt; short_prompt: the prompt is short and nothing of it was cached; "
+                "prefill_queue: the prefill pool's work ahead exceeded the decode worker's by more than "
+                "local_prefill_max_tokens; a prefill worker, serving the request whole: decode_full: no decode "
+                "worker had KV room for the prompt).",
                 ["reason"],
                 registry=registry,
             ),

@@ -58,12 +58,12 @@ from pdspec.settings import AdmissionSettings
 from proxy.admission.prefill_rate import PrefillRate
 from proxy.errors import ProxyError
 from proxy.fleet.pool import WorkerPool
-from proxy.fleet.worker_info import InfoUnreadable, fetch_metrics_text, samples
+from proxy.fleet.worker_info import InfoUnreadable, fetch_metrics_text, parse_kv_tokens, samples
 from proxy.upstream.client import UpstreamClient
 
 log = logging.getLogger("pdspec.proxy.kv_room")
 
-CACHE_INFO, USAGE = "vllm:cache_config_info", "vllm:kv_cache_usage_perc"
+USAGE = "vllm:kv_cache_usage_perc"
 
 
 @dataclass
@@ -87,12 +87,12 @@ class Room:
 def parse_room(text: str) -> Room | None:
     """A worker's KV size and use from its /metrics text; None without both series (summed
     over data-parallel engines, whose caches are separate)."""
+    size = parse_kv_tokens(text)
     try:
-        size = sum(int(s.labels["num_gpu_blocks"]) * int(s.labels["block_size"]) for s in samples(text, CACHE_INFO))
         used = [s.value for s in samples(text, USAGE)]
-    except (KeyError, ValueError):
+    except ValueError:
         return None
-    if size <= 0 or not used:
+    if size is None or not used:
         return None
     return Room(size, min(max(sum(used) / len(used), 0.0), 1.0))
 

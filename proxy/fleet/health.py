@@ -2,7 +2,7 @@
 and admit only workers whose config may be paired (pairing.py).
 
 Each round probes every worker at once (I/O: /health, and /metrics when the worker's
-`pdspec_worker_info` is due), then applies all results in one synchronous step, so no
+`pdspec_worker_info` is due; its KV size is read from the same text), then applies all results in one synchronous step, so no
 request is routed by a decision half made. A check that timed out while the proxy's own
 event loop was blocked (proxy/loop_lag.py) is not counted either way.
 
@@ -134,7 +134,7 @@ class HealthChecker:
         worker waits (not admitted) rather than keep it."""
         first_read = worker.info_read_at is None
         try:
-            info, features_off = await fetch_worker_info(self.client, worker.url, self.timeout_s)
+            info, features_off, kv_tokens = await fetch_worker_info(self.client, worker.url, self.timeout_s)
         except InfoUnreadable as exc:
             if worker.info_error is None:
                 log.warning("cannot read pdspec_worker_info of %s (%s); not admitted until it is read", worker.url, exc)
@@ -149,6 +149,7 @@ class HealthChecker:
                 worker.url,
             )
         worker.info, worker.info_read_at, worker.info_error = info, time.monotonic(), None
+        worker.kv_tokens = kv_tokens
         if features_off != worker.features_off and features_off:
             log.warning(
                 "worker %s runs with engine features off: %s",

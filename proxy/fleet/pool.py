@@ -29,12 +29,19 @@ class Worker:
     url: str
     healthy: bool = True
     outstanding: int = 0
-    # kv_aware: uncached prompt tokens of the prefill legs in flight, or prompt tokens the decode legs hold.
+    # kv_aware: uncached prompt tokens of the prefill legs in flight (and of the requests served whole
+    # there, decode_full, until their first token), or prompt tokens the decode legs hold.
     pending_tokens: int = 0
     # Conditional disaggregation, on a decode worker: the prompt tokens it is prefilling itself
     # for legs without KV (local prefills), leased until their first token (a non-streamed reply's
     # whole reply: vLLM sends its headers at the end), or the leg's end; its queue of prefill work.
     local_prefill_tokens: int = 0
+    # Conditional disaggregation: the prompt tokens its legs in flight hold in its KV cache by the
+    # proxy's own count (every decode leg, and every prefill leg while it runs), which the
+    # decode_full rule (proxy/routing/plan.py) weighs against `kv_tokens`. Not kv_aware's load.
+    kv_held_tokens: int = 0
+    # Its KV cache size in tokens, read with its pdspec_worker_info (None: unknown, never judged full).
+    kv_tokens: int | None = None
     consecutive_failures: int = 0
     consecutive_successes: int = 0
     seen_healthy: bool = True  # False for a member that has not yet passed a health check
@@ -56,7 +63,9 @@ class Worker:
     def __post_init__(self) -> None:
         self.host = urlsplit(self.url).hostname or ""
 
-    def lease(self, tokens: int = 0, computed: bool = True, prefilling: int = 0) -> Lease:
+    def lease(
+        self, tokens: int = 0, computed: bool = True, prefilling: int = 0, held: int = 0, computing: int = 0
+    ) -> Lease:
         """One leg open on this worker (what `least_outstanding` routing counts), until the
         lease is released: use it as a context manager, or hand it on (a decode stream's
         lease lives as long as the stream) and call `release()`, which is idempotent.
@@ -66,13 +75,20 @@ class Worker:
         decode leg without KV, the prompt tokens the worker prefills for it
         (`local_prefill_tokens`), held until `prefilled()` (the relay's first byte after the
         preamble: the first token of a stream, the end of a non-streamed reply, which so counts
-        as prefilling for longer and makes the queue rule fire less) or the release."""
+        as prefilling for longer and makes the queue rule fire less) or the release. `held`:
+        the prompt tokens the leg holds in the worker's KV cache (`kv_held_tokens`, conditional
+        disaggregation's count), until the release. `computing`: for a request served whole on
+        a prefill worker (decode_full), the prompt tokens it computes there: prefill work in
+        `pending_tokens` (the prefill pool's kv_aware load) and churn, but only until
+        `prefilled()`, since it then decodes and puts no prefill work ahead of others."""
         self.outstanding += 1
-        self.pending_tokens += tokens
+        self.pending_tokens += tokens + computing
         self.local_prefill_tokens += prefilling
-        if tokens and computed:
-            self.churn.add(tokens)
-        return Lease(self, tokens, prefilling)
+        self.kv_held_tokens += held
+        churned = (tokens if computed else 0) + computing
+        if churned:
+            self.churn.add(churned)
+        return Lease(self, tokens, prefilling, held, computing)
 
 
 class DecayingSum:
@@ -97,25 +113,29 @@ class DecayingSum:
 
 
 class Lease:
-    __slots__ = ("worker", "tokens", "prefilling")
+    __slots__ = ("worker", "tokens", "prefilling", "held", "computing")
 
-    def __init__(self, worker: Worker, tokens: int = 0, prefilling: int = 0) -> None:
+    def __init__(self, worker: Worker, tokens: int = 0, prefilling: int = 0, held: int = 0, computing: int = 0) -> None:
         self.worker: Worker | None = worker
         self.tokens = tokens
         self.prefilling = prefilling
+        self.held = held
+        self.computing = computing
 
     def prefilled(self) -> None:
         """The worker has prefilled the leg's prompt (its first token came): its
-        `prefilling` tokens are no longer ahead of anything. Idempotent."""
+        `prefilling` and `computing` tokens are no longer ahead of anything. Idempotent."""
         if self.worker is not None:
             self.worker.local_prefill_tokens -= self.prefilling
-        self.prefilling = 0
+            self.worker.pending_tokens -= self.computing
+        self.prefilling = self.computing = 0
 
     def release(self) -> None:
         if self.worker is not None:
             self.prefilled()
             self.worker.outstanding -= 1
             self.worker.pending_tokens -= self.tokens
+            self.worker.kv_held_tokens -= self.held
             self.worker = None
 
     def __enter__(self) -> Lease:

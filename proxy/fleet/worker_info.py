@@ -1,5 +1,6 @@
 """Read a worker's `pdspec_worker_info` from its /metrics (see pdspec/worker/worker_info.py),
-and which of its engine features are off (`pdspec_engine_feature`, shown by /ready).
+which of its engine features are off (`pdspec_engine_feature`, shown by /ready), and its
+KV cache size (vLLM's `vllm:cache_config_info`, also read by admission, proxy/admission/kv_room.py).
 
 Kept cheap, because it runs on the proxy's event loop: the health checker calls it only
 when a worker joins, answers again after a failed check, or every
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import typing
+from typing import NamedTuple
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -21,6 +23,7 @@ from proxy.upstream.client import UpstreamClient, UpstreamError
 METRIC = WORKER_INFO_METRIC
 FEATURE_METRIC = ENGINE_FEATURE_METRIC  # pdspec/worker/engine/features.py
 PAIRING_FIELDS: tuple[str, ...] = typing.get_args(PairingField)
+CACHE_INFO = "vllm:cache_config_info"  # vLLM's: its labels num_gpu_blocks and block_size give the KV size
 
 
 class InfoUnreadable(Exception):
@@ -51,6 +54,25 @@ def parse_features_off(text: str) -> dict[str, str]:
     }
 
 
+def parse_kv_tokens(text: str) -> int | None:
+    """The worker's KV cache size in tokens: num_gpu_blocks x block_size of its
+    `vllm:cache_config_info`, summed over data-parallel engines (their caches are separate);
+    None without the series, or with one that says no size (`num_gpu_blocks="None"`)."""
+    try:
+        size = sum(int(s.labels["num_gpu_blocks"]) * int(s.labels["block_size"]) for s in samples(text, CACHE_INFO))
+    except (KeyError, ValueError):
+        return None
+    return size if size > 0 else None
+
+
+class WorkerReading(NamedTuple):
+    """What a health round reads of a worker's /metrics (`fetch_worker_info`)."""
+
+    info: dict[str, str] | None  # its pdspec_worker_info labels (None: none exported)
+    features_off: dict[str, str]  # its engine features that are off, {feature: reason}
+    kv_tokens: int | None  # its KV cache size in tokens (None: not exported, as by a stand-in)
+
+
 async def fetch_metrics_text(
     client: UpstreamClient, url: str, timeout_s: float, headers: dict[str, str] | None = None
 ) -> str | None:
@@ -75,15 +97,14 @@ async def fetch_metrics_text(
     return body.decode("utf-8", "replace")
 
 
-async def fetch_worker_info(
-    client: UpstreamClient, url: str, timeout_s: float
-) -> tuple[dict[str, str] | None, dict[str, str]]:
+async def fetch_worker_info(client: UpstreamClient, url: str, timeout_s: float) -> WorkerReading:
     """The worker's info labels (None: it has /metrics, or none at all: 404, without the
-    info, as plain vLLM) and its engine features that are off ({feature: reason})."""
+    info, as plain vLLM), its engine features that are off ({feature: reason}) and its KV
+    size in tokens (None: unknown; an unparsable cache series only leaves it unknown)."""
     text = await fetch_metrics_text(client, url, timeout_s)
     if text is None:
-        return None, {}
+        return WorkerReading(None, {}, None)
     try:
-        return parse_worker_info(text), parse_features_off(text)
+        return WorkerReading(parse_worker_info(text), parse_features_off(text), parse_kv_tokens(text))
     except ValueError as exc:  # an unparsable series
         raise InfoUnreadable(f"bad /metrics: {exc}") from None

@@ -23,6 +23,11 @@ Failure handling, in order of the request's life:
 - decode-only: a request vLLM cannot serve through P/D (`legs.decode_only_reason`:
   beam search; grammar-constrained ones too under `structured_outputs = "decode_only"`)
   goes whole to a decode worker, which prefills it itself;
+- decode_full (conditional disaggregation, proxy/routing/plan.py's `decode_full_on`): a
+  request no decode worker has KV room for goes whole, without KV params, to the prefill
+  worker its route plan chose, leased there as a decode leg; if that leg fails before its
+  reply begins (connection error, timeout, 5xx), the decode pool's attempts follow, as for
+  a decode-only request; a 4xx goes back as any leg's. It makes no KV to hand over or release;
 - release: when no decode leg with a good prefill's KV went on the wire (decode worker
   unreachable or none healthy, client gone between the legs), a one-token leg frees the
   KV (`_release_kv`); once one went, that worker frees it (vLLM does on an abort or a
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -56,7 +62,7 @@ from proxy.flow.outcomes import DecodeFailed, LegFailed, PassThrough, release_re
 from proxy.flow.relay import Relay, RelayMetrics
 from proxy.metrics import ProxyMetrics
 from proxy.routing.kv_router import KvRouter
-from proxy.routing.plan import leg_key, local_prefill_tokens
+from proxy.routing.plan import RoutePlan, kv_held_tokens, leg_key, local_prefill_tokens
 from proxy.routing.policies.kv_aware import decode_tokens, uncached_tokens
 from proxy.upstream.client import UpstreamClient, UpstreamError, UpstreamResponse
 
@@ -66,7 +72,7 @@ log = logging.getLogger("pdspec.proxy")
 def server_timing(**durations_s: float) -> str:
     """A Server-Timing header (W3C) of the request's phases, in milliseconds: `route` (the
     route plan: token ids, cache lookup), `prefill` (the prefill leg, retries and the wait
-    for KV room under `admission.prefill_kv` included; 0 when the decode worker
+    for KV room under `admission.prefill_kv` included; 0 when the worker that decoded
     prefilled), `decode` (to the decode reply's headers when it streams, to its end when
     not: the KV pull and the first token come after them; a re-prefill after a failed KV
     read counts here)."""
@@ -130,7 +136,9 @@ class Disaggregator:
         """One prefill and decode, or with `decode_only` the decode leg alone (no KV params:
         the decode worker prefills, and there is no prefill KV to release). With cache-aware
         routing the route is planned first: the decode worker, and whether it prefills
-        the prompt itself (conditional disaggregation)."""
+        the prompt itself or a prefill worker serves the request whole (conditional
+        disaggregation: either way decode-only, counted by reason). A request decode-only for
+        its own reason (`decode_only`) follows the plan's worker too, counted as such alone."""
         started = time.perf_counter()
         ex.plan = plan = await self.kv_router.plan(ex.body, ex.api) if self.kv_router is not None else None
         if plan is not None and plan.local_prefill is not None and not decode_only:
@@ -190,7 +198,13 @@ class Disaggregator:
             early = self._start_early(ex, worker) if attempt == 0 and early_ok else None
             try:
                 run = self._prefill_once(
-                    worker, api, leg, ex.request_id, trace.headers(span), uncached_tokens(plan, worker)
+                    worker,
+                    api,
+                    leg,
+                    ex.request_id,
+                    trace.headers(span),
+                    uncached_tokens(plan, worker),
+                    kv_held_tokens(plan),
                 )
                 if self.kv_room is not None:  # counted as long as it runs there, its client gone or not;
                     # begun here, ended by the coroutine: nothing may run between this and `await run`
@@ -249,10 +263,17 @@ class Disaggregator:
             )
 
     async def _prefill_once(
-        self, worker: Worker, api: Api, leg: bytes, request_id: str, trace_headers, uncached_tokens: int = 0
+        self,
+        worker: Worker,
+        api: Api,
+        leg: bytes,
+        request_id: str,
+        trace_headers,
+        uncached_tokens: int = 0,
+        held: int = 0,
     ) -> Prefilled:
         started = time.perf_counter()
-        with worker.lease(uncached_tokens):
+        with worker.lease(uncached_tokens, held=held):
             try:
                 resp = await self.client.request(
                     worker.url,
@@ -399,11 +420,37 @@ class Disaggregator:
         # (the fleet benchmark's kv_aware tail:
         # loadtest/results/fleet/h200-qwen3-8b/round2/tail-analysis.md). A cache-aware
         # pool still weighs what the plan found each worker holding at arrival.
+        # A request a prefill worker serves whole (decode_full) was judged on the decode
+        # pool, not bound to its worker: should it come back, it is picked as any leg is.
         planned = None
-        if plan is not None and (plan.local_prefill is not None or not self.decode_pool.policy.reads_load):
+        decode_worker_prefills = plan is not None and plan.local_prefill is not None and plan.whole_on is None
+        if plan is not None and (decode_worker_prefills or not self.decode_pool.policy.reads_load):
             planned = plan.decode_worker
         key = leg_key(ex.body, plan, self.decode_pool.policy)
-        return attempts(self.decode_pool, tries, key, cached, first or planned)
+        decode_pool = attempts(self.decode_pool, tries, key, cached, first or planned)
+        if plan is None or plan.whole_on is None:
+            return decode_pool
+        # decode_full: the prefill worker the plan chose first; if that leg fails before its
+        # reply begins, the decode pool's attempts, as a decode-only request's: the request lives.
+        whole = [(0, plan.whole_on)] if plan.whole_on in self.prefill_pool.healthy() else []
+        return itertools.chain(whole, ((attempt + len(whole), worker) for attempt, worker in decode_pool))
+
+    @staticmethod
+    def _decode_load(plan: RoutePlan | None, worker: Worker, with_kv: bool) -> dict[str, int]:
+        """What a decode leg leases of `worker` (`Worker.lease`'s counts, besides the leg itself):
+        the prompt tokens it holds in the worker's KV (`kv_held_tokens`, conditional
+        disaggregation's count). A request served whole on a prefill worker (decode_full) also
+        leases the prompt tokens it computes there until its first token (`computing`), what
+        the prefill pool's kv_aware counts as a prefill leg's load. Any other leg: what it
+        holds as the decode pool's kv_aware load (`decode_tokens`) and, without KV (`with_kv`
+        False; per attempt, since a retry's prefill may have fallen back to none), the prompt
+        tokens its worker prefills first, which conditional disaggregation reads as that
+        worker's queue (`local_prefill_tokens`)."""
+        held = kv_held_tokens(plan)
+        if plan is not None and worker is plan.whole_on:
+            return {"held": held, "computing": uncached_tokens(plan, worker)}
+        prefilling = 0 if with_kv else local_prefill_tokens(plan, worker)
+        return {"tokens": decode_tokens(plan), "prefilling": prefilling, "held": held}
 
     def _start_early(self, ex: Exchange, prefill_worker: Worker) -> EarlyLeg | None:
         """The decode leg, sent now with the prefill leg to `prefill_worker` where that
@@ -423,7 +470,7 @@ class Disaggregator:
                 ex.request_id,
                 ex.trace.headers(None),
                 early.mark_sent,
-                decode_tokens(ex.plan),
+                self._decode_load(ex.plan, early.decode_worker, with_kv=True),
             )
         )
         return early
@@ -451,8 +498,9 @@ class Disaggregator:
                     # The failed attempt may still read this KV: this one gets KV of its own.
                     await self._prefill_again(ex, prefilled, failure)
                     leg = orjson.dumps(api.decode_body(body, prefilled.kv_transfer_params))
+                whole = plan is not None and worker is plan.whole_on  # decode_full: a prefill worker's
                 if self.kv_router is not None:
-                    self.kv_router.routed(self.decode_pool, worker, plan)
+                    self.kv_router.routed(self.prefill_pool if whole else self.decode_pool, worker, plan)
                 if self.settings.observability.served_by_headers:
                     headers["X-Pdspec-Decode-Worker"] = worker.url
                 span = trace.start("decode", **{"pdspec.worker": worker.url, "pdspec.attempt": attempt})
@@ -462,12 +510,6 @@ class Disaggregator:
                         early.task = None  # the relay owns the response now
                         sent()
                     else:
-                        # Without KV the worker prefills the prompt first: conditional
-                        # disaggregation reads that as its queue (proxy/routing/plan.py).
-                        # Per attempt: a retry's prefill may have fallen back to none.
-                        prefilling = (
-                            0 if prefilled.kv_transfer_params is not None else local_prefill_tokens(plan, worker)
-                        )
                         resp, lease = await self._open_decode(
                             worker,
                             api.path,
@@ -475,8 +517,7 @@ class Disaggregator:
                             request_id,
                             trace.headers(span),
                             sent,
-                            decode_tokens(plan),
-                            prefilling,
+                            self._decode_load(plan, worker, prefilled.kv_transfer_params is not None),
                         )
                 except LegFailed as exc:
                     early = self._drop_early(early, prefilled)
@@ -518,16 +559,14 @@ class Disaggregator:
         request_id: str,
         trace_headers,
         on_sent: Callable[[], None],
-        tokens: int = 0,
-        prefilling: int = 0,
+        load: dict[str, int] | None = None,
     ):
         """The decode response, checked before any byte goes to the client: once a
         streaming response has started, its status can no longer change. `on_sent`: called
-        once the leg went on the wire (the worker may then read its KV); `tokens`: what the
-        leg's lease holds of the worker (`kv_aware.decode_tokens`); `prefilling`: the prompt
-        tokens it prefills there, a leg without KV (proxy/routing/plan.py's `local_prefill_tokens`), held until
-        the relay's first byte after the preamble."""
-        lease = worker.lease(tokens, computed=False, prefilling=prefilling)
+        once the leg went on the wire (the worker may then read its KV); `load`: what the
+        leg's lease holds of the worker (`_decode_load`; its prefill work until the relay's
+        first byte after the preamble)."""
+        lease = worker.lease(computed=False, **(load or {}))
         try:
             resp = await self.client.request(
                 worker.url,

@@ -17,7 +17,9 @@ the workers' caches, the subscriptions that fill it, and a request's route plan.
   disaggregation a decode worker is chosen first, and a prompt whose part uncached on that
   worker is short, or whose wait for the prefill pool (`prefill_work_ahead`) is longer
   than for that worker's own prefills, is prefilled there (proxy/routing/plan.py's
-  `local_prefill`: no prefill leg, no KV transfer).
+  `local_prefill`: no prefill leg, no KV transfer); else, when no decode worker has KV
+  room for the prompt and a prefill worker has, that prefill worker serves it whole
+  (`decode_full_on`, reason `decode_full`).
 - `routed()` notes a routing decision in the index for a short while.
 
 Failure policy: nothing here fails a request. Without token ids or a known block size a
@@ -42,7 +44,7 @@ from proxy.routing.keys import new_part_key, rendezvous_key, token_affinity_key
 from proxy.routing.kv_index import KvIndex, block_keys
 from proxy.routing.kv_subscriber import EventSource, Subscriber
 from proxy.routing.local_tokenizer import LocalTokenizer
-from proxy.routing.plan import RoutePlan, local_prefill
+from proxy.routing.plan import RoutePlan, decode_full_on, local_prefill
 from proxy.routing.policies.kv_aware import work_ahead
 from proxy.routing.tokenizer_check import TokenizerCheck
 from proxy.routing.tokens import direct_token_ids, prompt_token_ids, rendered_token_ids
@@ -250,7 +252,7 @@ class KvRouter:
                 for url, tokens in prefill_cached.items()
                 if tokens > prefill_held.get(url, 0)
             }
-        local, decode_uncached = None, None
+        local, decode_uncached, whole_on = None, None, None
         if self.settings.disaggregation == "conditional":
             # What the worker's events say it holds, not routing notes: a burst of one new
             # prompt is noted on the worker before its KV is there.
@@ -269,6 +271,9 @@ class KvRouter:
                 prefill_ahead,
                 decode_worker.local_prefill_tokens,
             )
+            if local is None and self.settings.decode_on_prefill_when_full:
+                whole_on = decode_full_on(len(ids), self.decode_pool.healthy(), self.prefill_pool.healthy())
+                local = "decode_full" if whole_on is not None else None
         return RoutePlan(
             keys,
             len(ids),
@@ -280,6 +285,7 @@ class KvRouter:
             local_prefill=local,
             prefill_building=building,
             decode_uncached=decode_uncached,
+            whole_on=whole_on,
         )
 
     def prefill_work_ahead(self, prompt_tokens: int, cached: dict[str, int], building: dict[str, int]) -> int | None:

@@ -1,9 +1,11 @@
 """A request's route plan, from cache-aware routing (proxy/routing/kv_router.py makes it):
 the prompt's blocks and length, what each worker holds of it, the decode worker chosen
 first, the rendezvous keys, and the P/D decision (conditional disaggregation: whether the
-decode worker prefills the prompt itself, `local_prefill`). Also the rendezvous key a leg
-is routed by, plan or not (`leg_key`), and what a decode leg without KV leases of its
-worker as prefill work (`local_prefill_tokens`).
+decode worker prefills the prompt itself, `local_prefill`, or, when no decode worker has
+KV room for it, a prefill worker serves it whole, `decode_full_on`). Also the rendezvous
+key a leg is routed by, plan or not (`leg_key`), what a decode leg without KV leases of its
+worker as prefill work (`local_prefill_tokens`), and what any leg leases of its worker's KV
+(`kv_held_tokens`).
 
 Failure policy: none here; without a plan a request is routed by load and the body's key,
 and disaggregated.
@@ -33,7 +35,9 @@ class RoutePlan:
     # prompt's first block no worker holds, kv_aware's tie-break (new_part_key).
     affinity: str | None = None
     new_part: str | None = None
-    local_prefill: str | None = None  # why the decode worker prefills itself (None: disaggregate)
+    # Why the worker that decodes prefills the prompt itself (None: disaggregate): the decode
+    # worker (cached_on_decode, short_prompt, prefill_queue), or `whole_on` (decode_full).
+    local_prefill: str | None = None
     # Of prefill_cached, the tokens a worker holds by a routing note only: a leg of an
     # earlier request is computing them there now (or just did). kv_aware does not count
     # that leg's pending tokens against this prompt, which would wait for them anyway.
@@ -41,6 +45,9 @@ class RoutePlan:
     # Conditional disaggregation: the prompt tokens decode_worker lacks by its own KV events
     # (None: not looked up), what it prefills if it serves the prompt without KV.
     decode_uncached: int | None = None
+    # decode_full: the prefill worker that serves the request whole (prefill and decode, no
+    # KV transfer), because no decode worker has KV room for the prompt (`decode_full_on`).
+    whole_on: Worker | None = None
 
     def key(self, policy: Policy) -> str | None:
         """The rendezvous key a pool of `policy` routes this prompt by."""
@@ -102,3 +109,54 @@ def local_prefill_tokens(plan: RoutePlan | None, worker: Worker) -> int:
     if plan is None or plan.decode_uncached is None:
         return 0
     return plan.decode_uncached if worker is plan.decode_worker else plan.prompt_tokens
+
+
+def kv_held_tokens(plan: RoutePlan | None) -> int:
+    """The tokens a leg holds in its worker's KV cache while it runs, as conditional
+    disaggregation counts them (`Worker.kv_held_tokens`, which `decode_full_on` reads): the
+    prompt's, for a prefill leg, a decode leg (either pool's) and a request served whole; 0
+    without a plan or without conditional disaggregation (no decode worker chosen first),
+    where nothing reads them. The tokens it generates are not counted: a bound on them is
+    not cheap to know (a chat's max_tokens defaults to the context's rest) and they are
+    few beside the prompt (48 of 4.4k in the fleet benchmark). Each leg counts a prefix it
+    shares with others, which the engine holds once (the count errs high), and a prefill's
+    KV kept for its hand-off after the leg ends is not counted (the decode leg reads it a
+    moment later)."""
+    if plan is None or plan.decode_worker is None:
+        return 0
+    return plan.prompt_tokens
+
+
+def kv_room(worker: Worker, prompt_tokens: int) -> int | None:
+    """What would be left of the worker's KV cache, in tokens, with the prompt beside the
+    tokens its legs hold (negative: no room); None: its size is unknown."""
+    if worker.kv_tokens is None:
+        return None
+    return worker.kv_tokens - worker.kv_held_tokens - prompt_tokens
+
+
+def decode_full_on(prompt_tokens: int, decode_workers: list[Worker], prefill_workers: list[Worker]) -> Worker | None:
+    """Conditional disaggregation's other direction (reason `decode_full`): the prefill worker
+    that serves a request whole, prefill and decode, because no decode worker has KV room for
+    its prompt; None to decide as before (the decode pool has room, or no prefill worker
+    has). One line: a request that would wait for decode KV is decoded where there is KV.
+
+    Room is the proxy's own count (`kv_room`): the prompt tokens a worker's legs in flight
+    hold (`kv_held_tokens`: its decode legs; on a prefill worker also its prefill legs and
+    the requests it serves whole) plus this prompt, against its KV size. Full: every one of
+    `decode_workers` (the healthy ones) lacks room, not only the one the plan picked: a
+    disaggregated request's decode leg is picked again at its hand-off where the pool reads
+    load, so a worker with room would take it, and a request waits for decode KV only when
+    none has room. A worker whose size is unknown is never full, so one such decode worker
+    keeps the rule off, and never serves a request whole. Of the prefill workers with room,
+    the one with the most (then the fewest legs in flight): the decodes, which slow a
+    prefill worker's steps, spread over the pool as its KV allows."""
+
+    def full(worker: Worker) -> bool:
+        room = kv_room(worker, prompt_tokens)
+        return room is not None and room < 0
+
+    if not decode_workers or not all(full(w) for w in decode_workers):
+        return None
+    roomy = [w for w in prefill_workers if kv_room(w, prompt_tokens) is not None and not full(w)]
+    return max(roomy, key=lambda w: (kv_room(w, prompt_tokens), -w.outstanding), default=None)

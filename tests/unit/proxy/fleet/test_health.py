@@ -8,14 +8,18 @@ from proxy.fleet.health import HealthChecker
 from proxy.fleet.pool import WorkerPool
 from proxy.routing import registry
 from proxy.upstream.client import UpstreamError
+from tests.standin import metrics_text
 
 
 class Response:
     status = 200
     headers: dict = {}
 
+    def __init__(self, body: bytes = b""):
+        self.body = body
+
     async def read(self) -> bytes:
-        return b""
+        return self.body
 
 
 class Client:
@@ -101,3 +105,35 @@ async def test_the_rounds_go_on_after_a_round_that_raised(monkeypatch):
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert rounds["n"] >= 3 and pool.workers[1].healthy
+
+
+class MetricsClient:
+    """/health 200, and /metrics the text of `metrics[url]`."""
+
+    def __init__(self, metrics: dict[str, str]):
+        self.metrics = metrics
+
+    async def request(self, origin, method, path, body=None, headers=None, timeout_s=None, on_sent=None):
+        return Response(self.metrics[origin].encode() if path == "/metrics" else b"")
+
+
+async def test_each_workers_kv_size_is_read_with_its_info():
+    """From the same /metrics text as its pdspec_worker_info: num_gpu_blocks x block_size;
+    unknown (None) where the series is missing, as on plain stand-ins, and at the next
+    reading that lacks it."""
+    pool = checked_pool()
+    sized, unsized = pool.workers
+    for worker in pool.workers:
+        worker.info_read_at = None
+    cache_info = 'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="2048"} 1.0\n'
+    metrics = {
+        sized.url: metrics_text({"role": "prefill"}) + cache_info,
+        unsized.url: metrics_text({"role": "prefill"}),
+    }
+    checker = HealthChecker(MetricsClient(metrics), [pool], interval_s=1, timeout_s=1, eject_after=1, readmit_after=1)
+    await checker.check_all()
+    assert (sized.kv_tokens, unsized.kv_tokens) == (32_768, None)
+    assert sized.info == {"role": "prefill"}
+    metrics[sized.url] = metrics_text({"role": "prefill"})  # another engine now, exporting no size
+    await checker.read_info(sized)
+    assert sized.kv_tokens is None

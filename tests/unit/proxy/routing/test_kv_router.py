@@ -533,3 +533,55 @@ def test_a_local_prefill_leases_its_tokens_on_its_decode_worker_until_its_first_
         assert prefill_legs(fleet.prefills[0]) == 1  # the second prompt had no prefill leg
         assert decode_legs(fleet.decodes[0])[0].get("kv_transfer_params") is None
         assert metric(fleet, 'pdspec_proxy_local_prefills_total{reason="prefill_queue"}') == 1
+
+
+# --- conditional disaggregation's decode_full rule, on stand-in pools ----------------------
+
+
+def full_router(decode_held: list[int], prefill_held: list[int], sizes: int | None = 16_384, **routing) -> KvRouter:
+    """A router over decode and prefill workers of `sizes` tokens of KV each (None: unknown)
+    whose legs hold `decode_held[i]` and `prefill_held[i]` of it; conditional disaggregation,
+    its other settings and policies the defaults (prefix_affinity, least_outstanding)."""
+    settings = RoutingSettings(**{"disaggregation": "conditional", "kv_routed_ttl_s": 0, **routing})
+
+    def pool(name: str, held: list[int]) -> WorkerPool:
+        workers = [Worker(f"http://{name[0]}{i}", kv_tokens=sizes) for i in range(len(held))]
+        for worker, tokens in zip(workers, held):
+            worker.lease(held=tokens)
+        return WorkerPool(name, workers, registry.for_pool(settings, name))
+
+    prefill, decode = pool("prefill", prefill_held), pool("decode", decode_held)
+    router = KvRouter(settings, None, prefill, decode, ProxyMetrics.create())
+    for worker in prefill.workers + decode.workers:
+        router.index.set_block_size(worker.url, 4)
+    return router
+
+
+def test_a_prompt_no_decode_worker_has_room_for_is_served_whole_on_a_prefill_worker_with_room():
+    router = full_router([14_000, 13_000], [16_384, 8_000])  # 4096 more fits neither decode worker
+    plan = router.plan_for(PROMPT, 4)
+    assert (plan.local_prefill, plan.whole_on) == ("decode_full", router.prefill_pool.workers[1])
+
+
+@pytest.mark.parametrize(
+    "decode_held, prefill_held, sizes, routing",
+    [
+        ([14_000, 13_000], [0], 16_384, {"decode_on_prefill_when_full": False}),  # the rule switched off
+        ([14_000, 13_000], [0], 16_384, {"disaggregation": "always"}),
+        ([14_000, 13_000], [0], None, {}),  # sizes unknown: never full
+        ([14_000, 12_000], [0], 16_384, {}),  # a decode worker has room: the hand-off's pick finds it
+        ([14_000, 13_000], [12_289, 16_384], 16_384, {}),  # no prefill worker has room either
+    ],
+)
+def test_a_long_prompt_is_disaggregated_unless_every_decode_worker_is_full_and_a_prefill_worker_has_room(
+    decode_held, prefill_held, sizes, routing
+):
+    plan = full_router(decode_held, prefill_held, sizes, **routing).plan_for(PROMPT, 4)
+    assert (plan.local_prefill, plan.whole_on) == (None, None)
+
+
+def test_a_prompt_the_decode_worker_would_prefill_itself_stays_there():
+    """decode_full decides only what would be disaggregated: a short prompt is still the
+    decode worker's, full or not (its local prefill waits for its KV room as before)."""
+    plan = full_router([16_000, 16_000], [0]).plan_for(PROMPT[:100], 4)
+    assert (plan.local_prefill, plan.whole_on) == ("short_prompt", None)

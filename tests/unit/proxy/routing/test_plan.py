@@ -1,11 +1,11 @@
 """The route plan's P/D decision (proxy/routing/plan.py's `local_prefill`, a function of
-numbers) and what a decode leg without KV leases of its worker (`local_prefill_tokens`).
-The numbers the router feeds it: test_kv_router.py."""
+numbers; `decode_full_on`, of the workers' KV counts) and what a leg leases of its worker
+(`local_prefill_tokens`, `kv_held_tokens`). The numbers the router feeds them: test_kv_router.py."""
 
 import pytest
 
 from proxy.fleet.pool import Worker
-from proxy.routing.plan import RoutePlan, local_prefill, local_prefill_tokens
+from proxy.routing.plan import RoutePlan, decode_full_on, kv_held_tokens, local_prefill, local_prefill_tokens
 
 
 @pytest.mark.parametrize(
@@ -92,3 +92,66 @@ def test_a_lease_holds_its_prefill_tokens_until_the_first_token_or_its_release()
 def test_a_zero_margin_never_prefills_on_the_decode_worker_whatever_the_queues():
     assert local_prefill(4096, 0, 0, prefill_ahead=100_000, decode_ahead=0) is None
     assert local_prefill(16, 0, 0) is None
+
+
+# --- decode_full: a request no decode worker has KV room for, served whole on a prefill worker
+
+
+def sized(url: str, kv_tokens: int | None, held: int = 0, outstanding: int = 0) -> Worker:
+    return Worker(url, outstanding=outstanding, kv_held_tokens=held, kv_tokens=kv_tokens)
+
+
+def full_decode_pool() -> list[Worker]:
+    """Two decode workers of 32k tokens of KV holding seven 4.4k prompts each (the fleet
+    benchmark's at 11 QPS): no room for another."""
+    return [sized("http://d0", 32_768, 7 * 4400), sized("http://d1", 32_768, 7 * 4400)]
+
+
+def test_a_request_no_decode_worker_has_room_for_goes_to_the_prefill_worker_with_most_room():
+    prefills = [sized("http://p0", 32_768, 4400), sized("http://p1", 32_768, 0), sized("http://p2", None)]
+    assert decode_full_on(4400, full_decode_pool(), prefills) is prefills[1]
+    prefills[1].kv_held_tokens = 2 * 4400
+    assert decode_full_on(4400, full_decode_pool(), prefills) is prefills[0]
+
+
+def test_of_prefill_workers_with_as_much_room_the_one_with_fewer_legs():
+    prefills = [sized("http://p0", 32_768, outstanding=3), sized("http://p1", 32_768, outstanding=1)]
+    assert decode_full_on(4400, full_decode_pool(), prefills) is prefills[1]
+
+
+@pytest.mark.parametrize(
+    "decodes, prefills",
+    [
+        # One decode worker has room: a disaggregated request's decode leg would go there.
+        ([sized("http://d0", 32_768, 7 * 4400), sized("http://d1", 32_768, 6 * 4400)], [sized("http://p0", 32_768)]),
+        ([sized("http://d0", 32_768, 32_768 - 4400)], [sized("http://p0", 32_768)]),  # fits exactly: room
+        # A decode worker of unknown size is never full.
+        ([sized("http://d0", 32_768, 7 * 4400), sized("http://d1", None, 7 * 4400)], [sized("http://p0", 32_768)]),
+        ([], [sized("http://p0", 32_768)]),  # no decode worker to judge
+        # No prefill worker with room: disaggregated as before (it waits for decode KV).
+        (full_decode_pool(), [sized("http://p0", 32_768, 32_768 - 4399), sized("http://p1", None)]),
+        (full_decode_pool(), []),
+    ],
+)
+def test_otherwise_the_request_is_decided_as_before(decodes, prefills):
+    assert decode_full_on(4400, decodes, prefills) is None
+
+
+def test_a_prefill_worker_takes_whole_requests_while_its_count_has_room():
+    """Each whole request leases its prompt in the prefill worker's count (as its prefill
+    legs do), so a 32k worker takes seven 4.4k prompts (30,800 held), not an eighth."""
+    prefill = sized("http://p0", 32_768)
+    taken = []
+    while decode_full_on(4400, full_decode_pool(), [prefill]) is prefill:
+        taken.append(prefill.lease(held=4400))
+        assert len(taken) < 20
+    assert len(taken) == 7
+    taken.pop().release()
+    assert decode_full_on(4400, full_decode_pool(), [prefill]) is prefill
+
+
+def test_a_leg_holds_the_prompt_in_its_workers_kv_under_conditional_disaggregation_only():
+    conditional = RoutePlan([], 4096, None, None, decode_worker=Worker("http://d0"))
+    assert kv_held_tokens(conditional) == 4096
+    assert kv_held_tokens(RoutePlan([], 4096, None, None)) == 0  # no decode worker chosen first: not conditional
+    assert kv_held_tokens(None) == 0
