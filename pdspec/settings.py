@@ -293,6 +293,15 @@ class RoutingSettings(BaseModel):
         "worker's steps mix decodes with prefills, slowing both. A worker whose KV size cannot be read is never "
         "judged full and never serves a request whole. Off: such requests wait for decode KV room.",
     )
+    decode_full_share: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="decode_on_prefill_when_full: the share of a decode worker's KV size that the proxy's count "
+        "of its legs' prompt tokens may fill before the worker is judged full (prefill workers' room is judged "
+        "on their whole size). Below 1 it spills to the prefill workers earlier, leaving room for what the count "
+        "leaves out: generated tokens, blocks part-filled, a prompt's KV arriving before its leg is counted.",
+    )
     kv_aware_load_tokens: int = Field(
         256,
         ge=0,

@@ -272,7 +272,12 @@ class KvRouter:
                 decode_worker.local_prefill_tokens,
             )
             if local is None and self.settings.decode_on_prefill_when_full:
-                whole_on = decode_full_on(len(ids), self.decode_pool.healthy(), self.prefill_pool.healthy())
+                whole_on = decode_full_on(
+                    len(ids),
+                    self.decode_pool.healthy(),
+                    self.prefill_pool.healthy(),
+                    self.settings.decode_full_share,
+                )
                 local = "decode_full" if whole_on is not None else None
         return RoutePlan(
             keys,

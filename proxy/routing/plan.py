@@ -127,15 +127,17 @@ def kv_held_tokens(plan: RoutePlan | None) -> int:
     return plan.prompt_tokens
 
 
-def kv_room(worker: Worker, prompt_tokens: int) -> int | None:
-    """What would be left of the worker's KV cache, in tokens, with the prompt beside the
-    tokens its legs hold (negative: no room); None: its size is unknown."""
+def kv_room(worker: Worker, prompt_tokens: int, share: float = 1.0) -> float | None:
+    """What would be left of `share` of the worker's KV cache, in tokens, with the prompt
+    beside the tokens its legs hold (negative: no room); None: its size is unknown."""
     if worker.kv_tokens is None:
         return None
-    return worker.kv_tokens - worker.kv_held_tokens - prompt_tokens
+    return worker.kv_tokens * share - worker.kv_held_tokens - prompt_tokens
 
 
-def decode_full_on(prompt_tokens: int, decode_workers: list[Worker], prefill_workers: list[Worker]) -> Worker | None:
+def decode_full_on(
+    prompt_tokens: int, decode_workers: list[Worker], prefill_workers: list[Worker], decode_share: float = 1.0
+) -> Worker | None:
     """Conditional disaggregation's other direction (reason `decode_full`): the prefill worker
     that serves a request whole, prefill and decode, because no decode worker has KV room for
     its prompt; None to decide as before (the decode pool has room, or no prefill worker
@@ -150,13 +152,15 @@ def decode_full_on(prompt_tokens: int, decode_workers: list[Worker], prefill_wor
     none has room. A worker whose size is unknown is never full, so one such decode worker
     keeps the rule off, and never serves a request whole. Of the prefill workers with room,
     the one with the most (then the fewest legs in flight): the decodes, which slow a
-    prefill worker's steps, spread over the pool as its KV allows."""
+    prefill worker's steps, spread over the pool as its KV allows. `decode_share`
+    (`routing.decode_full_share`): the share of a decode worker's KV the count may fill
+    before it is full; a prefill worker's room is counted on its whole size."""
 
-    def full(worker: Worker) -> bool:
-        room = kv_room(worker, prompt_tokens)
+    def full(worker: Worker, share: float = 1.0) -> bool:
+        room = kv_room(worker, prompt_tokens, share)
         return room is not None and room < 0
 
-    if not decode_workers or not all(full(w) for w in decode_workers):
+    if not decode_workers or not all(full(w, decode_share) for w in decode_workers):
         return None
     roomy = [w for w in prefill_workers if kv_room(w, prompt_tokens) is not None and not full(w)]
     return max(roomy, key=lambda w: (kv_room(w, prompt_tokens), -w.outstanding), default=None)

@@ -8,6 +8,7 @@ conversation, with the same output as the disaggregated path; a holder that dies
 restarts in place, gets no cache-affine traffic until its new events say it holds the
 context again."""
 
+import json
 import time
 
 import httpx
@@ -56,9 +57,14 @@ def fleet(fleet_2p1d):
     routed = harness.start_proxy(BASE, **common, **ROUTING)
     # The reference: every request disaggregated, routed by the prompt's hash.
     plain = harness.start_proxy(BASE + 1, **common, routing={"prefill_policy": "prefix_affinity"})
-    servers = {"routed": routed, "plain": plain, "shared": fleet_2p1d, **fleet_2p1d.servers}
+    # decode_full: the decode worker judged full at a millionth of its KV (a fraction of a
+    # token), so every prompt it would not prefill itself goes whole to a prefill worker.
+    spill = harness.start_proxy(
+        BASE + 2, **common, **{**ROUTING, "routing": {**ROUTING["routing"], "decode_full_share": 1e-6}}
+    )
+    servers = {"routed": routed, "plain": plain, "spill": spill, "shared": fleet_2p1d, **fleet_2p1d.servers}
     try:
-        for proxy in (routed, plain):
+        for proxy in (routed, plain, spill):
             harness.wait_healthy(proxy.url, proxy.process, path="/ready")
         # The proxy's tokenizer agreed with the decode worker's /tokenize: it tokenizes itself.
         wait_for(lambda: tokenizer_agrees(routed.url) == {"text": 1.0, "chat": 1.0}, "the tokenizer check")
@@ -66,6 +72,7 @@ def fleet(fleet_2p1d):
     finally:
         routed.stop()
         plain.stop()
+        spill.stop()
 
 
 def complete(proxy: str, prompt: str, client: httpx.Client) -> httpx.Response:
@@ -142,6 +149,40 @@ def test_shared_prefix_lands_where_it_is_cached_and_follow_ups_prefill_locally(f
         dict(labels)["kind"]: v for labels, v in harness.scrape_labeled(routed, "pdspec_proxy_kv_events_total").items()
     }
     assert events.get("stored", 0) > 0 and events.get("bad_messages", 0) == 0 and events.get("orphans", 0) == 0
+
+
+def test_with_no_decode_kv_room_a_long_prompt_is_served_whole_by_a_prefill_worker(fleet):
+    """decode_full on real workers: the proxy reads each worker's KV size from its
+    vllm:cache_config_info, finds the decode worker full by its count (the `spill` proxy's
+    decode_full_share) and a prefill worker with room, and sends the request there whole,
+    no prefill leg and no KV transfer: the same greedy text as the disaggregated path,
+    streamed and not, no leg on the decode worker, and no KV left held on the prefill
+    worker afterwards."""
+    spill, plain = fleet["spill"].url, fleet["plain"].url
+    prefills = {fleet["p1"].url, fleet["p2"].url}
+    context = CONTEXT.replace("helper", "spilled")  # uncached everywhere: no local prefill
+    prompts = [context + QUESTIONS[0] * 12, context + QUESTIONS[1] * 12]
+    decode_prompts = harness.scrape(fleet["d"].url).get("vllm:prompt_tokens_total", 0.0)
+    texts, served = [], set()
+    with httpx.Client(timeout=180) as client:
+        response = complete(spill, prompts[0], client)
+        assert response.headers["x-pdspec-prefill-worker"] == "local"
+        served.add(response.headers["x-pdspec-decode-worker"])
+        texts.append(response.json()["choices"][0]["text"])
+        body = {"model": "pdspec-tiny", "prompt": prompts[1], "max_tokens": 8, "temperature": 0, "stream": True}
+        with client.stream("POST", spill + "/v1/completions", json=body) as streamed:
+            assert streamed.status_code == 200 and streamed.headers["x-pdspec-prefill-worker"] == "local"
+            served.add(streamed.headers["x-pdspec-decode-worker"])
+            chunks = [line.removeprefix("data: ") for line in streamed.iter_lines() if line.startswith("data: {")]
+        texts.append("".join(json.loads(c)["choices"][0]["text"] for c in chunks))
+        assert served <= prefills  # served where the prefill workers run
+        assert harness.scrape(fleet["d"].url).get("vllm:prompt_tokens_total", 0.0) == decode_prompts
+        references = [complete(plain, prompt, client).json()["choices"][0]["text"] for prompt in prompts]
+    assert texts == references
+    local = harness.scrape_labeled(spill, "pdspec_proxy_local_prefills_total")
+    assert local[(("reason", "decode_full"),)] == 2
+    for url in served:  # the whole requests' KV freed: nothing held for a transfer
+        wait_for(lambda url=url: harness.gauges(url)[1] == 0, f"{url}'s KV freed")
 
 
 def predicted_hits(proxy: str) -> dict[str, float]:

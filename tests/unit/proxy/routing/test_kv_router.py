@@ -563,6 +563,14 @@ def test_a_prompt_no_decode_worker_has_room_for_is_served_whole_on_a_prefill_wor
     assert (plan.local_prefill, plan.whole_on) == ("decode_full", router.prefill_pool.workers[1])
 
 
+def test_the_decode_share_setting_reaches_the_rule():
+    """decode_full_share 0.5: decode workers holding 5,000 of 16,384 have room for the
+    4,096-token prompt on their whole size, none within half of it."""
+    assert full_router([5_000, 5_000], [0]).plan_for(PROMPT, 4).whole_on is None
+    router = full_router([5_000, 5_000], [0], decode_full_share=0.5)
+    assert router.plan_for(PROMPT, 4).whole_on is router.prefill_pool.workers[0]
+
+
 @pytest.mark.parametrize(
     "decode_held, prefill_held, sizes, routing",
     [

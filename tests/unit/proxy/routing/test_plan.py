@@ -137,6 +137,16 @@ def test_otherwise_the_request_is_decided_as_before(decodes, prefills):
     assert decode_full_on(4400, decodes, prefills) is None
 
 
+def test_a_decode_share_below_one_judges_the_decode_workers_full_earlier_and_only_them():
+    """decode_full_share 0.8 of 32,768 tokens: a decode worker holding 5 x 4.4k (22,000) has
+    room for a sixth at the whole size (26,400) but not within its share (26,214); the
+    prefill workers' room is still judged on their whole size."""
+    decodes = [sized("http://d0", 32_768, 5 * 4400), sized("http://d1", 32_768, 5 * 4400)]
+    prefills = [sized("http://p0", 32_768, 6 * 4400)]  # 26,400 + 4,400 <= 32,768, over 0.8 of it
+    assert decode_full_on(4400, decodes, prefills) is None
+    assert decode_full_on(4400, decodes, prefills, decode_share=0.8) is prefills[0]
+
+
 def test_a_prefill_worker_takes_whole_requests_while_its_count_has_room():
     """Each whole request leases its prompt in the prefill worker's count (as its prefill
     legs do), so a 32k worker takes seven 4.4k prompts (30,800 held), not an eighth."""
