@@ -301,14 +301,21 @@ def fleet_delta(before: dict, after: dict) -> dict[str, dict[str, float]]:
     }
 
 
-def proxy_counter(front: dict, name: str) -> float:
+def proxy_counter(front: dict, name: str, **labels: str) -> float:
+    """A pdspec front's counter, summed over its samples with these `labels` (0: none, or
+    not a pdspec front)."""
     if front["ready_path"] != "/ready":  # vLLM's router has none of pdspec's counters
         return 0.0
     try:
         text = httpx.get(front["url"] + "/metrics", timeout=10).text
     except httpx.HTTPError:
         return 0.0
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 def reset_caches(workers: dict[str, list[str]], model: str, timeout_s: float = 60.0) -> dict:
@@ -453,6 +460,7 @@ def run_job(args, trace: Trace, policy: str, front: dict, workers: dict) -> dict
         requests = trace.phase(phase)
         before = read_fleet(workers)
         local_before = proxy_counter(front, PROXY_LOCAL_PREFILLS)
+        whole_before = proxy_counter(front, PROXY_LOCAL_PREFILLS, reason="decode_full")
         rows, window = asyncio.run(
             run_phase(front["url"], trace, requests, args.model, args.drain_s, args.request_timeout_s)
         )
@@ -465,6 +473,10 @@ def run_job(args, trace: Trace, policy: str, front: dict, workers: dict) -> dict
             "workers": fleet_delta(before, after),
             "local_prefills": proxy_counter(front, PROXY_LOCAL_PREFILLS) - local_before,
         }
+        # Of those, the requests a prefill worker served whole (conditional disaggregation's
+        # decode_full); the rest were prefilled on their decode worker.
+        level["whole_on_prefill"] = proxy_counter(front, PROXY_LOCAL_PREFILLS, reason="decode_full") - whole_before
+        level["local_prefills"] -= level["whole_on_prefill"]
         rows_all += rows
         if phase == "warmup":
             job["warmup"] = {**level, "failed": sum(not r["ok"] for r in rows)}

@@ -114,6 +114,7 @@ def level_stats(
         "acceptance_length": 1.0 + accepted / drafts if drafts else None,
         "preemptions": sum(w.get("vllm:num_preemptions_total", 0.0) for w in workers.values()),
         "local_prefills": level.get("local_prefills", 0.0),
+        "whole_on_prefill": level.get("whole_on_prefill", 0.0),
     }
     for name, slo in SLOS.items():
         met = sum(1 for t, p in zip(ttft, tpot_all) if t * 1000 <= slo["ttft_ms"] and p * 1000 <= slo["tpot_ms"])
@@ -337,8 +338,8 @@ def markdown(report: dict) -> str:
             "",
             "| policy | QPS | ok/sent | achieved rps | TTFT p50 ms | TTFT p90 ms | TPOT p90 ms | "
             "strict | SLO-met rps | fleet hit | prefill-pool hit | route p50/p90 ms | local prefills | "
-            "preemptions |",
-            "|" + " --- |" * 14,
+            "whole on a prefill worker | preemptions |",
+            "|" + " --- |" * 15,
         ]
         for s in rows:
             for lv in s["levels"]:
@@ -349,7 +350,7 @@ def markdown(report: dict) -> str:
                     f"{'pass' if lv['slo']['strict']['passes'] else 'fail'} | {_fmt(lv['slo']['strict']['slo_rps'], 2)} | "
                     f"{_fmt(lv['fleet_hit_rate'], 2)} | {_fmt(lv['prefill_pool_hit_rate'], 2)} | "
                     f"{_route(route)} | "
-                    f"{_fmt(lv['local_prefills'])} | {_fmt(lv['preemptions'])} |"
+                    f"{_fmt(lv['local_prefills'])} | {_fmt(lv['whole_on_prefill'])} | {_fmt(lv['preemptions'])} |"
                 )
         if ref:
             lines += [

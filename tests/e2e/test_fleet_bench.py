@@ -132,6 +132,8 @@ def test_every_policy_serves_every_request_and_the_report_has_its_fields(tmp_pat
     colocated = summaries[("sc", "colocated_kv_aware")]["levels"][0]
     assert colocated["local_prefills"] == colocated["requests"]  # every prompt prefilled where it was decoded
     assert summaries[("sc", "kv_aware")]["levels"][0]["local_prefills"] == 0
+    # No decode worker's KV fills at this size: nothing served whole on a prefill worker.
+    assert all(s["levels"][0]["whole_on_prefill"] == 0 for s in summaries.values())
     ref = built["reference"]["sc"]
     assert set(ref["by_workers"]) == {"1", "2"} and 0 <= ref["by_workers"]["2"]["eagle"]["achievable"] <= 1
     assert {g["goal"] for g in built["goals"]["sc"]} >= {"kv_aware goodput >= 1.25x round_robin's"}
