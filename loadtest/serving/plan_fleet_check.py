@@ -1,0 +1,175 @@
+"""`python -m loadtest.plan_fleet_check`: the fleet model (pdspec/plan/fleet_model.py) beside
+the fleet benchmark's measurements (loadtest/serving/fleet_bench.py, through fleet_report),
+for the planner's validation on a fleet of shared devices (issue 43's "the H200 fleet of the
+routing benchmark"): per layout and QPS level, measured against predicted, and which layout
+each ranks first.
+
+    python -m loadtest.plan_fleet_check --report DIR/fleet_report.json --profile h200-qwen3-8b-eagle3 \
+      --k 3 --devices 1 --layout 2p2d=kv_aware_prefill --layout colocated-4=colocated_kv_aware \
+      --trace sc3x --slo 2000 100 --out DIR
+
+A `--layout SPEC=POLICY` pairs a model layout (plan_check's `layout_of`: `2p2d`,
+`colocated-4`, ...) with the fleet_report job that measured it. The fleet model has no
+prefix cache, so each level's requests go through it with the prompt tokens the fleet really
+computed (`recomputed_tokens` over its requests: what its caches did not hold) and the
+trace's output length, at the level's realized rate (its requests over its length), with the
+acceptance length its decode workers measured. Measured and predicted: TTFT p50/p90, TPOT
+p50; goodput under `--slo`: measured, the job's relaxed-style sustained
+goodput as fleet_report computed it for that SLO (`--slo-name`); predicted,
+`pdspec.plan.search.evaluate` on the mean computed prompt.
+
+Written to `--out`: `plan_fleet_check.json` and `plan_fleet_check.md`. Failure policy: a
+report without the trace or a policy named, or a layout the model cannot place on
+`--devices`, stops it with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from loadtest.serving.plan_check import layout_of, predict, with_acceptance
+from pdspec.plan import profile as profiles
+from pdspec.plan.fleet_model import Slo
+from pdspec.plan.search import evaluate
+
+# Not throughput: fleet_report's `achieved_rps` is a level's requests over its length in the
+# trace (the offered load), the model's is over its makespan (the drain included).
+FIGURES = ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms")
+
+
+def level_rows(profile, layout, k: int, summary: dict, osl: int, seeds: int) -> list[dict]:
+    """Each measured level of a fleet_report job beside the model's run of the same load."""
+    rows = []
+    for level in summary["levels"]:
+        requests = level["requests"]
+        isl = max(1, round(level["recomputed_tokens"] / requests))
+        accepted = level.get("acceptance_length") or profile.decode[k].tokens_per_step
+        rate = requests / level["duration_s"]
+        predicted = predict(with_acceptance(profile, k, accepted), layout, k, rate, requests, isl, osl, seeds)
+        measured = {
+            "ttft_p50_ms": level["ttft_ms"]["p50"],
+            "ttft_p90_ms": level["ttft_ms"]["p90"],
+            "tpot_p50_ms": level["tpot_ms"]["p50"],
+        }
+        rows.append(
+            {"qps": level["qps"], "rate": rate, "requests": requests, "isl_computed": isl, "acceptance": accepted}
+            | {"measured": measured, "predicted": predicted}
+        )
+    return rows
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        f"# The fleet model against the fleet benchmark ({report['profile']}, {report['trace']}, "
+        f"{report['devices']} device{'s' if report['devices'] > 1 else ''})",
+        "",
+        f"`{report['command']}`",
+        "",
+        f"Goodput under TTFT p90 {report['slo_ms'][0]:g} ms and TPOT p90 {report['slo_ms'][1]:g} ms, measured "
+        "(sustained, fleet_report) / predicted (`pdspec.plan.search.evaluate`):",
+        "",
+        "| layout | measured by | goodput req/s, measured / predicted | mean prompt tokens computed |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, layout in report["layouts"].items():
+        lines.append(
+            f"| {name} | {layout['policy']} | {layout['goodput']['measured_rps']:.2f} / "
+            f"{layout['goodput']['predicted_rps']:.2f} | {layout['goodput']['isl_computed']:,} |"
+        )
+    lines += [
+        "",
+        f"Ranked first: measured **{report['first']['measured']}**, predicted **{report['first']['predicted']}**.",
+        "",
+        "Each cell: measured / predicted (predicted over measured); the model ran each level's "
+        f"requests at its realized rate, {report['seeds']} seeds, medians.",
+        "",
+        "| layout | QPS | requests | prompt tokens computed | TTFT p50 ms | TTFT p90 ms | TPOT p50 ms |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, layout in report["layouts"].items():
+        for row in layout["levels"]:
+            cells = []
+            for figure in FIGURES:
+                measured, predicted = row["measured"][figure], row["predicted"][figure]
+                ratio = predicted / measured if measured else float("nan")
+                cells.append(f"{measured:,.1f} / {predicted:,.1f} ({ratio:.2f})")
+            lines.append(
+                f"| {name} | {row['qps']:g} | {row['requests']} | {row['isl_computed']:,} | " + " | ".join(cells) + " |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.plan_fleet_check", description=__doc__.split("\n")[0])
+    parser.add_argument("--report", type=Path, required=True, help="fleet_report.json")
+    parser.add_argument("--profile", required=True, help="a shipped profile's name or a file")
+    parser.add_argument("--k", type=int, required=True)
+    parser.add_argument("--devices", type=int, required=True, help="the devices the fleet's engines shared")
+    parser.add_argument("--layout", action="append", required=True, metavar="SPEC=POLICY")
+    parser.add_argument("--trace", required=True, help="the trace (workload) whose jobs to read")
+    parser.add_argument("--osl", type=int, default=48, help="output tokens a request (the trace's max_tokens)")
+    parser.add_argument("--slo", nargs=2, type=float, default=(2000.0, 100.0), metavar=("TTFT_MS", "TPOT_MS"))
+    parser.add_argument("--slo-name", default="relaxed", help="fleet_report's SLO of the same limits")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    profile = profiles.load(profiles.shipped().get(args.profile) or Path(args.profile))
+    if args.k not in profile.decode:
+        raise SystemExit(f"{args.profile} has no decode curve for K={args.k}")
+    report_in = json.loads(args.report.read_text())
+    jobs = {s["policy"]: s for s in report_in["summaries"] if s["workload"] == args.trace}
+    slo = Slo(ttft_p90_ms=args.slo[0], tpot_p90_ms=args.slo[1])
+    layouts = {}
+    for pair in args.layout:
+        spec, _, policy = pair.partition("=")
+        if policy not in jobs:
+            raise SystemExit(f"{args.report}: no {args.trace}:{policy} job (it has {sorted(jobs)})")
+        try:
+            layout = layout_of(spec, args.devices)
+        except ValueError as error:
+            raise SystemExit(f"cannot model {spec} on {args.devices} devices: {error}") from None
+        summary = jobs[policy]
+        levels = level_rows(profile, layout, args.k, summary, args.osl, args.seeds)
+        isl = round(statistics.mean(row["isl_computed"] for row in levels))
+        accepted = statistics.mean(row["acceptance"] for row in levels)
+        candidate = evaluate(with_acceptance(profile, args.k, accepted), layout, args.k, [(isl, args.osl)], slo)
+        measured = summary["goodput"][args.slo_name]["sustained_rps"] or 0.0
+        layouts[spec] = {
+            "policy": policy,
+            "levels": levels,
+            "goodput": {
+                "measured_rps": measured,
+                "predicted_rps": round(candidate.goodput_rps, 2),
+                "isl_computed": isl,
+            },
+        }
+        print(f"{spec} ({policy}): goodput measured {measured} predicted {candidate.goodput_rps:.2f}", flush=True)
+    first = {
+        which: max(layouts, key=lambda name: layouts[name]["goodput"][f"{which}_rps"])
+        for which in ("measured", "predicted")
+    }
+    report = {
+        "command": "python -m loadtest.plan_fleet_check " + " ".join(sys.argv[1:] if argv is None else argv),
+        "profile": args.profile,
+        "trace": args.trace,
+        "devices": args.devices,
+        "k": args.k,
+        "seeds": args.seeds,
+        "slo_ms": list(args.slo),
+        "layouts": layouts,
+        "first": first,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "plan_fleet_check.json").write_text(json.dumps(report, indent=2))
+    table = markdown(report)
+    (args.out / "plan_fleet_check.md").write_text(table)
+    print(table)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The planner against the fleet benchmark (loadtest/serving/plan_fleet_check.py): each level
+of a fleet_report job goes through the model with the prompt tokens the fleet computed, the
+goodputs are set side by side and each way's first-ranked layout named; a policy or trace
+the report lacks stops it."""
+
+import json
+
+import pytest
+
+from loadtest.serving import plan_fleet_check
+
+PROFILE = "cpu-2core-pdspec-tiny-eagle3"
+
+
+def level(qps: float, requests: int, recomputed: int, ttft_p90: float) -> dict:
+    return {
+        "qps": qps,
+        "requests": requests,
+        "duration_s": requests / qps,
+        "achieved_rps": qps,
+        "recomputed_tokens": recomputed,
+        "acceptance_length": 2.0,
+        "ttft_ms": {"p50": ttft_p90 / 2, "p90": ttft_p90},
+        "tpot_ms": {"p50": 8.0, "p90": 9.0},
+    }
+
+
+def job(policy: str, sustained: float, workload: str = "sc") -> dict:
+    return {
+        "workload": workload,
+        "policy": policy,
+        "levels": [level(2, 10, 10 * 300, 120.0), level(4, 20, 20 * 100, 150.0)],
+        "goodput": {"relaxed": {"sustained_rps": sustained}},
+    }
+
+
+def run(tmp_path, *extra: str) -> dict:
+    report = {"summaries": [job("prefix_affinity", 3.0), job("colocated_kv_aware", 2.0), job("kv_aware", 9.0, "mt")]}
+    (tmp_path / "fleet_report.json").write_text(json.dumps(report))
+    argv = ["--report", str(tmp_path / "fleet_report.json"), "--profile", PROFILE, "--k", "3", "--devices", "2"]
+    argv += ["--trace", "sc", "--osl", "16", "--seeds", "1", "--out", str(tmp_path / "out"), *extra]
+    return plan_fleet_check.main(argv)
+
+
+def test_each_level_runs_with_the_tokens_the_fleet_computed_and_the_first_picks_are_named(tmp_path):
+    report = run(tmp_path, "--layout", "2p2d=prefix_affinity", "--layout", "colocated-4=colocated_kv_aware")
+    disaggregated = report["layouts"]["2p2d"]
+    assert [row["isl_computed"] for row in disaggregated["levels"]] == [300, 100]
+    assert [row["rate"] for row in disaggregated["levels"]] == [2.0, 4.0]
+    assert all(row["acceptance"] == 2.0 for row in disaggregated["levels"])
+    assert disaggregated["goodput"]["measured_rps"] == 3.0 and disaggregated["goodput"]["isl_computed"] == 200
+    for row in disaggregated["levels"]:
+        assert row["predicted"]["ttft_p90_ms"] > 0 and row["measured"]["ttft_p90_ms"] in (120.0, 150.0)
+    assert report["first"]["measured"] == "2p2d"  # 3.0 against 2.0 req/s measured
+    predicted = {name: layout["goodput"]["predicted_rps"] for name, layout in report["layouts"].items()}
+    assert report["first"]["predicted"] == max(predicted, key=predicted.get)
+    table = (tmp_path / "out" / "plan_fleet_check.md").read_text()
+    assert "| 2p2d | prefix_affinity | 3.00 /" in table and "Ranked first: measured **2p2d**" in table
+    assert json.loads((tmp_path / "out" / "plan_fleet_check.json").read_text())["first"] == report["first"]
+
+
+@pytest.mark.parametrize(
+    "layout, message",
+    [
+        ("2p2d=kv_aware", "no sc:kv_aware job"),  # kv_aware ran on another trace only
+        ("colocated-1=prefix_affinity", "cannot model colocated-1 on 2 devices"),  # one engine, two devices
+    ],
+)
+def test_a_job_or_layout_it_cannot_use_stops_it_with_the_reason(tmp_path, layout, message):
+    with pytest.raises(SystemExit, match=message):
+        run(tmp_path, "--layout", layout)
+    assert not (tmp_path / "out").exists()
