@@ -22,7 +22,8 @@ Failure handling, in order of the request's life:
   (pdspec_proxy_kv_reprefills_total) rather than resend the KV;
 - decode-only: a request vLLM cannot serve through P/D (`legs.decode_only_reason`:
   beam search; grammar-constrained ones too under `structured_outputs = "decode_only"`)
-  goes whole to a decode worker, which prefills it itself;
+  goes whole to a decode worker, which prefills it itself (or, when its route plan says
+  decode_full, to that prefill worker first: no KV moves either way);
 - decode_full (conditional disaggregation, proxy/routing/plan.py's `decode_full_on`): a
   request no decode worker has KV room for goes whole, without KV params, to the prefill
   worker its route plan chose, leased there as a decode leg; if that leg fails before its

@@ -259,18 +259,14 @@ class KvRouter:
             held = self.cached_tokens(keys, block_size, self.decode_pool, routed=False).get(decode_worker.url, 0)
             held = min(held, len(ids))
             decode_uncached = len(ids) - held
-            prefill_ahead = None
-            # Only a cache-aware prefill pool (kv_aware) leases its legs' uncached tokens:
-            # elsewhere its queue is unknown, and the rule stays off.
-            if self.settings.local_prefill_on_queue and self.prefill_pool.policy.cache_aware:
-                prefill_ahead = self.prefill_work_ahead(len(ids), prefill_cached, building)
-            local = local_prefill(
-                len(ids),
-                held,
-                self.settings.local_prefill_max_tokens,
-                prefill_ahead,
-                decode_worker.local_prefill_tokens,
-            )
+            max_tokens = self.settings.local_prefill_max_tokens
+            # The length rule first (a prompt the decode worker holds, or a short one, stays
+            # there); then decode_full, before the queue rule: with every decode worker full,
+            # a prompt prefilled on one waits there for KV room, and the requests a prefill
+            # worker serves whole count as its legs in flight, which the queue rule would read
+            # as a prefill queue (found in review: two whole requests a prefill worker turned
+            # every decode_full into a prefill_queue on a full decode worker).
+            local = local_prefill(len(ids), held, max_tokens)
             if local is None and self.settings.decode_on_prefill_when_full:
                 whole_on = decode_full_on(
                     len(ids),
@@ -279,6 +275,11 @@ class KvRouter:
                     self.settings.decode_full_share,
                 )
                 local = "decode_full" if whole_on is not None else None
+            # Only a cache-aware prefill pool (kv_aware) leases its legs' uncached tokens:
+            # elsewhere its queue is unknown, and the queue rule stays off.
+            if local is None and self.settings.local_prefill_on_queue and self.prefill_pool.policy.cache_aware:
+                prefill_ahead = self.prefill_work_ahead(len(ids), prefill_cached, building)
+                local = local_prefill(len(ids), held, max_tokens, prefill_ahead, decode_worker.local_prefill_tokens)
         return RoutePlan(
             keys,
             len(ids),

@@ -563,6 +563,19 @@ def test_a_prompt_no_decode_worker_has_room_for_is_served_whole_on_a_prefill_wor
     assert (plan.local_prefill, plan.whole_on) == ("decode_full", router.prefill_pool.workers[1])
 
 
+def test_requests_a_prefill_worker_serves_whole_do_not_turn_decode_full_into_a_prefill_queue():
+    """Found in review: the requests a prefill worker decodes whole count as its legs in
+    flight, which the queue rule reads as a prefill queue; were it weighed first, two such
+    requests a worker sent the prompt to a full decode worker (prefill_queue), to wait
+    there for KV room. decode_full is decided before the queue rule."""
+    router = full_router([14_000, 13_000], [0, 0], prefill_policy="kv_aware")
+    for worker in router.prefill_pool.workers:
+        for _ in range(2):  # each decoding two whole requests, past their first token
+            worker.lease(computed=False, held=4096, computing=4096).prefilled()
+    plan = router.plan_for(PROMPT, 4)
+    assert plan.local_prefill == "decode_full" and plan.whole_on in router.prefill_pool.workers
+
+
 def test_the_decode_share_setting_reaches_the_rule():
     """decode_full_share 0.5: decode workers holding 5,000 of 16,384 have room for the
     4,096-token prompt on their whole size, none within half of it."""
