@@ -47,6 +47,23 @@ def layout_of(spec: str, devices: int | None = None, placement: str | None = Non
     return Layout.disaggregated(int(prefill), int(decode), devices, device_of)
 
 
+def load_profile(name: str, k: int) -> profiles.EngineProfile:
+    """A shipped profile by its name, or one from a file; SystemExit when it has no decode
+    curve for `k`."""
+    profile = profiles.load(profiles.shipped().get(name) or Path(name))
+    if k not in profile.decode:
+        raise SystemExit(f"{name} has no decode curve for K={k} (it has K={sorted(profile.decode)})")
+    return profile
+
+
+def write_report(out: Path, stem: str, report: dict, table: str) -> None:
+    """`stem`.json (the report) and `stem`.md (its table) under `out`; the table printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
+    (out / f"{stem}.md").write_text(table)
+    print(table)
+
+
 def with_acceptance(profile: profiles.EngineProfile, k: int, tokens_per_step: float) -> profiles.EngineProfile:
     """`profile` with K's decode gain per step replaced."""
     decode = dict(profile.decode)
@@ -181,15 +198,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--profile-acceptance", action="store_true")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    shipped = profiles.shipped()
-    profile = profiles.load(shipped.get(args.profile) or Path(args.profile))
     try:
         layout = layout_of(args.layout, args.devices, args.placement)
     except ValueError as error:
         devices = args.placement or args.devices or "one per engine"
         raise SystemExit(f"cannot model --layout {args.layout} on devices {devices}: {error}") from None
-    if args.k not in profile.decode:
-        raise SystemExit(f"{args.profile} has no decode curve for K={args.k} (it has K={sorted(profile.decode)})")
+    profile = load_profile(args.profile, args.k)
     rows = []
     loaded = [(path, json.loads(path.read_text())) for path in args.results]
     for path, results in loaded:
@@ -241,11 +255,7 @@ def main(argv: list[str] | None = None) -> dict:
         "phases": rows,
         "goodput": goodput,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "plan_check.json").write_text(json.dumps(report, indent=2))
-    table = markdown(report)
-    (args.out / "plan_check.md").write_text(table)
-    print(table)
+    write_report(args.out, "plan_check", report, markdown(report))
     return report
 
 

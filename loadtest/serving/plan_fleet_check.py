@@ -31,8 +31,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from loadtest.serving.plan_check import layout_of, predict, with_acceptance
-from pdspec.plan import profile as profiles
+from loadtest.serving.plan_check import layout_of, load_profile, predict, with_acceptance, write_report
 from pdspec.plan.fleet_model import Slo
 from pdspec.plan.search import evaluate
 
@@ -117,9 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    profile = profiles.load(profiles.shipped().get(args.profile) or Path(args.profile))
-    if args.k not in profile.decode:
-        raise SystemExit(f"{args.profile} has no decode curve for K={args.k}")
+    profile = load_profile(args.profile, args.k)
     report_in = json.loads(args.report.read_text())
     jobs = {s["policy"]: s for s in report_in["summaries"] if s["workload"] == args.trace}
     slo = Slo(ttft_p90_ms=args.slo[0], tpot_p90_ms=args.slo[1])
@@ -163,11 +160,7 @@ def main(argv: list[str] | None = None) -> dict:
         "layouts": layouts,
         "first": first,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "plan_fleet_check.json").write_text(json.dumps(report, indent=2))
-    table = markdown(report)
-    (args.out / "plan_fleet_check.md").write_text(table)
-    print(table)
+    write_report(args.out, "plan_fleet_check", report, markdown(report))
     return report
 
 
