@@ -301,21 +301,28 @@ def fleet_delta(before: dict, after: dict) -> dict[str, dict[str, float]]:
     }
 
 
-def proxy_counter(front: dict, name: str, **labels: str) -> float:
-    """A pdspec front's counter, summed over its samples with these `labels` (0: none, or
-    not a pdspec front)."""
+def proxy_counter(front: dict, name: str) -> dict[tuple, float]:
+    """A pdspec front's counter, by its samples' labels (sorted pairs); empty when it has
+    none or is not a pdspec front."""
     if front["ready_path"] != "/ready":  # vLLM's router has none of pdspec's counters
-        return 0.0
+        return {}
     try:
         text = httpx.get(front["url"] + "/metrics", timeout=10).text
     except httpx.HTTPError:
-        return 0.0
-    return sum(
-        s.value
+        return {}
+    return {
+        tuple(sorted(s.labels.items())): s.value
         for f in text_string_to_metric_families(text)
         for s in f.samples
-        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
-    )
+        if s.name == name
+    }
+
+
+def local_prefills(front: dict) -> tuple[float, float]:
+    """(requests served without a prefill leg, of those the ones a prefill worker served
+    whole: conditional disaggregation's decode_full), from one read of the front's counter."""
+    counts = proxy_counter(front, PROXY_LOCAL_PREFILLS)
+    return sum(counts.values()), counts.get((("reason", "decode_full"),), 0.0)
 
 
 def reset_caches(workers: dict[str, list[str]], model: str, timeout_s: float = 60.0) -> dict:
@@ -459,24 +466,22 @@ def run_job(args, trace: Trace, policy: str, front: dict, workers: dict) -> dict
     for phase in trace.phases():
         requests = trace.phase(phase)
         before = read_fleet(workers)
-        local_before = proxy_counter(front, PROXY_LOCAL_PREFILLS)
-        whole_before = proxy_counter(front, PROXY_LOCAL_PREFILLS, reason="decode_full")
+        local_before, whole_before = local_prefills(front)
         rows, window = asyncio.run(
             run_phase(front["url"], trace, requests, args.model, args.drain_s, args.request_timeout_s)
         )
         after = read_fleet(workers)
+        local_after, whole_after = local_prefills(front)
         level = {
             "phase": phase,
             "qps": requests[0].qps,
             "window_s": window,
             "requests": len(rows),
             "workers": fleet_delta(before, after),
-            "local_prefills": proxy_counter(front, PROXY_LOCAL_PREFILLS) - local_before,
+            # Prefilled on their decode worker, and served whole on a prefill worker (decode_full).
+            "local_prefills": (local_after - whole_after) - (local_before - whole_before),
+            "whole_on_prefill": whole_after - whole_before,
         }
-        # Of those, the requests a prefill worker served whole (conditional disaggregation's
-        # decode_full); the rest were prefilled on their decode worker.
-        level["whole_on_prefill"] = proxy_counter(front, PROXY_LOCAL_PREFILLS, reason="decode_full") - whole_before
-        level["local_prefills"] -= level["whole_on_prefill"]
         rows_all += rows
         if phase == "warmup":
             job["warmup"] = {**level, "failed": sum(not r["ok"] for r in rows)}
