@@ -67,6 +67,16 @@ POLICIES: dict[str, dict] = {
     "kv_aware_conditional": {
         "routing": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware", "disaggregation": "conditional"}
     },
+    # decode_full acting before a decode worker is quite full (the proxy's count misses
+    # parked prefill KV and the generated tokens).
+    "kv_aware_conditional_full80": {
+        "routing": {
+            "prefill_policy": "kv_aware",
+            "decode_policy": "kv_aware",
+            "disaggregation": "conditional",
+            "decode_full_share": 0.8,
+        }
+    },
     "colocated_kv_aware": {
         "routing": {
             "prefill_policy": "kv_aware",
@@ -78,7 +88,7 @@ POLICIES: dict[str, dict] = {
 }
 COLOCATED = "colocated_kv_aware"
 # The policies whose proxy keeps a cache index (subscribed to every worker's KV events).
-INDEXED = ("kv_aware", "kv_aware_prefill", "kv_aware_conditional", COLOCATED)
+INDEXED = ("kv_aware", "kv_aware_prefill", "kv_aware_conditional", "kv_aware_conditional_full80", COLOCATED)
 VLLM_ROUTER = "vllm_router_cache_aware"
 ALL_POLICIES = (*POLICIES, VLLM_ROUTER)
 

@@ -50,13 +50,21 @@ COLOURS = {
     "kv_aware": "tab:blue",
     "kv_aware_prefill": "tab:cyan",
     "kv_aware_conditional": "tab:brown",
+    "kv_aware_conditional_full80": "tab:olive",
     "colocated_kv_aware": "tab:red",
     "vllm_router_cache_aware": "tab:purple",
 }
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    return float(np.percentile(np.asarray(values, dtype=float), q)) if values else None
+    """numpy's linear percentile, except that a rank falling on or next to a failed request's
+    infinite value is infinite (numpy gives NaN between two infinities)."""
+    if not values:
+        return None
+    ordered = np.sort(np.asarray(values, dtype=float))
+    if not np.isfinite(ordered[math.ceil((len(ordered) - 1) * q / 100.0)]):
+        return math.inf
+    return float(np.percentile(ordered, q))
 
 
 def _ms(value: float | None) -> float | None:
@@ -195,7 +203,7 @@ def achievable(ref: dict | None, policy: str, prefill_workers: int, all_workers:
     (the prefill pool; every worker where decode workers prefill too), EAGLE's block dropped."""
     if not ref:
         return None
-    n = all_workers if policy in ("colocated_kv_aware", "kv_aware_conditional") else prefill_workers
+    n = all_workers if policy.startswith(("colocated_kv_aware", "kv_aware_conditional")) else prefill_workers
     return ref["by_workers"][str(n)]["eagle"]["achievable"]
 
 
