@@ -10,13 +10,18 @@ show "-") and p99, TPOT median. The model's decode gain per step is the one
 the stack's decode worker measured in that phase (its acceptance length), unless
 `--profile-acceptance`: the profile's was measured on other prompts. `--devices N` says the
 measured stack ran its engines on N devices (the CPU 2P1D on two cores, four engines on one
-H200): the model then puts them on N devices round robin, each device running one engine
-step at a time (`Layout.devices`); by default each engine had a device of its own.
+H200): the model then puts them on N devices round robin (or as `--placement` says), the
+steps on a device slowing each other by the profile's device term (`DeviceSharing.alpha`);
+by default each engine had a device of its own. `--sharing ALPHA` runs with another alpha;
+`--fit-sharing` fits it first (`loadtest.serving.sharing_fit`: a grid over alpha, against
+the phases whose rate is at most the measured goodput, so it needs `--goodput-slo`), then
+checks with the fitted value, and records the fit.
 
 Written to `--out`: `plan_check.json` (every phase, measured and predicted) and
 `plan_check.md` (the table, with the predicted / measured ratio of each figure). Failure
-policy: a results file without Poisson phases, a layout the profile cannot run, or more
-devices than engines (or none) stops it with the reason.
+policy: a results file without Poisson phases, a layout the profile cannot run, more
+devices than engines (or none), a negative `--sharing`, or `--fit-sharing` without
+`--goodput-slo` stops it with the reason.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from loadtest.serving import sharing_fit
 from pdspec.plan import profile as profiles
 from pdspec.plan.fleet_model import Layout, Slo, simulate
 from pdspec.plan.search import evaluate
@@ -86,6 +92,89 @@ def predict(profile, layout: Layout, k: int, rate: float, count: int, isl: int, 
     }
 
 
+def phase_rows(
+    profile,
+    layout: Layout,
+    k: int,
+    loaded: list[tuple[Path, dict]],
+    seeds: int,
+    profile_acceptance: bool,
+    verbose=False,
+) -> list[dict]:
+    """Each Poisson phase of the `loaded` serve_bench results beside the model's run of it."""
+    rows = []
+    for path, results in loaded:
+        for phase in (phase for phase in results["phases"] if phase.get("request_rate")):
+            tokens_per_step = profile.decode[k].tokens_per_step
+            if not profile_acceptance and phase.get("decode_acceptance_length"):
+                tokens_per_step = phase["decode_acceptance_length"]
+            model = with_acceptance(profile, k, tokens_per_step)
+            count = phase["completed"]
+            predicted = predict(
+                model, layout, k, phase["request_rate"], count, results["input_len"], results["output_len"], seeds
+            )
+            rows.append(
+                {
+                    "results": str(path.parent.name),
+                    "rate": phase["request_rate"],
+                    "requests": count,
+                    "tokens_per_step": tokens_per_step,
+                    "measured": measured_of(phase),
+                    "predicted": predicted,
+                }
+            )
+            if verbose:
+                print(
+                    f"{path.parent.name} rate {phase['request_rate']:g}: {rows[-1]['measured']} vs {predicted}",
+                    flush=True,
+                )
+    return rows
+
+
+def measured_goodput(args: argparse.Namespace, loaded: list[tuple[Path, dict]]) -> float:
+    """The best measured phase's goodput, which must have been taken under `--goodput-slo`
+    (serve_bench's `slos_ms`; SystemExit otherwise)."""
+    ttft_ms, tpot_ms = args.goodput_slo
+    measured = 0.0
+    for path, results in loaded:
+        for phase in results["phases"]:
+            if not phase.get("request_rate"):
+                continue
+            if phase.get("slos_ms") != {"ttft": ttft_ms, "tpot": tpot_ms}:
+                raise SystemExit(
+                    f"{path}: its goodput was measured under {phase.get('slos_ms')}, not {args.goodput_slo}"
+                )
+            measured = max(measured, phase.get("goodput") or 0.0)
+    return measured
+
+
+def sharing_of(args: argparse.Namespace, profile, layout: Layout, loaded: list[tuple[Path, dict]]) -> tuple:
+    """The profile the check runs with and what its device term is: the profile's own,
+    `--sharing`'s, or `--fit-sharing`'s (fitted to the phases whose rate is at most the
+    measured goodput: the loads the stack served within the SLO; the fit's table is printed)."""
+    if args.sharing is not None:
+        return profile.with_sharing(args.sharing, "plan_check --sharing"), {"alpha": args.sharing, "from": "--sharing"}
+    if not args.fit_sharing:
+        return profile, {"alpha": profile.sharing_alpha, "from": "the profile" if profile.device_sharing else "default"}
+    if not args.goodput_slo:
+        raise SystemExit(
+            "--fit-sharing fits to the phases below saturation, which --goodput-slo's measured goodput marks"
+        )
+    goodput = measured_goodput(args, loaded)
+
+    def rows_at(alpha: float) -> list[dict]:
+        model = profile.with_sharing(alpha, "a trial of plan_check --fit-sharing")
+        rows = phase_rows(model, layout, args.k, loaded, args.seeds, args.profile_acceptance)
+        return [row for row in rows if row["rate"] <= goodput]
+
+    fitted = sharing_fit.fit(rows_at, tuple(args.fit_figures))
+    print(fitted.markdown(), flush=True)
+    source = f"fitted by plan_check --fit-sharing to {', '.join(str(path) for path, _ in loaded)}"
+    return profile.with_sharing(fitted.alpha, source), {"alpha": fitted.alpha, "from": "--fit-sharing"} | {
+        "fit": fitted.as_dict() | {"below_goodput_rps": goodput}
+    }
+
+
 def measured_of(phase: dict) -> dict:
     return {
         "throughput_rps": phase["request_throughput"],
@@ -103,17 +192,8 @@ def goodput_of(
     acceptance unless `--profile-acceptance`) and the best measured phase's, which must have
     been taken under the same SLO (serve_bench's `slos_ms`; SystemExit otherwise)."""
     ttft_ms, tpot_ms = args.goodput_slo
-    measured, shapes = 0.0, []
-    for path, results in loaded:
-        shapes.append((results["input_len"], results["output_len"]))
-        for phase in results["phases"]:
-            if not phase.get("request_rate"):
-                continue
-            if phase.get("slos_ms") != {"ttft": ttft_ms, "tpot": tpot_ms}:
-                raise SystemExit(
-                    f"{path}: its goodput was measured under {phase.get('slos_ms')}, not {args.goodput_slo}"
-                )
-            measured = max(measured, phase.get("goodput") or 0.0)
+    measured = measured_goodput(args, loaded)
+    shapes = [(results["input_len"], results["output_len"]) for _, results in loaded]
     tokens_per_step = statistics.mean(row["tokens_per_step"] for row in rows)
     model = profile if args.profile_acceptance else with_acceptance(profile, args.k, tokens_per_step)
     candidate = evaluate(model, layout, args.k, shapes[:1], Slo(ttft_p90_ms=ttft_ms, tpot_p90_ms=tpot_ms))
@@ -122,6 +202,18 @@ def goodput_of(
         "predicted_rps": round(candidate.goodput_rps, 2),
         "measured_rps": round(measured, 2),
     }
+
+
+def sharing_lines(sharing: dict) -> list[str]:
+    """The device term the check ran with, and its fit's table when it was fitted."""
+    lines = [f"Device sharing alpha {sharing['alpha']:g} ({sharing['from']}).", ""]
+    if "fit" in sharing:
+        fit = sharing["fit"]
+        lines += [
+            f"Fitted to the levels at most the measured goodput ({fit['below_goodput_rps']:g} req/s): "
+            + sharing_fit.from_dict(fit).markdown(),
+        ]
+    return lines
 
 
 FIGURES = ("throughput_rps", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms")
@@ -152,6 +244,7 @@ def markdown(report: dict) -> str:
             if on and "placement" in report
             else []
         ),
+        *(sharing_lines(report["sharing"]) if on and report.get("sharing") else []),
         "Each cell: measured / predicted (predicted over measured). Predicted: the median of "
         f"{report['seeds']} runs of the model with the phase's rate, request count and shape.",
         "",
@@ -196,6 +289,23 @@ def main(argv: list[str] | None = None) -> dict:
         "meeting both one by one), so that layouts can be ranked both ways",
     )
     parser.add_argument("--profile-acceptance", action="store_true")
+    sharing = parser.add_mutually_exclusive_group()
+    sharing.add_argument(
+        "--sharing", type=float, metavar="ALPHA", help="the device term's alpha instead of the profile's (>= 0)"
+    )
+    sharing.add_argument(
+        "--fit-sharing",
+        action="store_true",
+        help="fit alpha to the phases below saturation (rate <= measured goodput; needs --goodput-slo), "
+        "loadtest.serving.sharing_fit's grid, and check with it",
+    )
+    parser.add_argument(
+        "--fit-figures",
+        nargs="+",
+        choices=sharing_fit.FIGURES,
+        default=list(sharing_fit.DEFAULT_FIGURES),
+        help="the figures --fit-sharing fits (each where measured)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
@@ -203,42 +313,15 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError as error:
         devices = args.placement or args.devices or "one per engine"
         raise SystemExit(f"cannot model --layout {args.layout} on devices {devices}: {error}") from None
+    if args.sharing is not None and args.sharing < 0:
+        raise SystemExit(f"--sharing is an alpha >= 0, not {args.sharing}")
     profile = load_profile(args.profile, args.k)
-    rows = []
     loaded = [(path, json.loads(path.read_text())) for path in args.results]
     for path, results in loaded:
-        phases = [phase for phase in results["phases"] if phase.get("request_rate")]
-        if not phases:
+        if not any(phase.get("request_rate") for phase in results["phases"]):
             raise SystemExit(f"{path}: no phase with Poisson arrivals (serve_bench --request-rate)")
-        for phase in phases:
-            tokens_per_step = profile.decode[args.k].tokens_per_step
-            if not args.profile_acceptance and phase.get("decode_acceptance_length"):
-                tokens_per_step = phase["decode_acceptance_length"]
-            model = with_acceptance(profile, args.k, tokens_per_step)
-            count = phase["completed"]
-            predicted = predict(
-                model,
-                layout,
-                args.k,
-                phase["request_rate"],
-                count,
-                results["input_len"],
-                results["output_len"],
-                args.seeds,
-            )
-            rows.append(
-                {
-                    "results": str(path.parent.name),
-                    "rate": phase["request_rate"],
-                    "requests": count,
-                    "tokens_per_step": tokens_per_step,
-                    "measured": measured_of(phase),
-                    "predicted": predicted,
-                }
-            )
-            print(
-                f"{path.parent.name} rate {phase['request_rate']:g}: {rows[-1]['measured']} vs {predicted}", flush=True
-            )
+    profile, sharing = sharing_of(args, profile, layout, loaded)
+    rows = phase_rows(profile, layout, args.k, loaded, args.seeds, args.profile_acceptance, verbose=True)
     goodput = None
     if args.goodput_slo:
         goodput = goodput_of(args, profile, layout, rows, loaded)
@@ -250,6 +333,7 @@ def main(argv: list[str] | None = None) -> dict:
         "engines": layout.engines,
         "devices": layout.devices,
         "placement": list(layout.placement),
+        "sharing": sharing,
         "k": args.k,
         "seeds": args.seeds,
         "phases": rows,

@@ -18,9 +18,15 @@ p50; goodput under `--slo`: measured, the job's relaxed-style sustained
 goodput as fleet_report computed it for that SLO (`--slo-name`); predicted,
 `pdspec.plan.search.evaluate` on the mean computed prompt.
 
+The engines sharing the device slow each other by the profile's device term
+(`DeviceSharing.alpha`, pdspec/plan/fleet_model.py); `--sharing ALPHA` runs with another
+alpha, and `--fit-sharing` fits it first (`loadtest.serving.sharing_fit`: a grid over alpha
+against every layout's levels whose QPS is at most the layout's measured goodput), then
+checks with the fitted value and records the fit.
+
 Written to `--out`: `plan_fleet_check.json` and `plan_fleet_check.md`. Failure policy: a
-report without the trace or a policy named, or a layout the model cannot place on
-`--devices`, stops it with the reason.
+report without the trace or a policy named, a layout the model cannot place on
+`--devices`, or a negative `--sharing` stops it with the reason.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from loadtest.serving import sharing_fit
 from loadtest.serving.plan_check import layout_of, load_profile, predict, with_acceptance, write_report
 from pdspec.plan.fleet_model import Slo
 from pdspec.plan.search import evaluate
@@ -61,6 +68,39 @@ def level_rows(profile, layout, k: int, summary: dict, osl: int, seeds: int) -> 
     return rows
 
 
+def goodput_measured(summary: dict, slo_name: str) -> float:
+    return summary["goodput"][slo_name]["sustained_rps"] or 0.0
+
+
+def sharing_of(args: argparse.Namespace, profile, measured_layouts: dict) -> tuple:
+    """The profile the check runs with and what its device term is: the profile's own,
+    `--sharing`'s, or `--fit-sharing`'s: fitted to every layout's levels whose QPS is at most
+    the layout's measured goodput (the loads it served within the SLO)."""
+    if args.sharing is not None:
+        return profile.with_sharing(args.sharing, "plan_fleet_check --sharing"), {
+            "alpha": args.sharing,
+            "from": "--sharing",
+        }
+    if not args.fit_sharing:
+        return profile, {"alpha": profile.sharing_alpha, "from": "the profile" if profile.device_sharing else "default"}
+
+    def rows_at(alpha: float) -> list[dict]:
+        model = profile.with_sharing(alpha, "a trial of plan_fleet_check --fit-sharing")
+        rows = []
+        for layout, summary in measured_layouts.values():
+            saturation = goodput_measured(summary, args.slo_name)
+            levels = level_rows(model, layout, args.k, summary, args.osl, args.seeds)
+            rows += [row for row in levels if row["qps"] <= saturation]
+        return rows
+
+    fitted = sharing_fit.fit(rows_at, tuple(args.fit_figures))
+    print(fitted.markdown(), flush=True)
+    source = f"fitted by plan_fleet_check --fit-sharing to {args.report}, trace {args.trace}"
+    return profile.with_sharing(fitted.alpha, source), {"alpha": fitted.alpha, "from": "--fit-sharing"} | {
+        "fit": fitted.as_dict()
+    }
+
+
 def markdown(report: dict) -> str:
     lines = [
         f"# The fleet model against the fleet benchmark ({report['profile']}, {report['trace']}, "
@@ -79,6 +119,16 @@ def markdown(report: dict) -> str:
             f"| {name} | {layout['policy']} | {layout['goodput']['measured_rps']:.2f} / "
             f"{layout['goodput']['predicted_rps']:.2f} | {layout['goodput']['isl_computed']:,} |"
         )
+    sharing = report.get("sharing")
+    if sharing:
+        lines += ["", f"Device sharing alpha {sharing['alpha']:g} ({sharing['from']})."]
+        if "fit" in sharing:
+            fit = sharing["fit"]
+            lines += [
+                "",
+                "Fitted to each layout's levels of QPS at most its measured goodput: "
+                + sharing_fit.from_dict(fit).markdown(),
+            ]
     lines += [
         "",
         f"Ranked first: measured **{report['first']['measured']}**, predicted **{report['first']['predicted']}**.",
@@ -114,29 +164,50 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--slo", nargs=2, type=float, default=(2000.0, 100.0), metavar=("TTFT_MS", "TPOT_MS"))
     parser.add_argument("--slo-name", default="relaxed", help="fleet_report's SLO of the same limits")
     parser.add_argument("--seeds", type=int, default=3)
+    sharing = parser.add_mutually_exclusive_group()
+    sharing.add_argument(
+        "--sharing", type=float, metavar="ALPHA", help="the device term's alpha instead of the profile's (>= 0)"
+    )
+    sharing.add_argument(
+        "--fit-sharing",
+        action="store_true",
+        help="fit alpha to each layout's levels of QPS at most its measured goodput "
+        "(loadtest.serving.sharing_fit's grid), and check with it",
+    )
+    parser.add_argument(
+        "--fit-figures",
+        nargs="+",
+        choices=sharing_fit.FIGURES,
+        default=list(sharing_fit.DEFAULT_FIGURES),
+        help="the figures --fit-sharing fits (each where measured)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     profile = load_profile(args.profile, args.k)
     report_in = json.loads(args.report.read_text())
     jobs = {s["policy"]: s for s in report_in["summaries"] if s["workload"] == args.trace}
     slo = Slo(ttft_p90_ms=args.slo[0], tpot_p90_ms=args.slo[1])
-    layouts = {}
+    if args.sharing is not None and args.sharing < 0:
+        raise SystemExit(f"--sharing is an alpha >= 0, not {args.sharing}")
+    measured_layouts = {}
     for pair in args.layout:
         spec, _, policy = pair.partition("=")
         if policy not in jobs:
             raise SystemExit(f"{args.report}: no {args.trace}:{policy} job (it has {sorted(jobs)})")
         try:
-            layout = layout_of(spec, args.devices)
+            measured_layouts[spec] = (layout_of(spec, args.devices), jobs[policy])
         except ValueError as error:
             raise SystemExit(f"cannot model {spec} on {args.devices} devices: {error}") from None
-        summary = jobs[policy]
+    profile, sharing = sharing_of(args, profile, measured_layouts)
+    layouts = {}
+    for spec, (layout, summary) in measured_layouts.items():
         levels = level_rows(profile, layout, args.k, summary, args.osl, args.seeds)
         isl = round(statistics.mean(row["isl_computed"] for row in levels))
         accepted = statistics.mean(row["acceptance"] for row in levels)
         candidate = evaluate(with_acceptance(profile, args.k, accepted), layout, args.k, [(isl, args.osl)], slo)
-        measured = summary["goodput"][args.slo_name]["sustained_rps"] or 0.0
+        measured = goodput_measured(summary, args.slo_name)
         layouts[spec] = {
-            "policy": policy,
+            "policy": summary["policy"],
             "levels": levels,
             "goodput": {
                 "measured_rps": measured,
@@ -144,7 +215,10 @@ def main(argv: list[str] | None = None) -> dict:
                 "isl_computed": isl,
             },
         }
-        print(f"{spec} ({policy}): goodput measured {measured} predicted {candidate.goodput_rps:.2f}", flush=True)
+        print(
+            f"{spec} ({summary['policy']}): goodput measured {measured} predicted {candidate.goodput_rps:.2f}",
+            flush=True,
+        )
     first = {
         which: max(layouts, key=lambda name: layouts[name]["goodput"][f"{which}_rps"])
         for which in ("measured", "predicted")
@@ -154,6 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
         "profile": args.profile,
         "trace": args.trace,
         "devices": args.devices,
+        "sharing": sharing,
         "k": args.k,
         "seeds": args.seeds,
         "slo_ms": list(args.slo),

@@ -35,17 +35,24 @@ sharing fewer devices (`Layout.devices`). The model's assumptions:
   arriving while it runs (or at the instant it starts, after it) waits for the next one.
 - **Devices**: the profile's step times are an engine's alone on its device. Engines sharing a
   device (engine i of the layout, counting prefill, then decode, then colocated engines, is on
-  device i mod `devices`) take turns: a device runs one step at a time (a SimPy Resource of
-  capacity 1), the steps waiting for it served in the order they asked; an engine plans its
-  step (batch, chunk) when it asks, and the step lasts its profiled time from when it gets the
-  device. That is how time-sliced GPU contexts without MPS, and processes sharing a CPU core,
-  behave to first order: the device's throughput is split, not multiplied. Its limits: steps
-  that leave the device partly idle (small kernels, launch gaps, a CPU engine's Python
-  between steps) could overlap with another engine's and do not here, so for small steps it
-  errs pessimistic; a GPU's time slices do not fall on step boundaries and a context switch
-  has a cost, both ignored; each engine keeps the profile's `kv_tokens` (a profile for a
-  shared GPU must be measured at the memory share each engine gets there). An engine alone on
-  its device never waits for it, so a layout of one engine per device runs exactly as before
+  device i mod `devices`, or where `Layout.device_of` says) share it by processor sharing with
+  one measured parameter, the profile's `device_sharing.alpha` (1 without one): a step starts
+  when its engine plans it, and while m steps run at once on the device each progresses at
+  1 / (1 + alpha * (m - 1)) of its speed alone, so a step of t ms that shares the device
+  throughout with m - 1 others lasts t * (1 + alpha * (m - 1)). alpha = 1 splits the device's
+  time between the steps on it (the device's throughput is that of one engine however many
+  share it); alpha < 1 lets them overlap (an H200 running several eager engines: an eager
+  step at small batch is launch-bound and leaves the GPU mostly idle for another's kernels);
+  alpha > 1 makes them thrash (vLLM CPU engines on one core: each engine's threads bound to
+  it, its processes polling, caches evicted by the other); alpha = 0 is a device per engine.
+  Processor sharing, not turns at whole steps, because both a CPU core's scheduler and a
+  GPU's time slicing between contexts switch every few milliseconds, well inside a step. Its
+  limits: one alpha for every pair of steps (a prefill step beside a decode step slows it as
+  much as another decode step does), a device's contention counted only in steps (an idle
+  engine that polls costs nothing here), linear in m where real overlap saturates; each
+  engine keeps the profile's `kv_tokens` (a profile for a shared GPU must be measured at the
+  memory share each engine gets there). An engine alone on its device runs every step at its
+  profiled time, whatever alpha, so a layout of one engine per device runs exactly as before
   devices were modelled.
 - **Serving**: a request's time outside the engines (HTTP servers, the proxy, the legs' round
   trips), the profile's `serving_ms` for the layout's kind (0 without one), is added to its
@@ -58,18 +65,21 @@ sharing fewer devices (`Layout.devices`). The model's assumptions:
 
 TTFT is the first token's time minus the arrival; TPOT is (end - first token) / (OSL - 1),
 None for OSL 1. Utilization is the fraction of a role's engine time spent in steps (a decode
-engine steps whenever it holds a request, so its utilization says busy, not full; time spent
-waiting for a shared device is not in it).
+engine steps whenever it holds a request, so its utilization says busy, not full; a step
+slowed by sharing a device counts in full, so engines sharing one can together exceed it).
 
 Contract: `simulate` is deterministic (a pure function of its arguments) and every request
 finishes: queues are unbounded and nothing is refused or timed out, so an overloaded fleet
 shows as growing TTFT, not as lost requests. Failure policy: a K the profile has no decode
 curve for, a layout that is neither kind, or a layout's devices outside 1 to its engine
-count, raises ValueError before anything runs.
+count, raises ValueError before anything runs (a negative alpha cannot reach it: the
+profile refuses one, `EngineProfile.with_sharing` and `DeviceSharing`).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections import Counter, defaultdict, deque
 from collections.abc import Iterator, Sequence
@@ -330,13 +340,65 @@ class _Memo:
         return value
 
 
+class _SharedDevice:
+    """A device several engines' steps run on at once, processor-shared as the module
+    docstring says. Kept in work done per step (`_work_ms`: the ms of its profiled time
+    each running step has been given since the device was made), which grows at
+    1 / (1 + alpha * (m - 1)) per ms while m steps run: a step ends when it reaches the
+    value it had at the step's start plus the step's profiled time, and the running steps
+    end in that order (no per-step bookkeeping when m changes)."""
+
+    DONE_MS = 1e-6  # a step within a nanosecond of its work is done (float rounding)
+
+    def __init__(self, env: simpy.Environment, alpha: float) -> None:
+        self.env, self.alpha = env, alpha
+        self._running: list[tuple[float, int, simpy.Event]] = []  # heap: (work done at its end, order, event)
+        self._order = itertools.count()  # ties end in the order they started
+        self._work_ms = 0.0
+        self._since = 0.0  # when _work_ms was last brought up to date
+        self._timer = 0  # the pending timer's number: an older one firing is stale
+
+    def run(self, step_ms: float) -> simpy.Event:
+        """A step of `step_ms` alone, started now; the event fires when it ends."""
+        self._catch_up()
+        done = self.env.event()
+        heapq.heappush(self._running, (self._work_ms + step_ms, next(self._order), done))
+        self._set_timer()
+        return done
+
+    def _stretch(self) -> float:
+        return 1 + self.alpha * (len(self._running) - 1)
+
+    def _catch_up(self) -> None:
+        if self._running:
+            self._work_ms += (self.env.now - self._since) * 1000 / self._stretch()
+        self._since = self.env.now
+
+    def _set_timer(self) -> None:
+        # SimPy cannot cancel a timeout: each change of m sets a new one, and the old ones
+        # find their number stale when they fire.
+        self._timer += 1
+        if not self._running:
+            return
+        timer, left_ms = self._timer, max(0.0, self._running[0][0] - self._work_ms)
+        self.env.timeout(left_ms * self._stretch() / 1000).callbacks.append(lambda _: self._on_timer(timer))
+
+    def _on_timer(self, timer: int) -> None:
+        if timer != self._timer:
+            return
+        self._catch_up()
+        while self._running and self._running[0][0] <= self._work_ms + self.DONE_MS:
+            heapq.heappop(self._running)[2].succeed()
+        self._set_timer()
+
+
 class _Engine:
     """One engine: steps back to back while it has work, sleeps on an event when it has none.
     `load` is what routing compares (its meaning is the role's)."""
 
     role = ""
 
-    def __init__(self, fleet: _Fleet, device: simpy.Resource | None) -> None:
+    def __init__(self, fleet: _Fleet, device: _SharedDevice | None) -> None:
         """`device`: the device it shares with other engines; None when it has one to itself."""
         self.fleet, self.env, self.device = fleet, fleet.env, device
         self.load = 0
@@ -356,16 +418,13 @@ class _Engine:
                 yield self._wake
                 self._wake = None
                 continue
+            start = self.env.now
             if self.device is None:
-                # No Resource at all, not a free one: a request adds an event, which would
-                # reorder same-instant events against the one-engine-per-device model.
-                start = self.env.now
+                # A plain timeout, not a device of one: the device's events would reorder
+                # same-instant events against the one-engine-per-device model.
                 yield self.env.timeout(step_ms / 1000)
             else:
-                with self.device.request() as turn:
-                    yield turn
-                    start = self.env.now
-                    yield self.env.timeout(step_ms / 1000)
+                yield self.device.run(step_ms)
             self.step_times.append((start, self.env.now))
             self._end_step()
 
@@ -380,7 +439,7 @@ class _Engine:
 class _PrefillEngine(_Engine):
     role = "prefill"  # load: outstanding prompt tokens
 
-    def __init__(self, fleet: _Fleet, device: simpy.Resource | None) -> None:
+    def __init__(self, fleet: _Fleet, device: _SharedDevice | None) -> None:
         super().__init__(fleet, device)
         self.queue: deque[_Job] = deque()
         self._chunk = self._completed = 0
@@ -406,7 +465,7 @@ class _BatchingEngine(_Engine):
     """What decode and colocated engines share: KV room, the batch, and steps counted so a
     request's end is known when it joins (O(1) per step, not O(batch))."""
 
-    def __init__(self, fleet: _Fleet, device: simpy.Resource | None) -> None:
+    def __init__(self, fleet: _Fleet, device: _SharedDevice | None) -> None:
         super().__init__(fleet, device)
         self.waiting: deque[_Job] = deque()
         self.batch = 0  # requests decoding
@@ -447,7 +506,7 @@ class _BatchingEngine(_Engine):
 class _DecodeEngine(_BatchingEngine):
     role = "decode"  # load: outstanding requests, counted from the hand-off's start
 
-    def __init__(self, fleet: _Fleet, device: simpy.Resource | None) -> None:
+    def __init__(self, fleet: _Fleet, device: _SharedDevice | None) -> None:
         super().__init__(fleet, device)
         self._joined: list[_Job] = []
 
@@ -468,7 +527,7 @@ class _DecodeEngine(_BatchingEngine):
 class _ColocatedEngine(_BatchingEngine):
     role = "colocated"  # load: outstanding requests
 
-    def __init__(self, fleet: _Fleet, device: simpy.Resource | None) -> None:
+    def __init__(self, fleet: _Fleet, device: _SharedDevice | None) -> None:
         super().__init__(fleet, device)
         self.prefilling: deque[_Job] = deque()  # admitted, KV reserved
         self._chunk = self._completed = 0
@@ -508,7 +567,7 @@ class _Fleet:
         self.prefill_fixed_ms = profile.prefill.step_ms.intercept()  # a mixed step pays it once
         self.env = simpy.Environment()
         placement = layout.placement
-        devices = [simpy.Resource(self.env, capacity=1) for _ in range(layout.devices)]
+        devices = [_SharedDevice(self.env, profile.sharing_alpha) for _ in range(layout.devices)]
         engines_on = Counter(placement)
         shared = iter(devices[device] if engines_on[device] > 1 else None for device in placement)
         # Built in `placement`'s order: the prefill engines, then decode, then colocated.

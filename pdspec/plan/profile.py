@@ -12,7 +12,10 @@ the KV room:
 - **kv_tokens**: the tokens one engine's KV cache holds;
 - **serving_ms** (optional, 0 when absent): a request's time outside the engines (the HTTP
   servers, the proxy, the legs' round trips and the hand-off's notifications), per layout
-  kind, measured on an idle stack (`loadtest.engine_bench.serving_overhead`).
+  kind, measured on an idle stack (`loadtest.engine_bench.serving_overhead`);
+- **device_sharing** (optional, alpha 1 when absent): how much engines sharing a device
+  slow each other's steps (`DeviceSharing`), fitted to a fleet of engines measured sharing
+  one (`loadtest.plan_check --fit-sharing`, `loadtest.plan_fleet_check --fit-sharing`).
 
 Between measured points a curve is interpolated linearly; past its last point it is
 extrapolated along its last segment (a step costs more with more tokens, never less), and
@@ -112,6 +115,24 @@ class ServingOverhead(BaseModel):
         return self.aggregated_ms if aggregated else self.disaggregated_ms
 
 
+DEFAULT_SHARING_ALPHA = 1.0  # no term measured: the device's time split between the steps on it
+
+
+class DeviceSharing(BaseModel):
+    """How engines sharing one device slow each other (the fleet model's device term,
+    pdspec/plan/fleet_model.py): while m engines' steps run at once on a device, each
+    progresses at 1 / (1 + alpha * (m - 1)) of its speed alone. alpha = 1: the device's time
+    is split between them (its throughput the same however many share it); alpha < 1: their
+    steps overlap (a GPU whose small eager steps leave it mostly idle); alpha > 1: they thrash
+    (CPU engines whose threads fight for one core); 0: no effect at all. One number per
+    device kind and engine shape, fitted to measurements, never derived."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    alpha: float = Field(ge=0, description="The slowdown each further step running on the device adds.")
+    source: str = Field(description="The measurements it was fitted to, and how.")
+
+
 class EngineProfile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -128,6 +149,14 @@ class EngineProfile(BaseModel):
     serving_ms: ServingOverhead | None = Field(
         default=None, description="A request's time outside the engines; none measured: 0."
     )
+    device_sharing: DeviceSharing | None = Field(
+        default=None, description=f"Engines sharing a device; none fitted: alpha {DEFAULT_SHARING_ALPHA:g}."
+    )
+
+    @property
+    def sharing_alpha(self) -> float:
+        """The device term's alpha: the profile's, or DEFAULT_SHARING_ALPHA without one."""
+        return self.device_sharing.alpha if self.device_sharing else DEFAULT_SHARING_ALPHA
 
     @field_validator("schema_")
     @classmethod
@@ -181,6 +210,13 @@ class EngineProfile(BaseModel):
             for k, d in self.decode.items()
         }
         return self.model_copy(update={"decode": decode})
+
+    def with_sharing(self, alpha: float, source: str) -> EngineProfile:
+        """This profile with its device term replaced (a fit trying values, or a check run with
+        an override). ValueError for a negative alpha (a step that sharing speeds up)."""
+        if alpha < 0:
+            raise ValueError(f"a device sharing alpha is >= 0, not {alpha}")
+        return self.model_copy(update={"device_sharing": DeviceSharing(alpha=alpha, source=source)})
 
     def dump(self) -> str:
         return json.dumps(self.model_dump(mode="json", by_alias=True), indent=2) + "\n"

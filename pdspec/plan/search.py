@@ -4,9 +4,9 @@ by the fleet model (`fleet_model.simulate`).
 The candidates are every layout of `gpus` engines (one engine per GPU): aggregated G, and
 every P:D split with P >= 1, D >= 1, P + D = G; each with every K the profile has a decode
 curve for. The model can put engines on fewer devices (`Layout.devices`, for validating
-measured stacks that share them); the search does not: engines sharing a GPU split its
-time, which no layout would choose over a GPU each, and the profile's KV room is one
-engine's on a whole GPU. For each candidate the search finds the highest Poisson arrival rate at which
+measured stacks that share them); the search does not: engines sharing a GPU slow each
+other (the profile's device term), which no layout would choose over a GPU each, and the
+profile's KV room is one engine's on a whole GPU. For each candidate the search finds the highest Poisson arrival rate at which
 both the TTFT p90 and the TPOT p90 meet the SLO, and the goodput there: that rate times the
 fraction of its requests meeting both thresholds one by one (steady state; a finite trial's
 own requests per second, `Summary.goodput_rps`, would count the drain after its last

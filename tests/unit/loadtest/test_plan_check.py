@@ -115,3 +115,36 @@ def test_goodput_under_an_slo_is_set_beside_the_measured_phases_best(tmp_path):
     assert "measured 1.7 req/s" in (tmp_path / "o" / "plan_check.md").read_text()
     with pytest.raises(SystemExit, match="measured under"):
         plan_check.main(argv + ["--goodput-slo", "500", "100", "--results", str(results), "--out", str(tmp_path / "p")])
+
+
+def test_sharing_sets_the_device_terms_alpha_and_fit_sharing_fits_it_below_the_measured_goodput(tmp_path):
+    slos = {"slos_ms": {"ttft": 1000.0, "tpot": 100.0}}
+    light = {**PHASE, **slos, "goodput": 3.0}  # at 2 req/s: below the measured goodput, fitted to
+    heavy = {**PHASE, **slos, "request_rate": 20.0, "goodput": 2.5}  # above it: left out of the fit
+    results = _results(tmp_path, [light, heavy], isl=512, osl=16)
+    argv = ["--profile", "cpu-2core-pdspec-tiny-eagle3", "--layout", "2p2d", "--devices", "1", "--k", "3"]
+    argv += ["--seeds", "1", "--results", str(results)]
+
+    def ttft_p50(report):
+        return report["phases"][1]["predicted"]["ttft_p50_ms"]
+
+    overlapping = plan_check.main(argv + ["--sharing", "0", "--out", str(tmp_path / "a0")])
+    thrashing = plan_check.main(argv + ["--sharing", "2", "--out", str(tmp_path / "a2")])
+    assert thrashing["sharing"] == {"alpha": 2.0, "from": "--sharing"} and ttft_p50(thrashing) > ttft_p50(overlapping)
+    assert "Device sharing alpha 2 (--sharing)" in (tmp_path / "a2" / "plan_check.md").read_text()
+    fitted = plan_check.main(argv + ["--goodput-slo", "1000", "100", "--fit-sharing", "--out", str(tmp_path / "fit")])
+    fit = fitted["sharing"]["fit"]
+    assert fit["levels"] == 1 and fit["below_goodput_rps"] == 3.0 and fit["figures"] == ["ttft_p90_ms", "tpot_p50_ms"]
+    assert fitted["sharing"]["alpha"] == fit["alpha"] == min(fit["errors"], key=lambda point: point[1])[0]
+    assert "Fitted alpha" in (tmp_path / "fit" / "plan_check.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [(["--fit-sharing"], "--goodput-slo"), (["--sharing", "-0.5"], "alpha >= 0")],
+    ids=["fit-without-goodput", "negative-alpha"],
+)
+def test_a_sharing_flag_it_cannot_use_stops_it_with_the_reason(tmp_path, extra, message):
+    argv = ["--profile", "cpu-2core-pdspec-tiny-eagle3", "--layout", "2p2d", "--devices", "1", "--k", "3"]
+    with pytest.raises(SystemExit, match=message):
+        plan_check.main(argv + ["--results", str(_results(tmp_path, [PHASE])), "--out", str(tmp_path / "o"), *extra])

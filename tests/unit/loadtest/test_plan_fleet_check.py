@@ -70,3 +70,21 @@ def test_a_job_or_layout_it_cannot_use_stops_it_with_the_reason(tmp_path, layout
     with pytest.raises(SystemExit, match=message):
         run(tmp_path, "--layout", layout)
     assert not (tmp_path / "out").exists()
+
+
+def test_sharing_sets_alpha_and_fit_sharing_fits_each_layouts_levels_below_its_goodput(tmp_path):
+    layouts = ("--layout", "2p2d=prefix_affinity", "--layout", "colocated-4=colocated_kv_aware")
+    overlapping = run(tmp_path, *layouts, "--sharing", "0")
+    thrashing = run(tmp_path, *layouts, "--sharing", "3")
+    assert thrashing["sharing"] == {"alpha": 3.0, "from": "--sharing"}
+
+    def tpot_sum(report):
+        return sum(row["predicted"]["tpot_p50_ms"] for layout in report["layouts"].values() for row in layout["levels"])
+
+    assert tpot_sum(thrashing) > tpot_sum(overlapping)
+    fitted = run(tmp_path, *layouts, "--fit-sharing", "--fit-figures", "tpot_p50_ms")
+    # 2P2D measured 3 req/s of goodput, colocated 2: QPS 2 of each is below, QPS 4 of neither.
+    assert fitted["sharing"]["fit"]["levels"] == 2 and fitted["sharing"]["fit"]["figures"] == ["tpot_p50_ms"]
+    assert "Fitted alpha" in (tmp_path / "out" / "plan_fleet_check.md").read_text()
+    with pytest.raises(SystemExit, match="alpha >= 0"):
+        run(tmp_path, *layouts, "--sharing", "-1")

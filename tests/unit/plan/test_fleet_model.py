@@ -187,7 +187,7 @@ def test_a_draft_length_the_profile_did_not_measure_is_refused():
         simulate(PROFILE, ONE_P_ONE_D, 5, [Request(0.0, 10, 10)])
 
 
-# Devices: engines sharing one take turns, a step at a time; alone, an engine runs as before.
+# Devices: the steps on a shared one slow each other by 1 + alpha * (m - 1); alone, an engine runs as before.
 
 MIXED = [(512, 64), (2048, 16), (64, 1)]
 
@@ -208,46 +208,107 @@ def test_one_engine_per_device_gives_the_figures_of_the_model_without_devices(la
     assert (summary.throughput_rps, summary.ttft_ms.p90, summary.tpot_ms.p90) == pytest.approx(figures, rel=1e-12)
 
 
-def test_on_a_shared_device_a_prompt_waits_for_the_decode_step_running_and_the_next_waits_for_it():
-    resident = Request(0.0, isl=1024, osl=1000)
-    prefill, transfer, decode = PREFILL.at(1024), TRANSFER.at(1024), DECODE0.at(1)
-    newcomer = Request(ms_to_s(prefill + transfer + decode / 2), isl=1024, osl=1)  # mid first decode step
-    own = simulate(PROFILE, ONE_P_ONE_D, 0, [resident, newcomer])
-    shared = simulate(PROFILE, Layout.disaggregated(1, 1, devices=1), 0, [resident, newcomer])
-    # On its own device the newcomer's prompt starts when it arrives; on the shared one, when
-    # the decode step under way ends; the decode engine's next step then waits for that prompt's.
-    assert own.steps["prefill"][1][0] == pytest.approx(newcomer.arrival_s)
-    prompt_start = ms_to_s(prefill + transfer + decode)
-    assert shared.steps["prefill"][1] == pytest.approx((prompt_start, prompt_start + ms_to_s(prefill)))
-    assert shared.steps["decode"][1][0] == pytest.approx(prompt_start + ms_to_s(prefill))
-    assert shared.outcomes[0].tpot_s > own.outcomes[0].tpot_s
-
-
-def _most_at_once(steps):
-    """The most steps running at one instant (a step ending as another starts: not overlapping)."""
-    edges = sorted([(start, 1) for start, _ in steps] + [(end, -1) for _, end in steps])
-    running = most = 0
-    for _, change in edges:  # -1 sorts before +1 at one instant
-        running += change
-        most = max(most, running)
-    return most
-
-
+@pytest.mark.parametrize("alpha", [0.0, 0.35, 1.0, 3.0])
 @pytest.mark.parametrize(
-    ("layout", "most"),
+    ("layout", "figures"),
     [
-        (Layout.disaggregated(2, 2, devices=1), 1),
-        (Layout.disaggregated(2, 2, devices=2), 2),
-        (Layout.aggregated(3, devices=2), 2),
+        (Layout.disaggregated(2, 2, devices=4), (37.16626094627432, 109.98105732216872, 5.9103267973856175)),
+        (Layout.aggregated(3, devices=3), (37.251166139669124, 125.79363422777254, 9.945656792900825)),
     ],
     ids=str,
 )
-def test_a_device_runs_one_step_at_a_time(layout, most):
-    run = simulate(synthetic(kv_tokens=20_000), layout, 3, workload.poisson(40.0, 300, MIXED, seed=1))
-    assert _most_at_once([step for steps in run.steps.values() for step in steps]) == most
+def test_an_engine_alone_on_its_device_runs_as_before_whatever_alpha(layout, figures, alpha):
+    # The figures of the test above: no device is shared, so alpha has nothing to act on.
+    profile = synthetic(kv_tokens=20_000).with_sharing(alpha, "a unit test")
+    run = simulate(profile, layout, 3, workload.poisson(40.0, 300, MIXED, seed=0))
     summary = run.summary(Slo(500, 50))
-    busy = sum(summary.utilization[role] * engines for role, engines in run.engines.items())
-    assert busy <= layout.devices + 1e-9
+    assert (summary.throughput_rps, summary.ttft_ms.p90, summary.tpot_ms.p90) == pytest.approx(figures, rel=1e-12)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0, 2.0])
+def test_two_engines_in_lockstep_on_one_device_each_step_lasts_its_time_times_one_plus_alpha(alpha):
+    # Two alike requests at once go to the two colocated engines, whose steps then start and
+    # end together: every step shares the device with exactly one other throughout.
+    profile = PROFILE.with_sharing(alpha, "a unit test")
+    requests = [Request(0.0, isl=1024, osl=6), Request(0.0, isl=1024, osl=6)]
+    run = simulate(profile, Layout.aggregated(2, devices=1), 0, requests)
+    stretch = 1 + alpha
+    for outcome in run.outcomes:
+        assert ms(outcome.ttft_s) == pytest.approx(PREFILL.at(1024) * stretch, rel=1e-9)
+        assert ms(outcome.tpot_s) == pytest.approx(DECODE0.at(1) * stretch, rel=1e-9)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0, 2.0])
+def test_a_step_is_stretched_only_while_another_runs_beside_it(alpha):
+    resident = Request(0.0, isl=1024, osl=1000)  # decodes throughout the newcomer's prompt
+    prefill, transfer, decode = PREFILL.at(1024), TRANSFER.at(1024), DECODE0.at(1)
+    newcomer = Request(ms_to_s(prefill + transfer + decode / 2), isl=1024, osl=1)  # mid first decode step
+    profile = PROFILE.with_sharing(alpha, "a unit test")
+    shared = simulate(profile, Layout.disaggregated(1, 1, devices=1), 0, [resident, newcomer])
+    # The resident's prompt ran alone: its profiled time. The newcomer's starts on arrival and
+    # shares the device throughout; the decode step under way ran its first half alone and
+    # its second half beside the newcomer's prompt.
+    assert shared.steps["prefill"][0] == pytest.approx((0.0, ms_to_s(prefill)))
+    assert shared.steps["prefill"][1] == pytest.approx(
+        (newcomer.arrival_s, newcomer.arrival_s + ms_to_s(prefill * (1 + alpha)))
+    )
+    assert shared.steps["decode"][0][1] == pytest.approx(newcomer.arrival_s + ms_to_s(decode / 2 * (1 + alpha)))
+
+
+# What the model gave with turn-taking (a device ran one step at a time, commit a32cc0d), for
+# alike colocated engines: throughput and TPOT p50 of 300 requests.
+TURN_TAKING = [
+    (Layout.aggregated(3, devices=1), 40.0, (28.518167067497753, 62.52551181102358)),
+    (Layout.aggregated(3, devices=1), 500.0, (29.68878707179296, 63.19037693817686)),
+    (Layout.aggregated(4, devices=2), 40.0, (35.495393722365435, 19.95523750707632)),
+    (Layout.aggregated(4, devices=2), 500.0, (55.26808002447835, 40.20182244376317)),
+]
+
+
+@pytest.mark.parametrize(("layout", "rate", "figures"), TURN_TAKING, ids=str)
+def test_alpha_one_gives_the_turn_takings_figures_for_alike_engines(layout, rate, figures):
+    # Both give the device one engine's throughput, so throughput agrees to the drain's edge
+    # (within 2%); they differ in the order of service (a short step ends beside a long one
+    # here, waited for it there), which moved TPOT p50 by up to 6% here, held to 10%. Not for
+    # prefill and decode engines sharing a device: there the turns let a decode batch grow
+    # while it waited, and processor sharing does not (docs/planning.md).
+    profile = synthetic(kv_tokens=20_000).with_sharing(1.0, "a unit test")
+    summary = simulate(profile, layout, 3, workload.poisson(rate, 300, MIXED, seed=0)).summary(Slo(500, 50))
+    throughput, tpot_p50 = figures
+    assert summary.throughput_rps == pytest.approx(throughput, rel=0.02)
+    assert summary.tpot_ms.p50 == pytest.approx(tpot_p50, rel=0.10)
+
+
+def test_without_a_sharing_term_a_profile_shares_a_device_with_alpha_one():
+    requests = workload.poisson(40.0, 200, MIXED, seed=2)
+    layout = Layout.aggregated(3, devices=1)
+    default = simulate(synthetic(kv_tokens=20_000), layout, 3, requests).summary(Slo(500, 50))
+    one = simulate(synthetic(kv_tokens=20_000).with_sharing(1.0, "a unit test"), layout, 3, requests)
+    two = simulate(synthetic(kv_tokens=20_000).with_sharing(2.0, "a unit test"), layout, 3, requests)
+    assert default == one.summary(Slo(500, 50)) != two.summary(Slo(500, 50))
+
+
+@pytest.mark.parametrize("layout", [Layout.disaggregated(2, 2, devices=1), Layout.aggregated(3, devices=1)], ids=str)
+def test_tpot_on_a_shared_device_grows_with_alpha(layout):
+    requests = workload.poisson(20.0, 300, MIXED, seed=1)
+
+    def tpot_p50(alpha):
+        profile = synthetic(kv_tokens=20_000).with_sharing(alpha, "a unit test")
+        return simulate(profile, layout, 3, requests).summary(Slo(500, 50)).tpot_ms.p50
+
+    assert tpot_p50(0.0) < tpot_p50(0.5) < tpot_p50(1.0) < tpot_p50(2.0)
+
+
+def test_at_alpha_zero_shared_engines_run_as_if_each_had_a_device():
+    requests = workload.poisson(20.0, 300, MIXED, seed=1)
+    no_slo = Slo(ttft_p90_ms=float("inf"), tpot_p90_ms=float("inf"))
+    free = synthetic(kv_tokens=20_000).with_sharing(0.0, "a unit test")
+    shared = simulate(free, Layout.aggregated(3, devices=1), 3, requests).summary(no_slo)
+    alone = simulate(free, Layout.aggregated(3), 3, requests).summary(no_slo)
+    # Not to the last digit: the device's events can order same-instant events otherwise.
+    assert (shared.throughput_rps, shared.ttft_ms.p90, shared.tpot_ms.p90) == pytest.approx(
+        (alone.throughput_rps, alone.ttft_ms.p90, alone.tpot_ms.p90), rel=1e-6
+    )
 
 
 def test_sharing_devices_costs_throughput_past_capacity():
@@ -293,12 +354,13 @@ def test_a_placement_must_name_every_engines_device_from_zero_with_none_skipped(
 
 
 def test_a_placement_by_role_puts_the_prefill_work_on_one_device():
-    # Both prefill engines on device 0 take turns at every prompt, the decode engines have
-    # device 1 to themselves; round robin spreads each role over both devices.
+    # Both prefill engines on device 0 share it at every prompt, the decode engines share
+    # device 1 with each other only; round robin spreads each role over both devices. (With
+    # turn-taking, TPOT was also no worse by role, a decode step never waiting behind a
+    # prompt's; processor sharing slows a decode step as much beside either, so that no longer holds.)
     prefill_bound = synthetic(prefill=[(16, 5.0), (512, 40.0)], decode={0: ([(1, 2.0), (64, 4.0)], 1.0)})
     arrivals = workload.poisson(30.0, 200, [(512, 8)], seed=1)
     no_slo = Slo(ttft_p90_ms=float("inf"), tpot_p90_ms=float("inf"))
     by_role = simulate(prefill_bound, Layout.disaggregated(2, 2, device_of=(0, 0, 1, 1)), 0, arrivals).summary(no_slo)
     spread = simulate(prefill_bound, Layout.disaggregated(2, 2, devices=2), 0, arrivals).summary(no_slo)
     assert by_role.ttft_ms.p50 > spread.ttft_ms.p50
-    assert by_role.tpot_ms.p50 <= spread.tpot_ms.p50

@@ -59,8 +59,10 @@ def test_a_profile_round_trips_through_its_file(tmp_path):
         {**PROFILE, "decode": {}},
         {**PROFILE, "kv_tokens": 0},
         {**PROFILE, "surprise": 1},
+        {**PROFILE, "device_sharing": {"alpha": -0.1, "source": "a sign slip"}},
+        {**PROFILE, "device_sharing": {"alpha": 0.5}},
     ],
-    ids=["schema", "no-k", "no-kv", "unknown-field"],
+    ids=["schema", "no-k", "no-kv", "unknown-field", "negative-alpha", "alpha-without-source"],
 )
 def test_anything_else_is_refused_naming_the_file(tmp_path, broken):
     path = tmp_path / "bad.json"
@@ -108,3 +110,23 @@ def test_a_step_cheaper_with_more_requests_or_more_drafts_is_an_anomaly():
     assert any(a.startswith("K=1 at 64 requests (12 ms) costs less than K=0") for a in found)
     assert clean.model_copy(update={"decode": {0: clean.decode[0]}}).anomalies() == []
     assert len(profile.load(profile.shipped()["h200-qwen3-8b-eagle3"]).anomalies()) > 0  # as measured: noisy
+
+
+def test_the_device_term_is_alpha_one_unless_the_profile_has_one_and_round_trips(tmp_path):
+    plain = profile.EngineProfile.model_validate(PROFILE)
+    assert plain.device_sharing is None and plain.sharing_alpha == profile.DEFAULT_SHARING_ALPHA == 1.0
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({**PROFILE, "device_sharing": {"alpha": 0.35, "source": "a fit"}}))
+    fitted = profile.load(path)
+    assert fitted.sharing_alpha == 0.35
+    path.write_text(fitted.dump())
+    assert profile.load(path) == fitted
+
+
+def test_with_sharing_replaces_alpha_in_a_copy_and_refuses_a_negative_one():
+    plain = profile.EngineProfile.model_validate(PROFILE)
+    shared = plain.with_sharing(2.5, "a test")
+    assert (shared.sharing_alpha, shared.device_sharing.source, plain.sharing_alpha) == (2.5, "a test", 1.0)
+    assert plain.with_sharing(0.0, "a test").sharing_alpha == 0.0  # no effect at all: allowed
+    with pytest.raises(ValueError, match="alpha"):
+        plain.with_sharing(-0.01, "a test")
