@@ -338,7 +338,9 @@ def local_prefills(front: dict) -> tuple[float, float]:
 def reset_caches(workers: dict[str, list[str]], model: str, timeout_s: float = 60.0) -> dict:
     """Every worker's prefix cache emptied (retried while blocks are still held), then one
     tiny request to each, so its engine steps and publishes the AllBlocksCleared event the
-    proxies' indexes forget it on. Returns how long it took and any worker that refused."""
+    proxies' indexes forget it on. Returns how long it took and any worker that refused: a
+    404 at once (vLLM serves the endpoint only with VLLM_SERVER_DEV_MODE=1), the others
+    once `timeout_s` has passed."""
     started = time.monotonic()
     refused = []
     with httpx.Client(timeout=30) as client:
@@ -346,6 +348,9 @@ def reset_caches(workers: dict[str, list[str]], model: str, timeout_s: float = 6
             while True:
                 reply = client.post(url + "/reset_prefix_cache")
                 if reply.status_code == 200 and reply.json().get("success"):
+                    break
+                if reply.status_code == 404:
+                    refused.append(f"{url}: 404: not served (the worker needs VLLM_SERVER_DEV_MODE=1)")
                     break
                 if time.monotonic() - started > timeout_s:
                     refused.append(f"{url}: {reply.status_code} {reply.text[:120]}")

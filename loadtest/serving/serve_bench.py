@@ -5,7 +5,9 @@ vLLM server), with the workers' own counters over each measured phase.
         --input-len 8192 --output-len 8 --num-prompts 128 --concurrency 32 --phases 3
 
 Each phase sends `--num-prompts` fresh random prompts (token ids drawn uniformly, or with
-`--dataset vllm-random` the texts `vllm bench serve --dataset-name random` sends; streamed, `ignore_eos`),
+`--dataset vllm-random` the texts `vllm bench serve --dataset-name random` sends, or with
+`--dataset vllm-prefix-repetition` those of its `prefix_repetition` dataset: `--num-prefixes`
+tenants' prefixes of `--prefix-len` tokens, each with suffixes of `--suffix-len`; streamed, `ignore_eos`),
 at each load level given (`--concurrency 1 4 16`, or `--request-rate 2 8`). With `--ab`
 every phase runs twice, once with the prefill worker's drafts policy `auto` and once
 `always`, switched through `pdspec drafts` on the same running stack and interleaved
@@ -35,11 +37,18 @@ from pathlib import Path
 import httpx
 
 from loadtest.serving import queue_sampler, serve_report, worker_metrics
-from loadtest.serving.serve_client import completion_body, random_prompts, run_load, vllm_random_prompts
+from loadtest.serving.serve_client import (
+    completion_body,
+    random_prompts,
+    run_load,
+    vllm_prefix_repetition_prompts,
+    vllm_random_prompts,
+)
 from loadtest.serving.serve_stats import parse_slos, summarize
 from pdspec.contract import DRAFTS_POLICIES
 
 POLICIES = DRAFTS_POLICIES
+DATASETS = ("uniform", "vllm-random", "vllm-prefix-repetition")
 DEFAULT_SATURATION_MIN = 0.89
 SATURATION_FIELDS = (
     "prefill_saturation_share",
@@ -105,12 +114,19 @@ def local_stack_defaults() -> dict:
     }
 
 
-def make_prompts(args: argparse.Namespace, count: int, vocab: int, tokenizer, seed: int) -> list:
+def make_prompts(args: argparse.Namespace, count: int, vocab: int, tokenizer, seed: int, model: str) -> list:
     """`--dataset uniform`: token ids drawn uniformly below `vocab`; `vllm-random`: the texts
     `vllm bench serve --dataset-name random --seed SEED` sends (so the two tools can be
-    compared on one workload: the content changes how many drafts the decode worker accepts)."""
+    compared on one workload: the content changes how many drafts the decode worker accepts);
+    `vllm-prefix-repetition`: those of `--dataset-name prefix_repetition --seed SEED`, in its
+    order and aligned to `--url`'s tokenizer as vLLM's tool aligns them (the order decides
+    which prefixes are still cached when a tenant comes back)."""
     if args.dataset == "vllm-random":
         return vllm_random_prompts(count, args.input_len, tokenizer, seed)
+    if args.dataset == "vllm-prefix-repetition":
+        return vllm_prefix_repetition_prompts(
+            count, args.prefix_len, args.suffix_len, args.num_prefixes, tokenizer, seed, server=(args.url, model)
+        )
     return random_prompts(count, args.input_len, vocab, seed=seed)
 
 
@@ -206,8 +222,8 @@ def run_benchmark(args: argparse.Namespace) -> dict:
     run_dir = Path(args.run_dir) if args.run_dir else defaults["run_dir"]
     vocab = args.vocab_size or defaults["vocab_size"] or 4096
     tokenizer = args.tokenizer or defaults.get("tokenizer")
-    if args.dataset == "vllm-random" and tokenizer is None:
-        raise SystemExit("--dataset vllm-random needs --tokenizer (no local target model found)")
+    if args.dataset != "uniform" and tokenizer is None:
+        raise SystemExit(f"--dataset {args.dataset} needs --tokenizer (no local target model found)")
     model = args.model or first_model(args.url)
     slos = parse_slos(args.goodput or [])
     loads = loads_from(args)
@@ -230,7 +246,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
                 if args.ab:
                     set_drafts_policy(run_dir, "auto")
                 progress.phase("warm-up")
-                prompts = make_prompts(args, args.warmup, vocab, tokenizer, seed=args.seed - 1)
+                prompts = make_prompts(args, args.warmup, vocab, tokenizer, args.seed - 1, model)
                 bodies = [completion_body(model, p, args.output_len) for p in prompts]
                 asyncio.run(
                     run_load(
@@ -246,7 +262,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
                 if policy is not None:
                     set_drafts_policy(run_dir, policy)
                 progress.phase(f"phase {index + 1}/{len(plan)} {load.label}" + (f" {policy}" if policy else ""))
-                prompts = make_prompts(args, args.num_prompts, vocab, tokenizer, seed=args.seed + index)
+                prompts = make_prompts(args, args.num_prompts, vocab, tokenizer, args.seed + index, model)
                 bodies = [completion_body(model, p, args.output_len) for p in prompts]
                 before = idle_counters()
                 results, duration, queue = asyncio.run(
@@ -283,6 +299,11 @@ def run_benchmark(args: argparse.Namespace) -> dict:
         "num_prompts": args.num_prompts,
         "vocab_size": vocab,
         "dataset": args.dataset,
+        "prefix_repetition": (
+            {"prefix_len": args.prefix_len, "suffix_len": args.suffix_len, "num_prefixes": args.num_prefixes}
+            if args.dataset == "vllm-prefix-repetition"
+            else None
+        ),
         "ab": args.ab,
         "saturation_min": args.saturation_min,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -327,12 +348,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--dataset",
-        choices=("uniform", "vllm-random"),
+        choices=DATASETS,
         default="uniform",
         help="uniform: token ids drawn uniformly below --vocab-size; vllm-random: the texts of "
-        "`vllm bench serve --dataset-name random` for the same seed (needs a tokenizer)",
+        "`vllm bench serve --dataset-name random` for the same seed (needs a tokenizer); "
+        "vllm-prefix-repetition: those of its `--dataset-name prefix_repetition` (the three "
+        "--prefix-* / --suffix-len / --num-prefixes flags; --input-len is their sum)",
     )
-    parser.add_argument("--tokenizer", help="for --dataset vllm-random (default: the local target model)")
+    parser.add_argument("--prefix-len", type=int, help="vllm-prefix-repetition: tokens of each shared prefix")
+    parser.add_argument("--suffix-len", type=int, help="vllm-prefix-repetition: tokens after it, per prompt")
+    parser.add_argument(
+        "--num-prefixes",
+        type=int,
+        help="vllm-prefix-repetition: the tenants; --num-prompts (and --warmup) must be a multiple",
+    )
+    parser.add_argument("--tokenizer", help="for the vllm-* datasets (default: the local target model)")
     parser.add_argument("--vocab-size", type=int, help="token ids drawn below this (default: the target's config)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")
@@ -355,6 +385,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--concurrency must be positive")
     if any(not math.isfinite(r) or r <= 0 for r in args.request_rate or []):
         parser.error("--request-rate must be positive and finite")
+    prefix_flags = (args.prefix_len, args.suffix_len, args.num_prefixes)
+    if args.dataset == "vllm-prefix-repetition":
+        if any(value is None or value < 1 for value in prefix_flags):
+            parser.error(
+                "--dataset vllm-prefix-repetition needs positive --prefix-len, --suffix-len and --num-prefixes"
+            )
+        if args.num_prompts % args.num_prefixes or args.warmup % args.num_prefixes:
+            # vLLM's sampler gives num_prefixes x (count // num_prefixes) prompts: fewer than asked.
+            parser.error("--num-prompts and --warmup must be multiples of --num-prefixes")
+        args.input_len = args.prefix_len + args.suffix_len
+    elif any(value is not None for value in prefix_flags):
+        parser.error("--prefix-len, --suffix-len and --num-prefixes go with --dataset vllm-prefix-repetition")
     if not 0.0 <= args.saturation_min <= 1.0:
         parser.error("--saturation-min is a share: between 0 and 1")
     try:

@@ -2,7 +2,9 @@
 
 Prompts are lists of token ids (the proxy and vLLM take them as `prompt` on
 /v1/completions) drawn uniformly, or the texts of vLLM's own random dataset; fresh for
-every phase, so no prefix-cache hit makes a phase cheaper.
+every phase, so no prefix-cache hit makes a phase cheaper. Or the texts of vLLM's
+prefix-repetition dataset (tenants sharing a long prefix), where prefix-cache hits are the
+point.
 `ignore_eos` keeps every reply at `max_tokens`, whatever the weights.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +43,55 @@ def vllm_random_prompts(count: int, length: int, tokenizer_path: str | Path, see
     samples = RandomDataset(random_seed=seed).sample(
         tokenizer=tokenizer, num_requests=count, input_len=length, output_len=1, range_ratio=0.0, prefix_len=0
     )
+    return [sample.prompt for sample in samples]
+
+
+def vllm_prefix_repetition_prompts(
+    count: int,
+    prefix_len: int,
+    suffix_len: int,
+    num_prefixes: int,
+    tokenizer_path: str | Path,
+    seed: int,
+    server: tuple[str, str] | None = None,
+) -> list[str]:
+    """The prompts `vllm bench serve --dataset-name prefix_repetition --seed SEED` sends, in
+    its order: vLLM's own PrefixRepetitionRandomDataset sampler (`num_prefixes` prefixes of
+    `prefix_len` random token ids, each followed by `count // num_prefixes` suffixes of
+    `suffix_len`, decoded to text, then shuffled), the same texts for the same seed and
+    tokenizer. `count` must be a multiple of `num_prefixes` (vLLM sends the multiple below
+    it; ValueError here rather than fewer prompts than asked).
+
+    `server` (base URL, model): vLLM's tool then re-aligns the texts to the server's
+    tokenizer (`_align_prompts_to_server_tokenizer`: when the server counts the first
+    prompt's tokens differently from the sampler, each prompt that re-encodes longer is cut
+    back through /tokenize and /detokenize); the same function is applied here, so both
+    tools send the same texts. A vLLM without that function sends the sampled texts, and so
+    does this (a warning on stderr)."""
+    if num_prefixes < 1 or count % num_prefixes:
+        raise ValueError(f"{count} prompts over {num_prefixes} prefixes: the count must be a multiple")
+    from vllm.benchmarks.datasets import PrefixRepetitionRandomDataset
+    from vllm.tokenizers import get_tokenizer
+
+    tokenizer = get_tokenizer(str(tokenizer_path))
+    samples = PrefixRepetitionRandomDataset(random_seed=seed).sample(
+        tokenizer=tokenizer,
+        num_requests=count,
+        prefix_len=prefix_len,
+        suffix_len=suffix_len,
+        num_prefixes=num_prefixes,
+        output_len=1,
+    )
+    if server is not None:
+        from vllm.benchmarks import serve as vllm_serve
+
+        align = getattr(vllm_serve, "_align_prompts_to_server_tokenizer", None)
+        if align is None:
+            print(
+                "vllm_prefix_repetition_prompts: this vLLM has no prompt alignment; sampled texts sent", file=sys.stderr
+            )
+        else:
+            samples = asyncio.run(align(server[0], server[1], samples))
     return [sample.prompt for sample in samples]
 
 

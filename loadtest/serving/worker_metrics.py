@@ -2,7 +2,7 @@
 
 The prefill worker's prompt tokens/s and its proposals (all and K=0: pdspec's engine
 plugin counters); the decode worker's mean acceptance length, 1 + accepted / drafts,
-as vLLM defines it.
+as vLLM defines it; a pool's prefix-cache hit rate, hit tokens over queried tokens.
 """
 
 from __future__ import annotations
@@ -20,8 +20,20 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 NIXL_BYTES = "vllm:nixl_bytes_transferred_sum"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 # Counters reported per phase for each worker, as deltas.
-COUNTERS = (PROMPT_TOKENS, PROPOSALS, K0_PROPOSALS, DRAFTS, DRAFT_TOKENS, ACCEPTED, NIXL_BYTES)
+COUNTERS = (
+    PROMPT_TOKENS,
+    PROPOSALS,
+    K0_PROPOSALS,
+    DRAFTS,
+    DRAFT_TOKENS,
+    ACCEPTED,
+    NIXL_BYTES,
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+)
 
 
 def parse(text: str) -> dict[str, float]:
@@ -63,6 +75,18 @@ def deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, float
 def acceptance_length(delta: dict[str, float]) -> float | None:
     drafts = delta.get(DRAFTS, 0.0)
     return 1.0 + delta.get(ACCEPTED, 0.0) / drafts if drafts > 0 else None
+
+
+def sum_deltas(per_worker: list[dict[str, float]]) -> dict[str, float]:
+    """A pool's deltas: each counter summed over its workers."""
+    return {name: sum(delta.get(name, 0.0) for delta in per_worker) for name in COUNTERS}
+
+
+def prefix_cache_hit_rate(delta: dict[str, float]) -> float | None:
+    """Prompt tokens found in the prefix cache over those looked up (vLLM's
+    prefix_cache_hits / prefix_cache_queries); None when nothing was looked up."""
+    queries = delta.get(PREFIX_QUERIES, 0.0)
+    return delta.get(PREFIX_HITS, 0.0) / queries if queries > 0 else None
 
 
 def worker_figures(prefill: dict[str, float] | None, decode: dict[str, float] | None, duration_s: float) -> dict:

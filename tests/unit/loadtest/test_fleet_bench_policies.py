@@ -22,3 +22,30 @@ def test_the_kv_aware_prefill_pair_balances_the_decode_pool_by_load():
         "least_outstanding",
         "always",
     )
+
+
+def test_a_reset_is_retried_while_blocks_are_held_and_a_404_is_refused_at_once():
+    """vLLM answers success false while blocks are held (retry), and serves no
+    /reset_prefix_cache at all without VLLM_SERVER_DEV_MODE=1 (404: waiting cannot help)."""
+    import time
+
+    from fastapi import FastAPI
+
+    from tests.standin import ThreadServer
+
+    held = FastAPI()
+    answers = [False, False, True]
+
+    @held.post("/reset_prefix_cache")
+    async def reset():
+        return {"success": answers.pop(0)}
+
+    @held.post("/v1/completions")
+    async def completion():
+        return {"choices": []}
+
+    with ThreadServer(held) as busy, ThreadServer(FastAPI()) as no_dev_mode:
+        started = time.monotonic()
+        record = fleet_bench.reset_caches({"prefill": [busy.url], "decode": [no_dev_mode.url]}, "m", timeout_s=30)
+    assert answers == [] and time.monotonic() - started < 10
+    assert record["refused"] == [f"{no_dev_mode.url}: 404: not served (the worker needs VLLM_SERVER_DEV_MODE=1)"]

@@ -489,3 +489,22 @@ def test_vllm_random_prompts_are_vllms_random_dataset_for_the_seed():
     assert first == again and first != other and len(first) == 4
     tokenizer = AutoTokenizer.from_pretrained(target)
     assert all(abs(len(tokenizer.encode(p, add_special_tokens=False)) - 64) <= 1 for p in first)
+
+
+def test_prefix_repetition_arguments_are_checked():
+    args = serve_bench.parse_args(
+        ["--url", "http://x", "--dataset", "vllm-prefix-repetition", "--prefix-len", "64"]
+        + ["--suffix-len", "16", "--num-prefixes", "4", "--num-prompts", "8", "--request-rate", "3"]
+    )
+    assert (args.prefix_len, args.suffix_len, args.num_prefixes, args.input_len) == (64, 16, 4, 80)
+    shape = ["--dataset", "vllm-prefix-repetition", "--prefix-len", "64", "--suffix-len", "16"]
+    for wrong in (
+        shape + ["--num-prefixes", "4", "--num-prompts", "6"],  # not a multiple: vLLM would send 4
+        shape + ["--num-prefixes", "4", "--num-prompts", "8", "--warmup", "2"],
+        shape + ["--num-prompts", "8"],  # no --num-prefixes
+        shape + ["--num-prefixes", "0"],
+        ["--prefix-len", "64"],  # the uniform dataset has no prefix
+        ["--dataset", "vllm-random", "--num-prefixes", "4"],
+    ):
+        with pytest.raises(SystemExit):
+            serve_bench.parse_args(["--url", "http://x", *wrong])
