@@ -4,13 +4,10 @@
 #
 #   JOBS=sc3x:kv_aware,sc3x:round_robin,... bash loadtest/gpu/fleet_h200.sh
 #
-# A 2P2D fleet (PREFILL=3 DECODE=1 for 3P1D, and so on: four engines fit) of the Qwen3-8B shape with its EAGLE3 drafter (K=3, random weights, the
-# shipped tokenizer's 4,096-token vocabulary) on GPU 0, eager (CUDA graphs and compilation
-# cost 105-300 s of start-up per engine, more than a call can spare), the KV pushed (on one
-# GPU a pull goes over TCP), each engine's KV cache cut to KV_BLOCKS blocks of 16 tokens
-# and given in bytes, so no engine profiles the GPU's memory and `pdspec up` starts all four
-# at once. Then loadtest.fleet_bench runs the jobs in JOBS (trace:policy, in order) while
-# time is left, and stops everything. Traces (seeded; written to disk, returned):
+# The 2P2D fleet of loadtest/gpu/fleet_shape.sh (PREFILL=3 DECODE=1 for 3P1D, and so on:
+# four engines fit; KV_BLOCKS blocks of 16 tokens a worker): the Qwen3-8B shape with its
+# EAGLE3 drafter, eager, all on GPU 0. Then loadtest.fleet_bench runs the jobs in JOBS
+# (trace:policy, in order) while time is left, and stops everything. Traces (seeded; written to disk, returned):
 #   sc3x  llm-d-shaped: 96 tenants x 4,096-token contexts (393k tokens, 3.0x the fleet's
 #         4 x 2,048 x 16 = 131k tokens of KV), 256-token queries, 48 output tokens, Poisson
 #         QPS 1, 2, 4, 6, 8, 11 (6, 6, 6, 5, 4, 4 s);
@@ -34,8 +31,7 @@ if ls "$WHL"/vllm_router-*.whl >/dev/null 2>&1; then
 fi
 python3 -c "import vllm_router" 2>/dev/null && ROUTER=(--vllm-router "python3 -m vllm_router.launch_router") || ROUTER=()
 export VLLM_SERVER_DEV_MODE=1  # /reset_prefix_cache between jobs
-KV_BLOCKS=${KV_BLOCKS:-2048}
-PREFILL=${PREFILL:-2} DECODE=${DECODE:-2}
+source loadtest/gpu/fleet_shape.sh
 JOBS=${JOBS:-sc3x:kv_aware,sc3x:round_robin,sc3x:prefix_affinity,sc3x:vllm_router_cache_aware,sc3x:colocated_kv_aware,sc3x:kv_aware_conditional,sc3x:least_outstanding}
 pack() {
   cp "$RUN"/pdspec-up.log "$RUN"/logs/*.log "$OUT"/ 2>/dev/null
@@ -52,21 +48,11 @@ trace shared_context --name sc1x --seed 42 --tenants 32 --context 4096 --questio
   --levels 1x6,2x6,4x6,6x5,8x4,11x4 --warmup-requests 48 --warmup-qps 8 --out /tmp/fleet-traces/sc1x.json.gz
 trace multi_turn --name mt --seed 43 --turns 4 --start 2048 --answer 128 --message 256 --max-tokens 48 \
   --think-s 0.5 --levels 1x8,3x8,6x6,9x5 --warmup-sessions 8 --out /tmp/fleet-traces/mt.json.gz
-UP="--model.target deploy/shapes/qwen3-8b-v4096 --model.drafter deploy/shapes/qwen3-8b-eagle3-v4096
- --model.method eagle3 --model.num_speculative_tokens 3 --model.served_model_name Qwen3-8B-dummy
- --model.max_model_len 8192 --model.kv_transfer push
- --prefill.cuda_visible_devices 0 --decode.cuda_visible_devices 0
- --prefill.gpu_memory_utilization 0.2 --decode.gpu_memory_utilization 0.2
- --prefill.enforce_eager --decode.enforce_eager
- --prefill.max_num_batched_tokens 2048 --decode.max_num_batched_tokens 2048
- --ready_timeout_s 300 --restart never"
 # Left for the benchmark: the call's 600 s less what came before, the stop and the packing.
 LEFT=$(( ${CALL_S:-590} - ($(date +%s) - T0) - 45 ))
 echo "fleet_h200.sh: $LEFT s for the benchmark; ${PREFILL}P${DECODE}D; jobs $JOBS; router: ${ROUTER[*]:-none}"
-# 151,552 bytes of KV a token: 37 layers (36 of the target, 1 of the drafter) x 8 KV heads x 128 x 2 (K, V) x 2 bytes.
 timeout -s INT -k 20 "$LEFT" python3 -m loadtest.fleet_bench --out "$OUT" --run-dir "$RUN" \
   --trace /tmp/fleet-traces/sc3x.json.gz --trace /tmp/fleet-traces/sc1x.json.gz --trace /tmp/fleet-traces/mt.json.gz \
-  --jobs "$JOBS" --model Qwen3-8B-dummy --prefill-replicas "$PREFILL" --decode-replicas "$DECODE" --kv-blocks "$KV_BLOCKS" --block-size 16 --kv-bytes-per-token 151552 \
-  --extra-vllm-args '["--load-format", "dummy"]' --up-args "$UP" "${ROUTER[@]}" \
+  --jobs "$JOBS" "${FLEET_ARGS[@]}" "${ROUTER[@]}" \
   --deadline-s $(( LEFT - 40 )) --drain-s 15
 echo "fleet_bench exit $?"

@@ -618,21 +618,9 @@ def fleet_blocks(workers: dict[str, list[str]]) -> dict[str, float | None]:
     return blocks
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
-        prog="python -m loadtest.fleet_bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument(
-        "--trace",
-        type=Path,
-        action="append",
-        required=True,
-        help="a trace from `python -m loadtest.fleet_trace` (one per workload; repeat)",
-    )
-    parser.add_argument(
-        "--jobs", required=True, help="WORKLOAD:POLICY,... in the order to run; policies: " + ", ".join(ALL_POLICIES)
-    )
+def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """The fleet's flags (what start_fleet starts, or where --attach finds it), shared with
+    loadtest.client_check."""
     parser.add_argument("--model", default="pdspec-tiny", help="the served model name")
     parser.add_argument("--attach", action="store_true", help="use a fleet already running on these ports")
     parser.add_argument("--run-dir", type=Path, default=Path.home() / ".cache" / "pdspec" / "fleet-bench")
@@ -656,6 +644,24 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--extra-vllm-args", default="[]", help="more vLLM arguments for every worker (JSON list)")
     parser.add_argument("--up-args", default="", help="more `pdspec up` arguments, as one string")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.fleet_bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        action="append",
+        required=True,
+        help="a trace from `python -m loadtest.fleet_trace` (one per workload; repeat)",
+    )
+    parser.add_argument(
+        "--jobs", required=True, help="WORKLOAD:POLICY,... in the order to run; policies: " + ", ".join(ALL_POLICIES)
+    )
+    add_fleet_arguments(parser)
     parser.add_argument("--vllm-router", metavar="CMD", help="vLLM's router command (e.g. 'vllm-router')")
     parser.add_argument(
         "--drain-s",

@@ -85,3 +85,58 @@ def test_the_scripts_that_say_they_have_a_dry_run_ask_device_env_for_it():
     says = {s.name for s in SCRIPTS if "DRY_RUN_CPU=1" in s.read_text() and s.name != "device_env.sh"}
     asks = {s.name for s in SCRIPTS if "device_env.sh 1 dry-run-ok" in s.read_text()}
     assert says == asks and len(asks) >= 5
+
+
+def fleet_args(dry_run: bool, **env: str) -> list[str]:
+    """FLEET_ARGS after sourcing fleet_shape.sh (NUL after each: --up-args spans lines)."""
+    script = f"DRY_RUN={'1' if dry_run else ''} && source loadtest/gpu/fleet_shape.sh && printf '%s\\0' \"${{FLEET_ARGS[@]}}\""
+    result = subprocess.run(
+        ["bash", "-uc", script],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/home/x", **env},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("\0")[:-1]
+
+
+def test_the_fleet_shape_is_the_fleet_fleet_h200_ran_before_it_was_shared():
+    """fleet_h200.sh's fleet, moved into fleet_shape.sh for client_check_h200.sh: the same
+    fleet_bench flags as the runs under loadtest/results/fleet/h200-qwen3-8b had."""
+    args = fleet_args(dry_run=False)
+    up = args[args.index("--up-args") + 1].split()
+    assert args[: args.index("--up-args")] == [
+        "--model",
+        "Qwen3-8B-dummy",
+        "--prefill-replicas",
+        "2",
+        "--decode-replicas",
+        "2",
+        "--kv-blocks",
+        "2048",
+        "--block-size",
+        "16",
+        "--kv-bytes-per-token",
+        "151552",
+        "--extra-vllm-args",
+        '["--load-format", "dummy"]',
+    ]
+    assert up[:2] == ["--model.target", "deploy/shapes/qwen3-8b-v4096"] and "--prefill.enforce_eager" in up
+    assert up[up.index("--model.served_model_name") + 1] == "Qwen3-8B-dummy"
+    assert fleet_args(dry_run=False, PREFILL="3", DECODE="1")[3:6] == ["3", "--decode-replicas", "1"]
+
+
+def test_a_dry_run_fleet_is_the_local_model_and_base_port_moves_every_port():
+    args = fleet_args(dry_run=True, BASE_PORT="19000")
+    assert args[args.index("--model") + 1] == "pdspec-tiny" and "--kv-bytes-per-token" not in args
+    ports = {flag: args[args.index(flag) + 1] for flag in args if flag.endswith("-port")}
+    assert ports == {
+        "--base-port": "19000",
+        "--prefill-port": "19100",
+        "--decode-port": "19200",
+        "--side-channel-port": "19600",
+        "--kv-events-port": "19650",
+    }
+    assert "--model.models_dir /home/x/.cache/pdspec/models" in args[args.index("--up-args") + 1]
+    assert not [a for a in fleet_args(dry_run=False) if a.endswith("-port")]  # fleet_bench's defaults
