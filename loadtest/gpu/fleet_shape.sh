@@ -9,8 +9,8 @@
 # engine's KV cache cut to KV_BLOCKS (2048) blocks of 16 tokens and given in bytes, so no
 # engine profiles the GPU's memory and `pdspec up` starts all four at once.
 # On a dry run (device_env.sh's DRY_RUN): the local model pair (MODELS_DIR, default
-# ~/.cache/pdspec/models), KV_BLOCKS 132 (2,112 tokens a worker: one 2,048-token sequence
-# fits), nothing for the GPU.
+# ~/.cache/pdspec/models), KV_BLOCKS 66 of 32 tokens (vLLM's CPU attention takes multiples
+# of 32; 2,112 tokens a worker: one 2,048-token sequence fits), nothing for the GPU.
 # BASE_PORT, when set, moves every port: pdspec up's proxy on it, the fronts after it, the
 # prefill workers at +100, the decode workers at +200, side channels at +600, KV events at
 # +650 (unset: fleet_bench's defaults, 8000 and on).
@@ -22,10 +22,10 @@ if [ -n "${BASE_PORT:-}" ]; then
 fi
 if [ -n "${DRY_RUN:-}" ]; then
   MODELS_DIR=${MODELS_DIR:-$HOME/.cache/pdspec/models}
-  KV_BLOCKS=${KV_BLOCKS:-132}
+  KV_BLOCKS=${KV_BLOCKS:-66}
   FLEET_MODEL=pdspec-tiny FLEET_TOKENIZER=$MODELS_DIR/target
   FLEET_ARGS=(--model "$FLEET_MODEL" --prefill-replicas "$PREFILL" --decode-replicas "$DECODE"
-    --kv-blocks "$KV_BLOCKS" --block-size 16 "${FLEET_PORTS[@]}"
+    --kv-blocks "$KV_BLOCKS" --block-size 32 "${FLEET_PORTS[@]}"
     --up-args "--model.models_dir $MODELS_DIR --ready_timeout_s 600 --restart never")
   return 0
 fi
