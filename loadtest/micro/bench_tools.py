@@ -35,13 +35,18 @@ prefixes of `--prefix-len` tokens, each followed by `--num-prompts / --num-prefi
 suffixes of `--suffix-len`, shuffled) and serve_bench on the same texts in the same order
 (`--dataset vllm-prefix-repetition`); serve_bench's own uniform prompts have no such shape,
 so two runs a round, not three. `--request-rate R`: Poisson arrivals at R a second in both
-tools (`--concurrency` then caps the requests in flight; unset, no cap); each tool draws
-its own arrival times from the seed, so the runs share the prompts and their order, not
-the instants. Both tools report TTFT and TPOT p90 too (vLLM with `--metric-percentiles
-50,90,99`). With `--prefill-url`s, the prefill pool's prefix-cache hit rate over each run
-(`vllm:prefix_cache_hits_total` over `queries_total`, before and after, summed over the
-pool): on the same prompts in the same order it must agree closely, as routing and
-eviction follow the order. For that every run starts cold: before each, every worker
+tools (`--concurrency` then caps the requests in flight; unset, no cap). serve_bench on
+vLLM's prompts then runs with `--arrivals vllm`: it sends at the instants vLLM's tool
+sends at for the same seed, dataset and rate (the same gamma draws from numpy's state
+after the same sampling, rescaled as vLLM rescales them), each counted from its own run's
+start; so those two runs share the prompts, their order and their send schedule (the
+report says so, from serve_bench's own result file). serve_bench on its own uniform prompts
+(random dataset) keeps its own Poisson draw. Both tools report TTFT and TPOT p90 too (vLLM
+with `--metric-percentiles 50,90,99`). With `--prefill-url`s, the prefill pool's
+prefix-cache hit rate over each run (`vllm:prefix_cache_hits_total` over `queries_total`,
+before and after, summed over the pool): on the same prompts at the same instants it must
+agree closely, as routing and eviction follow the order and the timing (whether a tenant's
+next prompt comes while its prefix is still being prefilled, or after it was evicted). For that every run starts cold: before each, every worker
 given (`--prefill-url`, `--decode-url`) has its prefix cache reset (POST
 /reset_prefix_cache, served with VLLM_SERVER_DEV_MODE=1 on the workers) and, when the
 proxy keeps a KV index that has taken events, the run waits until the index applied the
@@ -92,13 +97,17 @@ DATASET_TOOLS = {"random": TOOLS, "prefix-repetition": (VLLM, "serve_bench_vllm_
 
 def load_argv(args, tool: str) -> list[str]:
     """The load, in each tool's flags: all at once under a cap, or Poisson arrivals at a rate
-    (capped only when --concurrency is given)."""
+    (capped only when --concurrency is given); at a rate, serve_bench on vLLM's prompts
+    sends at vLLM's instants (`--arrivals vllm`)."""
     if tool == VLLM:
         rate = "inf" if args.request_rate is None else str(args.request_rate)
         cap = [] if args.concurrency is None else ["--max-concurrency", str(args.concurrency)]
         return [*cap, "--request-rate", rate]
     cap = [] if args.concurrency is None else ["--concurrency", str(args.concurrency)]
-    return [*cap, *([] if args.request_rate is None else ["--request-rate", str(args.request_rate)])]
+    if args.request_rate is None:
+        return cap
+    arrivals = ["--arrivals", "vllm"] if tool == "serve_bench_vllm_prompts" else []
+    return [*cap, "--request-rate", str(args.request_rate), *arrivals]
 
 
 def dataset_argv(args, tool: str) -> list[str]:
@@ -292,6 +301,13 @@ def pdspec_figures(out: Path) -> dict[str, float]:
     return {name: pick(phase) for name, pick, _ in FIGURES}
 
 
+def pdspec_arrivals(out: Path) -> str | None:
+    """How serve_bench timed its run, as its result file says: "vllm" (vLLM's instants),
+    "own" (its own Poisson draw), None (all at once, or a serve_bench that does not say)."""
+    (phase,) = json.loads((out / "serve_bench.json").read_text())["phases"]
+    return phase.get("arrivals")
+
+
 def vllm_figures(out: Path) -> dict[str, float]:
     result = json.loads((out / "vllm.json").read_text())
     return {name: result[key] for name, _, key in FIGURES}
@@ -341,7 +357,7 @@ def run(args, on_round=None) -> dict:
         for index in range(args.rounds):
             shift = index % len(tools)
             order = tools[shift:] + tools[:shift]  # each tool first in turn
-            figures, resets = {}, {}
+            figures, resets, arrivals = {}, {}, {}
             for tool in order:
                 out = Path(scratch) / f"{index}-{tool}"
                 if args.reset_caches:
@@ -350,6 +366,8 @@ def run(args, on_round=None) -> dict:
                 run_tool(tool_argv(tool, args, out, args.seed + index))
                 prefill_after, decode_after = pool_counters(args.prefill_url), pool_counters(args.decode_url)
                 figures[tool] = vllm_figures(out) if tool == VLLM else pdspec_figures(out)
+                if tool != VLLM:
+                    arrivals[tool] = pdspec_arrivals(out)
                 figures[tool].update(
                     worker_run_figures(
                         pool_delta(prefill_before, prefill_after), pool_delta(decode_before, decode_after)
@@ -362,7 +380,9 @@ def run(args, on_round=None) -> dict:
                     file=sys.stderr,
                     flush=True,
                 )
-            report["rounds"].append({"round": index, "order": list(order), **figures, "resets": resets})
+            report["rounds"].append(
+                {"round": index, "order": list(order), **figures, "resets": resets, "arrivals": arrivals}
+            )
             summarize(report)
             if on_round is not None:
                 on_round(report)
@@ -411,8 +431,28 @@ def reset_lines(report: dict) -> list[str]:
     return [f"Every worker's prefix cache reset before every run ({index})."]
 
 
+def arrival_lines(report: dict) -> list[str]:
+    """At a rate: whether serve_bench on vLLM's prompts sent at vLLM's instants in every
+    round (its result files say how each run was timed)."""
+    if report.get("request_rate") is None or not report["rounds"]:
+        return []
+    said = [r.get("arrivals", {}).get("serve_bench_vllm_prompts") for r in report["rounds"]]
+    own = " serve_bench on its own prompts: its own Poisson draw." if report.get("dataset") == "random" else ""
+    if all(a == "vllm" for a in said):
+        return [
+            "Arrivals: serve_bench on vLLM's prompts sent at the same instants as `vllm bench serve` "
+            "(`--arrivals vllm`: vLLM's schedule for the seed and rate, from each run's start), in every round." + own
+        ]
+    return [
+        "Arrivals: each tool drew its own Poisson instants (serve_bench on vLLM's prompts: "
+        + ", ".join(map(str, said))
+        + ")."
+    ]
+
+
 def markdown(report: dict) -> str:
     lines = [f"Command: `{report['command']}`", "", shape_line(report), "", *reset_lines(report)]
+    lines += arrival_lines(report)
     for key, ours, title in (
         ("summary", "serve_bench", "serve_bench's own prompts (ids drawn uniformly)"),
         ("summary_vllm_prompts", "serve_bench_vllm_prompts", "serve_bench on vLLM's prompts"),

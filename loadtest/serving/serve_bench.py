@@ -13,6 +13,17 @@ every phase runs twice, once with the prefill worker's drafts policy `auto` and 
 `always`, switched through `pdspec drafts` on the same running stack and interleaved
 (auto, always, always, auto, ...), so drift hits both alike.
 
+Phase i (from 0, over the whole run) draws from seed `--seed` + i: with a vllm-* dataset its
+prompts are those `vllm bench serve --seed SEED+i` sends for the same dataset flags. With
+`--arrivals vllm` and a `--request-rate`, its requests also arrive at the instants that
+command sends them at with `--request-rate RATE` (default burstiness, no ramp-up), counted
+from the phase's start (its gamma gaps drawn from numpy's state after the same sampling,
+scaled so the last leaves at num-prompts / rate; the first waits its own gap; a
+`--concurrency` cap then holds them as vLLM's `--max-concurrency` does). Refused (usage
+error) where there is no such schedule: the uniform dataset, or concurrency phases (no
+`--request-rate`). The warm-up is not a phase: sent at once as always (vLLM's warm-ups
+are not on its schedule either).
+
 With only `--url`, the workers are those of a local `pdspec up` (ports and run folder
 from pdspec's settings: defaults, PDSPEC_* environment, PDSPEC_CONFIG file).
 Writes serve_bench.json, serve_bench.md and PNG plots to `--out`.
@@ -43,6 +54,7 @@ from loadtest.serving.serve_client import (
     run_load,
     vllm_prefix_repetition_prompts,
     vllm_random_prompts,
+    vllm_send_offsets,
 )
 from loadtest.serving.serve_stats import parse_slos, summarize
 from pdspec.contract import DRAFTS_POLICIES
@@ -114,20 +126,30 @@ def local_stack_defaults() -> dict:
     }
 
 
-def make_prompts(args: argparse.Namespace, count: int, vocab: int, tokenizer, seed: int, model: str) -> list:
-    """`--dataset uniform`: token ids drawn uniformly below `vocab`; `vllm-random`: the texts
+def make_prompts(
+    args: argparse.Namespace, count: int, vocab: int, tokenizer, seed: int, model: str, request_rate=None
+) -> tuple[list, list[float] | None]:
+    """The prompts and their send offsets (None: run_load's own arrivals).
+
+    `--dataset uniform`: token ids drawn uniformly below `vocab`; `vllm-random`: the texts
     `vllm bench serve --dataset-name random --seed SEED` sends (so the two tools can be
     compared on one workload: the content changes how many drafts the decode worker accepts);
     `vllm-prefix-repetition`: those of `--dataset-name prefix_repetition --seed SEED`, in its
     order and aligned to `--url`'s tokenizer as vLLM's tool aligns them (the order decides
-    which prefixes are still cached when a tenant comes back)."""
+    which prefixes are still cached when a tenant comes back). With `--arrivals vllm` and a
+    `request_rate`, the offsets are the instants that command sends at with `--request-rate
+    RATE` (vllm_send_offsets, drawn right after the sampling, as vLLM's tool draws them)."""
     if args.dataset == "vllm-random":
-        return vllm_random_prompts(count, args.input_len, tokenizer, seed)
-    if args.dataset == "vllm-prefix-repetition":
-        return vllm_prefix_repetition_prompts(
+        prompts = vllm_random_prompts(count, args.input_len, tokenizer, seed)
+    elif args.dataset == "vllm-prefix-repetition":
+        prompts = vllm_prefix_repetition_prompts(
             count, args.prefix_len, args.suffix_len, args.num_prefixes, tokenizer, seed, server=(args.url, model)
         )
-    return random_prompts(count, args.input_len, vocab, seed=seed)
+    else:
+        return random_prompts(count, args.input_len, vocab, seed=seed), None
+    if args.arrivals == "vllm" and request_rate is not None:
+        return prompts, vllm_send_offsets(len(prompts), request_rate)
+    return prompts, None
 
 
 def set_drafts_policy(run_dir: Path, policy: str) -> None:
@@ -156,12 +178,26 @@ def first_model(url: str) -> str:
 
 
 async def measured_load(
-    args: argparse.Namespace, load: Load, bodies: list[dict], seed: int, prefill_url: str | None, on_done
+    args: argparse.Namespace,
+    load: Load,
+    bodies: list[dict],
+    seed: int,
+    prefill_url: str | None,
+    on_done,
+    offsets: list[float] | None = None,
 ) -> tuple[list, float, list | None]:
-    """One phase's load (run_load's results and window), with the prefill worker's queue
-    samples taken alongside it; None for the samples when its URL is not known."""
+    """One phase's load (run_load's results and window; `offsets`: its send instants), with
+    the prefill worker's queue samples taken alongside it; None for the samples when its
+    URL is not known."""
     work = run_load(
-        args.url, bodies, load.concurrency, load.request_rate, seed=seed, timeout_s=args.timeout, on_done=on_done
+        args.url,
+        bodies,
+        load.concurrency,
+        load.request_rate,
+        seed=seed,
+        timeout_s=args.timeout,
+        on_done=on_done,
+        offsets=offsets,
     )
     if prefill_url is None:
         results, duration = await work
@@ -246,7 +282,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
                 if args.ab:
                     set_drafts_policy(run_dir, "auto")
                 progress.phase("warm-up")
-                prompts = make_prompts(args, args.warmup, vocab, tokenizer, args.seed - 1, model)
+                prompts, _ = make_prompts(args, args.warmup, vocab, tokenizer, args.seed - 1, model)
                 bodies = [completion_body(model, p, args.output_len) for p in prompts]
                 asyncio.run(
                     run_load(
@@ -262,11 +298,13 @@ def run_benchmark(args: argparse.Namespace) -> dict:
                 if policy is not None:
                     set_drafts_policy(run_dir, policy)
                 progress.phase(f"phase {index + 1}/{len(plan)} {load.label}" + (f" {policy}" if policy else ""))
-                prompts = make_prompts(args, args.num_prompts, vocab, tokenizer, args.seed + index, model)
+                prompts, offsets = make_prompts(
+                    args, args.num_prompts, vocab, tokenizer, args.seed + index, model, load.request_rate
+                )
                 bodies = [completion_body(model, p, args.output_len) for p in prompts]
                 before = idle_counters()
                 results, duration, queue = asyncio.run(
-                    measured_load(args, load, bodies, args.seed + index, prefill_url, progress.done)
+                    measured_load(args, load, bodies, args.seed + index, prefill_url, progress.done, offsets)
                 )
                 after = idle_counters()
                 worker_deltas = [None if b is None else worker_metrics.deltas(b, a) for b, a in zip(before, after)]
@@ -277,6 +315,8 @@ def run_benchmark(args: argparse.Namespace) -> dict:
                     "concurrency": load.concurrency,
                     "request_rate": load.request_rate,
                     "load": load.label,
+                    # vLLM's instants for the phase's seed and rate, or serve_bench's own draw.
+                    "arrivals": None if load.request_rate is None else args.arrivals,
                     **summarize(results, duration, slos),
                     **worker_metrics.worker_figures(*worker_deltas, duration),
                     **saturation_fields(queue, args.saturation_min),
@@ -299,6 +339,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
         "num_prompts": args.num_prompts,
         "vocab_size": vocab,
         "dataset": args.dataset,
+        "arrivals": args.arrivals,
         "prefix_repetition": (
             {"prefix_len": args.prefix_len, "suffix_len": args.suffix_len, "num_prefixes": args.num_prefixes}
             if args.dataset == "vllm-prefix-repetition"
@@ -328,6 +369,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         nargs="+",
         help="load levels: Poisson arrivals per second (--concurrency then caps in-flight)",
+    )
+    parser.add_argument(
+        "--arrivals",
+        choices=("own", "vllm"),
+        default="own",
+        help="with --request-rate: own: serve_bench's Poisson draw; vllm: the instants "
+        "`vllm bench serve --seed SEED+phase --request-rate RATE` sends at (a vllm-* dataset only)",
     )
     parser.add_argument("--phases", type=int, default=1, help="phases per load level (and per policy with --ab)")
     parser.add_argument("--ab", action="store_true", help="interleave prefill drafts policy auto / always")
@@ -397,6 +445,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.input_len = args.prefix_len + args.suffix_len
     elif any(value is not None for value in prefix_flags):
         parser.error("--prefix-len, --suffix-len and --num-prefixes go with --dataset vllm-prefix-repetition")
+    if args.arrivals == "vllm" and not args.request_rate:
+        parser.error("--arrivals vllm times --request-rate phases: concurrency phases send all at once")
+    if args.arrivals == "vllm" and args.dataset == "uniform":
+        parser.error("--arrivals vllm needs a vllm-* dataset: its instants follow vLLM's sampling of it")
     if not 0.0 <= args.saturation_min <= 1.0:
         parser.error("--saturation-min is a share: between 0 and 1")
     try:

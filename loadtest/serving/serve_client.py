@@ -6,6 +6,10 @@ every phase, so no prefix-cache hit makes a phase cheaper. Or the texts of vLLM'
 prefix-repetition dataset (tenants sharing a long prefix), where prefix-cache hits are the
 point.
 `ignore_eos` keeps every reply at `max_tokens`, whatever the weights.
+
+Arrivals at a request rate: serve_bench's own Poisson draw (`random.expovariate`, seeded
+by the phase), or, after one of the vllm_* prompt functions, the instants `vllm bench
+serve` sends at for the same seed, dataset and rate (`vllm_send_offsets`).
 """
 
 from __future__ import annotations
@@ -35,10 +39,13 @@ def random_prompts(count: int, length: int, vocab_size: int, seed: int) -> list[
 def vllm_random_prompts(count: int, length: int, tokenizer_path: str | Path, seed: int) -> list[str]:
     """The prompts `vllm bench serve --dataset-name random --seed SEED` sends: vLLM's own
     RandomDataset sampler (runs of consecutive token ids from a random offset, decoded,
-    then re-encoded to `length` tokens), the same texts for the same seed and tokenizer."""
+    then re-encoded to `length` tokens), the same texts for the same seed and tokenizer.
+    Seeds `random` and numpy's global state as vLLM's tool does first (its main), so that
+    `vllm_send_offsets` right after gives its arrival instants."""
     from vllm.benchmarks.datasets import RandomDataset
     from vllm.tokenizers import get_tokenizer
 
+    seed_as_vllm_bench(seed)
     tokenizer = get_tokenizer(str(tokenizer_path))
     samples = RandomDataset(random_seed=seed).sample(
         tokenizer=tokenizer, num_requests=count, input_len=length, output_len=1, range_ratio=0.0, prefix_len=0
@@ -67,12 +74,17 @@ def vllm_prefix_repetition_prompts(
     prompt's tokens differently from the sampler, each prompt that re-encodes longer is cut
     back through /tokenize and /detokenize); the same function is applied here, so both
     tools send the same texts. A vLLM without that function sends the sampled texts, and so
-    does this (a warning on stderr)."""
+    does this (a warning on stderr).
+
+    Seeds as vllm_random_prompts does; the sampler draws its token ids from numpy's global
+    state, which `vllm_send_offsets` right after goes on from, as vLLM's tool does (the
+    alignment draws nothing)."""
     if num_prefixes < 1 or count % num_prefixes:
         raise ValueError(f"{count} prompts over {num_prefixes} prefixes: the count must be a multiple")
     from vllm.benchmarks.datasets import PrefixRepetitionRandomDataset
     from vllm.tokenizers import get_tokenizer
 
+    seed_as_vllm_bench(seed)
     tokenizer = get_tokenizer(str(tokenizer_path))
     samples = PrefixRepetitionRandomDataset(random_seed=seed).sample(
         tokenizer=tokenizer,
@@ -93,6 +105,40 @@ def vllm_prefix_repetition_prompts(
         else:
             samples = asyncio.run(align(server[0], server[1], samples))
     return [sample.prompt for sample in samples]
+
+
+def seed_as_vllm_bench(seed: int) -> None:
+    """What `vllm bench serve --seed SEED` does before it loads the tokenizer and samples its
+    dataset (`main_async`): Python's and numpy's global generators seeded."""
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def vllm_send_offsets(count: int, request_rate: float, burstiness: float = 1.0) -> list[float]:
+    """The instants, in seconds from the start of the run, at which `vllm bench serve
+    --request-rate RATE` sends its `count` requests (`get_request` without ramp-up), drawn
+    from numpy's global state as it stands: one gamma(burstiness, 1 / (rate x burstiness))
+    gap per request (burstiness 1: Poisson), cumulated, then scaled so that the last is
+    count / rate; the first request waits its own gap too.
+
+    Contract: called right after vllm_random_prompts or vllm_prefix_repetition_prompts for
+    the same count and seed, the global state is the one vLLM's tool draws from, so these
+    are its instants for that seed, dataset and rate (to float rounding: the same sums).
+    Advances numpy's global state by `count` gamma draws. A rate or burstiness that is not
+    positive and finite is a ValueError (vLLM's infinite rate sends all at once: no
+    schedule to match)."""
+    if count < 1:
+        raise ValueError(f"{count} requests: nothing to schedule")
+    if not (0 < request_rate < float("inf") and 0 < burstiness < float("inf")):
+        raise ValueError(f"request rate {request_rate}, burstiness {burstiness}: both must be positive and finite")
+    theta = 1.0 / (request_rate * burstiness)
+    offsets = [np.random.gamma(shape=burstiness, scale=theta) for _ in range(count)]
+    for i in range(1, count):
+        offsets[i] += offsets[i - 1]  # summed in vLLM's order, so rounded as its sums are
+    if offsets[-1] == 0:
+        return offsets
+    factor = (count / request_rate) / offsets[-1]
+    return [float(offset * factor) for offset in offsets]
 
 
 def completion_body(model: str, prompt: list[int] | str, max_tokens: int) -> dict:
@@ -188,10 +234,17 @@ async def run_load(
     seed: int = 0,
     timeout_s: float = 600.0,
     on_done: Callable[[RequestResult], None] | None = None,
+    offsets: list[float] | None = None,
 ) -> tuple[list[RequestResult], float]:
     """Send every body: at most `concurrency` in flight, arrivals a Poisson process of
-    `request_rate` per second (None: all at once). Returns the results and the window's
-    length, first request sent to last reply done."""
+    `request_rate` per second (None: all at once). With `offsets` (one per body, seconds
+    from the start, non-decreasing: vllm_send_offsets), body i arrives at start +
+    offsets[i] instead, whatever `request_rate`; a late loop sends at once, and the ones
+    after keep their own instants, as vLLM's tool does. Returns the results and the window's
+    length, from the start (the first arrival, or with `offsets` the instant they count
+    from, as vLLM's duration does) to the last reply done."""
+    if offsets is not None and len(offsets) != len(bodies):
+        raise ValueError(f"{len(offsets)} send offsets for {len(bodies)} requests")
     limit = concurrency or len(bodies)
     gate = asyncio.Semaphore(limit)
     rng = random.Random(seed)
@@ -209,8 +262,10 @@ async def run_load(
         started = time.perf_counter()
         tasks = []
         for i, body in enumerate(bodies):
+            if offsets is not None and (wait := started + offsets[i] - time.perf_counter()) > 0:
+                await asyncio.sleep(wait)
             tasks.append(asyncio.create_task(one(body)))
-            if request_rate and i + 1 < len(bodies):
+            if offsets is None and request_rate and i + 1 < len(bodies):
                 await asyncio.sleep(rng.expovariate(request_rate))  # the arrival process itself
         results = await asyncio.gather(*tasks)
         return list(results), time.perf_counter() - started

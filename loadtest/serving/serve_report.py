@@ -152,6 +152,11 @@ def markdown(report: dict) -> str:
         f"max_tokens {report['output_len']}, model `{report['model']}` at {report['url']}.",
         "",
     ]
+    if report.get("arrivals") == "vllm":
+        lines += [
+            "Arrivals: the instants `vllm bench serve` sends at for each phase's seed and rate (`--arrivals vllm`).",
+            "",
+        ]
     if report.get("skipped_phases"):
         lines += [
             f"**{len(report['skipped_phases'])} phases skipped** (time budget): "

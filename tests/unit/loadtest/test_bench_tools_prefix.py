@@ -101,6 +101,8 @@ def test_both_tools_send_vllms_texts_in_its_order_each_from_an_empty_cache(run):
     assert report["resets_refused"] == [] and report["rounds"][0]["order"] == list(
         bench_tools.DATASET_TOOLS["prefix-repetition"]
     )
+    # ... and at vLLM's instants for the seed and rate, as serve_bench's own result file says.
+    assert report["rounds"][0]["arrivals"] == {"serve_bench_vllm_prompts": "vllm"}
 
 
 def test_the_two_runs_read_the_same_hit_rate_the_cache_gave(run):
@@ -120,5 +122,6 @@ def test_the_files_show_the_hit_rate_row(run):
     report, _, out = run
     text = (out / "bench_tools.md").read_text()
     assert "| prefill_prefix_cache_hit_rate |" in text and "Poisson arrivals at 40/s" in text
+    assert "sent at the same instants as `vllm bench serve`" in text
     assert report["summary_vllm_prompts"]["prefill_prefix_cache_hit_rate"]["ratios"] == [1.0]
     assert (out / "bench_tools.png").exists() and json.loads((out / "bench_tools.json").read_text())["rounds"]
