@@ -15,8 +15,14 @@ model, every prefill and decode worker of the fleet (the prefill pool's prefix-c
 rate, the decode pool's acceptance length, the resets) and DIR/bench_tools. The front's log
 is DIR/front-POLICY.log; DIR/client_check.json says what ran and how long the start took.
 
+Before the first run, `--warmup-requests` (8) prompts of the runs' length, random token ids,
+4 tokens out, go through the front, 4 at a time: the first load on freshly started engines
+is slower (seen on an H100: the first run's prefill at 10.5-11.8k tokens/s, the second's at
+14.4-15.8k), and without it the tool that runs first pays that. bench_tools then resets the
+prefix caches, so the warm-up leaves nothing cached.
+
 Failure policy: a front that is not ready ends the check before any run (SystemExit); so
-does a tool that fails inside bench_tools. The front, and the fleet when this started it,
+does a warm-up request that fails, and a tool that fails inside bench_tools. The front, and the fleet when this started it,
 are stopped however the check ends (SIGINT and SIGTERM included); the exit status is 0 only
 when bench_tools finished.
 """
@@ -24,6 +30,7 @@ when bench_tools finished.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
@@ -31,8 +38,11 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+
 from loadtest.micro import bench_tools
 from loadtest.serving import fleet_bench
+from loadtest.serving.serve_client import completion_body, random_prompts, stream_completion
 
 FILLED_IN = ("--url", "--model", "--prefill-url", "--decode-url", "--out")
 
@@ -59,6 +69,35 @@ def bench_tools_argv(args, workers: dict[str, list[str]], front_url: str, rest: 
     return argv
 
 
+def prompt_length(tools_args) -> int:
+    """The runs' prompt length in tokens: prefix + suffix for prefix repetition, else the input length."""
+    if tools_args.dataset == "prefix-repetition":
+        return tools_args.prefix_len + tools_args.suffix_len
+    return tools_args.input_len
+
+
+# Token ids below this are in every vocabulary the fleets run (the shipped shapes' 4,096).
+WARMUP_VOCAB = 1000
+
+
+async def warm_up(url: str, model: str, length: int, count: int, in_flight: int = 4) -> int:
+    """`count` completions of `length` random token ids, 4 tokens out, at most `in_flight` at
+    once, through `url`. Returns how many there were; raises SystemExit naming the first that failed."""
+    prompts = random_prompts(count, length, WARMUP_VOCAB, seed=12345)
+    gate = asyncio.Semaphore(in_flight)
+    async with httpx.AsyncClient(timeout=600) as client:
+
+        async def one(prompt: list[int]):
+            async with gate:
+                return await stream_completion(client, url, completion_body(model, prompt, 4))
+
+        results = await asyncio.gather(*(one(p) for p in prompts))
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise SystemExit(f"client_check: {len(failed)} of {count} warm-up requests failed: {failed[0].error}")
+    return count
+
+
 def stop_on_sigterm() -> None:
     """SIGTERM as SystemExit, so the `finally` that stops the front and the fleet runs."""
 
@@ -81,7 +120,7 @@ def run(args, rest: list[str]) -> dict:
     # anything starts (a typo found after a fleet's minutes of start-up costs them).
     front_url = f"http://127.0.0.1:{args.base_port + 1}"
     argv = bench_tools_argv(args, workers, front_url, rest)
-    bench_tools.parse_args(argv)
+    tools_args = bench_tools.parse_args(argv)
     record["bench_tools_argv"] = argv
     stop_on_sigterm()
     up, fronts = None, {}
@@ -96,6 +135,11 @@ def run(args, rest: list[str]) -> dict:
         if front["error"]:
             raise SystemExit(f"client_check: the {args.policy} front: {front['error']} (see its log in {args.out})")
         assert front["url"] == front_url, (front["url"], front_url)
+        started = time.monotonic()
+        length = prompt_length(tools_args)
+        record["warmup"] = {"requests": asyncio.run(warm_up(front_url, args.model, length, args.warmup_requests))}
+        record["warmup"]["s"] = time.monotonic() - started
+        print(f"client_check: warmed up ({args.warmup_requests} x {length} tokens)", flush=True)
         started = time.monotonic()
         bench_tools.main(argv)
         record["bench_tools_s"] = time.monotonic() - started
@@ -115,6 +159,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--policy", default="kv_aware", choices=list(fleet_bench.POLICIES), help="the front's routing")
+    parser.add_argument(
+        "--warmup-requests", type=int, default=8, help="sent through the front before the first run (0: none)"
+    )
     fleet_bench.add_fleet_arguments(parser)
     args = parser.parse_args(ours)
     args.argv = sys.argv[1:] if argv is None else list(argv)

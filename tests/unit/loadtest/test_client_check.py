@@ -46,3 +46,35 @@ def test_a_bad_bench_tools_flag_stops_the_check_before_the_fleet_starts(monkeypa
     with pytest.raises(SystemExit):
         client_check.main([*FLEET, "--", *SHAPE[:-4], "--num-prompts", "7"])  # not a multiple of 4
     assert started == []
+
+
+def test_the_warm_up_sends_prompts_of_the_runs_length_and_stops_on_a_failure(monkeypatch):
+    import asyncio
+
+    from loadtest.micro import bench_tools
+    from loadtest.serving.serve_stats import RequestResult
+
+    tools_args = bench_tools.parse_args(
+        [*SHAPE, "--url", "http://front", "--out", "/tmp/cc", "--prefill-url", "http://p0"]
+    )
+    assert client_check.prompt_length(tools_args) == 64 + 16
+    sent, in_flight, most = [], [0], [0]
+
+    async def fake(client, url, body):
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        await asyncio.sleep(0.01)
+        in_flight[0] -= 1
+        sent.append((url, len(body["prompt"]), body["max_tokens"]))
+        return RequestResult(True, len(body["prompt"]))
+
+    monkeypatch.setattr(client_check, "stream_completion", fake)
+    assert asyncio.run(client_check.warm_up("http://front", "m", 80, 8, in_flight=4)) == 8
+    assert sent == [("http://front", 80, 4)] * 8 and most[0] == 4
+
+    async def refused(client, url, body):
+        return RequestResult(False, 0, error="HTTP 503: busy")
+
+    monkeypatch.setattr(client_check, "stream_completion", refused)
+    with pytest.raises(SystemExit, match="8 of 8 warm-up requests failed: HTTP 503"):
+        asyncio.run(client_check.warm_up("http://front", "m", 80, 8))
