@@ -289,22 +289,10 @@ def main(argv: list[str] | None = None) -> dict:
         "meeting both one by one), so that layouts can be ranked both ways",
     )
     parser.add_argument("--profile-acceptance", action="store_true")
-    sharing = parser.add_mutually_exclusive_group()
-    sharing.add_argument(
-        "--sharing", type=float, metavar="ALPHA", help="the device term's alpha instead of the profile's (>= 0)"
-    )
-    sharing.add_argument(
-        "--fit-sharing",
-        action="store_true",
-        help="fit alpha to the phases below saturation (rate <= measured goodput; needs --goodput-slo), "
+    sharing_fit.add_arguments(
+        parser,
+        "fit alpha to the phases below saturation (rate <= measured goodput; needs --goodput-slo), "
         "loadtest.serving.sharing_fit's grid, and check with it",
-    )
-    parser.add_argument(
-        "--fit-figures",
-        nargs="+",
-        choices=sharing_fit.FIGURES,
-        default=list(sharing_fit.DEFAULT_FIGURES),
-        help="the figures --fit-sharing fits (each where measured)",
     )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)

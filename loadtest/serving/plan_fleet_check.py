@@ -164,22 +164,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--slo", nargs=2, type=float, default=(2000.0, 100.0), metavar=("TTFT_MS", "TPOT_MS"))
     parser.add_argument("--slo-name", default="relaxed", help="fleet_report's SLO of the same limits")
     parser.add_argument("--seeds", type=int, default=3)
-    sharing = parser.add_mutually_exclusive_group()
-    sharing.add_argument(
-        "--sharing", type=float, metavar="ALPHA", help="the device term's alpha instead of the profile's (>= 0)"
-    )
-    sharing.add_argument(
-        "--fit-sharing",
-        action="store_true",
-        help="fit alpha to each layout's levels of QPS at most its measured goodput "
+    sharing_fit.add_arguments(
+        parser,
+        "fit alpha to each layout's levels of QPS at most its measured goodput "
         "(loadtest.serving.sharing_fit's grid), and check with it",
-    )
-    parser.add_argument(
-        "--fit-figures",
-        nargs="+",
-        choices=sharing_fit.FIGURES,
-        default=list(sharing_fit.DEFAULT_FIGURES),
-        help="the figures --fit-sharing fits (each where measured)",
     )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)

@@ -25,6 +25,7 @@ past it.
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 from collections.abc import Callable
@@ -120,4 +121,21 @@ def from_dict(fit: dict) -> SharingFit:
         errors=tuple(map(tuple, fit["errors"])),
         levels=fit["levels"],
         figures=tuple(fit["figures"]),
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser, fit_help: str) -> None:
+    """The checks' device-term flags: `--sharing ALPHA` or `--fit-sharing` (`fit_help` says
+    what that check fits to), and `--fit-figures`."""
+    sharing = parser.add_mutually_exclusive_group()
+    sharing.add_argument(
+        "--sharing", type=float, metavar="ALPHA", help="the device term's alpha instead of the profile's (>= 0)"
+    )
+    sharing.add_argument("--fit-sharing", action="store_true", help=fit_help)
+    parser.add_argument(
+        "--fit-figures",
+        nargs="+",
+        choices=FIGURES,
+        default=list(DEFAULT_FIGURES),
+        help="the figures --fit-sharing fits (each where measured)",
     )
