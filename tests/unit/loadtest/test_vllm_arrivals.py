@@ -2,7 +2,12 @@
 vLLM's own code. vLLM's `get_request` (and, end to end, its `main_async` from the seeding
 through the dataset sampling) runs here with `time.time` and `asyncio.sleep` of
 `vllm.benchmarks.serve` replaced by a fake clock that records each send instant: no server,
-no real wait."""
+no real wait.
+
+vLLM 0.33.0 (the GPU machines') sends on the same schedule: its `get_request`, its
+`PrefixRepetitionRandomDataset` and `RandomDataset` are the same source as 0.32.0's, and
+`main_async` differs only in two result fields (compared 2026-12-05, from the staged
+0.33.0 wheel; the GPU's vLLM does not install here, so this test runs 0.32.0's code)."""
 
 from __future__ import annotations
 
