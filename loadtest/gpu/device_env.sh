@@ -23,12 +23,33 @@ one_gpu_pair() {
   return 0
 }
 
+# require_modules MODULE...: stop (exit 1) before anything starts unless python3 imports each
+# MODULE. pdspec needs a few packages the staged vLLM does not bring (simpy, the fleet
+# model's event loop: 2026-12-05 a plan check ran its whole load and then could not
+# simulate); carry their wheels in .whl (WHL), which this file installs into /tmp/site:
+#   python3 -m pip download --no-deps --only-binary=:all: -d .whl simpy==4.1.2
+require_modules() {
+  local module missing=()
+  for module in "$@"; do
+    python3 -c "import $module" 2>/dev/null || missing+=("$module")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "missing Python modules: ${missing[*]}; carry their wheels in ${WHL:-.whl}" \
+    "(python3 -m pip download --no-deps --only-binary=:all: -d .whl ${missing[*]}) and name it in carry" >&2
+  exit 1
+}
+
 if [ -n "$DRY_RUN" ]; then
   export PYTHONPATH=$PWD
   return 0
 fi
 
 export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+# Wheels carried in .whl (WHL): vLLM's router for the fleet benchmark, simpy for the planner.
+if ls "${WHL:-.whl}"/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "${WHL:-.whl}"/*.whl \
+    || echo "device_env.sh: installing ${WHL:-.whl}/*.whl failed"
+fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 # NVLink multicast stays off on the lent machines (a program using it can take the
 # host's shared GPUs out of service).

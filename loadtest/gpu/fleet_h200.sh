@@ -15,7 +15,7 @@
 #   mt    multi-turn chat: sessions of 4 turns, 2,048-token start, +128 (answer stand-in)
 #         +256 (message) a turn, 0.5-s pauses, QPS 1, 3, 6, 9.
 # vLLM's router: carry its wheel in .whl (pip download vllm-router==0.1.17 ...); it is
-# installed into /tmp/site here when present.
+# installed into /tmp/site by device_env.sh when present.
 # Everything comes back in $OUT: fleet_bench.json and fleet.tar.gz (requests, traces, logs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,11 +24,6 @@ RUN=/tmp/fleet-run
 T0=$(date +%s)
 source loadtest/gpu/device_env.sh 1
 mkdir -p "$OUT" "$RUN" /tmp/fleet-traces
-WHL=${WHL:-.whl}  # where vLLM's router's wheel was carried
-if ls "$WHL"/vllm_router-*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$WHL"/vllm_router-*.whl \
-    || echo "vllm-router: install failed"
-fi
 python3 -c "import vllm_router" 2>/dev/null && ROUTER=(--vllm-router "python3 -m vllm_router.launch_router") || ROUTER=()
 export VLLM_SERVER_DEV_MODE=1  # /reset_prefix_cache between jobs
 source loadtest/gpu/fleet_shape.sh

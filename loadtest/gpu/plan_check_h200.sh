@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The fleet planner checked on the lent H200 (issue 43's "H200 1P1D on one GPU"), in one
-# device call on a machine where ../shared/tools/gpu-stage installed vLLM 0.33 into /tmp/site:
+# device call on a machine where ../shared/tools/gpu-stage installed vLLM 0.33 into /tmp/site,
+# with simpy's wheel carried in .whl (device_env.sh's require_modules says how to get it):
 #
 #   bash loadtest/gpu/plan_check_h200.sh
 #
@@ -24,6 +25,7 @@ OUT=${OUT:-/tmp/plan-check-out}
 T0=$(date +%s)
 READY_S=${READY_S:-300}   # two eager engines of the 8B shape, one after another: about 250 s
 source loadtest/gpu/device_env.sh 1 dry-run-ok
+require_modules simpy  # the fleet model (serving_overhead, plan_check); its wheel carried in .whl
 RESULTS=/tmp/plan-check-results
 rm -rf "$RESULTS" && mkdir -p "$OUT" "$RESULTS"
 proxy=http://127.0.0.1:8000 prefill=http://127.0.0.1:8100 decode=http://127.0.0.1:8200

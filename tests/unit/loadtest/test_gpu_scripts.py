@@ -4,6 +4,7 @@ they name must exist."""
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,29 @@ def test_a_dry_run_fleet_is_the_local_model_and_base_port_moves_every_port():
     }
     assert "--model.models_dir /home/x/.cache/pdspec/models" in args[args.index("--up-args") + 1]
     assert not [a for a in fleet_args(dry_run=False) if a.endswith("-port")]  # fleet_bench's defaults
+
+
+def test_require_modules_stops_before_anything_starts_and_names_the_wheels_to_carry():
+    """A module the staged vLLM does not bring (simpy: a plan check once ran its whole load,
+    then could not simulate) stops the script at once, naming the pip download to carry;
+    modules that import pass."""
+
+    def require(*modules: str) -> subprocess.CompletedProcess:
+        script = (
+            "source loadtest/gpu/device_env.sh 1 dry-run-ok && "
+            f"require_modules {' '.join(modules)} && echo past-the-check"
+        )
+        env = {"DRY_RUN_CPU": "1", "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+        return subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
+
+    missing = require("json", "no_such_module_pdspec", "another_missing_one")
+    assert missing.returncode == 1 and "past-the-check" not in missing.stdout
+    assert "no_such_module_pdspec another_missing_one" in missing.stderr and "pip download" in missing.stderr
+    assert "json" not in missing.stderr.split("missing Python modules:")[1].split(";")[0]
+    present = require("json", "simpy")
+    assert present.returncode == 0 and "past-the-check" in present.stdout, present.stderr
+
+
+def test_the_plan_check_requires_the_fleet_models_simpy_before_it_starts_the_stack():
+    text = (ROOT / "loadtest/gpu/plan_check_h200.sh").read_text()
+    assert text.index("require_modules simpy") < text.index("pdspec.cli")
