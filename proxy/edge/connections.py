@@ -21,6 +21,14 @@ Each refusal is an OpenAI error body with `Connection: close`, counted in
 `pdspec_proxy_client_refusals_total` by reason. Nothing here runs per byte: one counter
 per chunk and a timer per phase.
 
+A refusal closes in stages (RFC 9112 9.6): the reply, then the proxy's half of the
+connection (FIN), then whatever the client still sends is read and dropped until it
+closes its half, `REFUSAL_LINGER_S` passes or `REFUSAL_LINGER_BYTES` were dropped (a client
+that keeps sending past that is cut off with a reset, as before). Closed at once, a socket with unread bytes
+(the rest of an oversized head, a request sent before a 503) is reset, and a reset can
+destroy the reply in the client's receive buffer before it reads it: the client saw
+`Connection reset by peer` instead of the 431.
+
 Replies leave in as few writes as the event loop allows (`CoalescingTransport`): uvicorn
 writes a reply's head and its body separately, and on a loopback or a virtual machine each
 write that wakes the client costs more than the proxy's own work on a small reply.
@@ -38,6 +46,14 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from pdspec.settings import ClientSettings
 from proxy.asgi import CONNECTION_EXTENSION, ClientConnection
 from proxy.errors import error_body
+
+# How long a refused connection is drained after its reply (see the module's docstring):
+# long enough for a client to read the reply and close, short enough that a flood of
+# refused connections holds few sockets.
+REFUSAL_LINGER_S = 2.0
+# ... and at most this much of what the client still sends is read (and dropped): more than
+# the rest of any head a client means to send, bounded for one that never stops.
+REFUSAL_LINGER_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -112,6 +128,11 @@ class CoalescingTransport:
         self._flush()
         self.transport.close()
 
+    def write_eof(self) -> None:
+        """The held writes, then the end of this side's stream (the rest is still read)."""
+        self._flush()
+        self.transport.write_eof()
+
     def abort(self) -> None:
         self._held = []
         self.transport.abort()
@@ -138,6 +159,8 @@ def limited_protocol(limits: ClientLimits, on_refusal: Callable[[str], None] = l
             self._head_tail = b""
             self._phase_timer: asyncio.TimerHandle | None = None
             self._client_connection = ClientConnection()  # tells the requests when it is lost
+            self._refused = False  # replied to and half-closed: what comes now is dropped
+            self._dropped = 0  # bytes dropped since
             if len(self.connections) > limits.max_connections:
                 self._refuse(
                     503,
@@ -157,6 +180,11 @@ def limited_protocol(limits: ClientLimits, on_refusal: Callable[[str], None] = l
             self.scope["extensions"] = {CONNECTION_EXTENSION: self._client_connection}
 
         def data_received(self, data: bytes) -> None:
+            if self._refused:
+                self._dropped += len(data)
+                if self._dropped > REFUSAL_LINGER_BYTES:
+                    self._end_linger()
+                return
             if self._awaiting_head:
                 if self._head_bytes == 0:  # a request's first bytes: the head's clock starts
                     self._arm(limits.head_timeout_s, self._head_timeout)
@@ -164,10 +192,9 @@ def limited_protocol(limits: ClientLimits, on_refusal: Callable[[str], None] = l
                 self._head_bytes += head_part(self._head_tail, data)
                 self._head_tail = data[-3:]  # the head's end may straddle two chunks
                 if self._head_bytes > limits.max_header_bytes:
-                    if not self.transport.is_closing():
-                        self._refuse(
-                            431, f"Request head is larger than {limits.max_header_bytes} bytes.", "header_too_large"
-                        )
+                    self._refuse(
+                        431, f"Request head is larger than {limits.max_header_bytes} bytes.", "header_too_large"
+                    )
                     return
             super().data_received(data)
 
@@ -211,14 +238,30 @@ def limited_protocol(limits: ClientLimits, on_refusal: Callable[[str], None] = l
                 self._refuse(408, message, "body_timeout")
 
         def _refuse(self, status: int, message: str, reason: str) -> None:
+            """Reply `status` and close in stages: the reply and a FIN, then the client's
+            bytes dropped until it closes, REFUSAL_LINGER_S passes or REFUSAL_LINGER_BYTES
+            were dropped (a transport that cannot half-close is closed at once)."""
+            if self._refused:
+                return
             on_refusal(reason)
             self._disarm()
             if self.transport.is_closing():
                 return
+            self._refused = True
             if self.cycle is not None and not self.cycle.response_complete:
                 self.cycle.disconnected = True  # the app reads a disconnect; its own reply is not sent
                 self.cycle.message_event.set()
             self.transport.write(refusal(status, message))
-            self.transport.close()
+            if not self.transport.can_write_eof():
+                self.transport.close()
+                return
+            self.transport.write_eof()
+            self._arm(REFUSAL_LINGER_S, self._end_linger)
+
+        def _end_linger(self) -> None:
+            # (A client that closes its half first ends it sooner: uvicorn's eof_received
+            # returns None, so the transport closes itself.)
+            if not self.transport.is_closing():
+                self.transport.close()
 
     return LimitedHttpToolsProtocol
