@@ -47,7 +47,7 @@ PHASE = {
 
 def _results(tmp_path, phases, isl=128, osl=16):
     results = tmp_path / "run" / "serve_bench.json"
-    results.parent.mkdir(exist_ok=True)
+    results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps({"input_len": isl, "output_len": osl, "phases": phases}))
     return results
 
@@ -115,6 +115,25 @@ def test_goodput_under_an_slo_is_set_beside_the_measured_phases_best(tmp_path):
     assert "measured 1.7 req/s" in (tmp_path / "o" / "plan_check.md").read_text()
     with pytest.raises(SystemExit, match="measured under"):
         plan_check.main(argv + ["--goodput-slo", "500", "100", "--results", str(results), "--out", str(tmp_path / "p")])
+
+
+def test_a_sweep_whose_top_rate_still_met_the_slo_gives_a_lower_bound_not_the_goodput(tmp_path):
+    """The highest rate's p90s inside the SLO: the sweep never reached what the SLO bounds,
+    so the measured goodput is marked a lower bound; one p90 outside it at the top: not."""
+    argv = ["--profile", "cpu-2core-pdspec-tiny-eagle3", "--layout", "1p1d", "--k", "3", "--seeds", "1"]
+    argv += ["--goodput-slo", "1000", "100"]
+    slos = {"slos_ms": {"ttft": 1000.0, "tpot": 100.0}, "goodput": 1.5}
+    low = {**PHASE, **slos, "tpot_ms": {"median": 7.0, "p90": 9.0}}
+    cases = {
+        "held": ({"ttft_ms": {"median": 500.0, "p90": 900.0, "p99": 950.0}}, True),
+        "ttft": ({"ttft_ms": {"median": 500.0, "p90": 1100.0, "p99": 1200.0}}, False),
+        "tpot": ({"tpot_ms": {"median": 70.0, "p90": 120.0}}, False),
+    }
+    for name, (top, bound) in cases.items():
+        results = _results(tmp_path / name, [low, {**low, **top, "request_rate": 8.0}])
+        report = plan_check.main(argv + ["--results", str(results), "--out", str(tmp_path / name / "o")])
+        assert report["goodput"]["measured_is_lower_bound"] is bound, name
+        assert ("a lower bound" in (tmp_path / name / "o" / "plan_check.md").read_text()) is bound, name
 
 
 def test_sharing_sets_the_device_terms_alpha_and_fit_sharing_fits_it_below_the_measured_goodput(tmp_path):
