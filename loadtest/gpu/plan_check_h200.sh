@@ -34,8 +34,10 @@ input_len=${INPUT_LEN:-2048}
 PROFILE=${PROFILE:-h200-qwen3-8b-eagle3}
 K=${K:-3}
 # Eager 8B on one shared GPU: a 2,048-token prefill step about 52 ms, a K=3 decode step
-# 25-86 ms at batch 1-128; the pair saturates somewhere past 10 req/s.
-RATES=${RATES:-"1 2 4 8 12 16 20"}
+# 25-86 ms at batch 1-128. Measured 2026-12-05 (loadtest/results/plan/check-h200-1p1d): at
+# 20/s with 40-prompt phases the TTFT p90 was still 1.4 s, so the sweep goes to 40/s with
+# 80 prompts a phase, for the rate at which the SLO binds.
+RATES=${RATES:-"1 4 8 16 24 32 40"}
 STACK=${STACK-"--config deploy/profiles/dummy/qwen3-8b-eagle3-1p1d.toml"}
 one_gpu_pair 0.4 eager
 [ -z "$STACK" ] && GPU_ARGS=()
@@ -71,7 +73,7 @@ echo "probe done at $(( $(date +%s) - T0 )) s"
 
 # shellcheck disable=SC2086  # RATES is words on purpose
 python3 -m loadtest.serve_bench --url $proxy --model "$model" --input-len "$input_len" --output-len 64 \
-  --num-prompts "${NUM_PROMPTS:-40}" --request-rate $RATES --warmup 8 --goodput ttft:2000 tpot:100 \
+  --num-prompts "${NUM_PROMPTS:-80}" --request-rate $RATES --warmup 8 --goodput ttft:2000 tpot:100 \
   --label "h200-1p1d-eager-k$K" --no-progress --prefill-url $prefill --decode-url $decode \
   --run-dir "$PDSPEC_HOME/run" --out "$RESULTS/serve_bench"
 echo "phases done at $(( $(date +%s) - T0 )) s"
