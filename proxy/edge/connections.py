@@ -102,15 +102,16 @@ class CoalescingTransport:
     what is held first; `abort()` and a closed transport drop it. Everything else is the
     transport's own."""
 
-    __slots__ = ("transport", "_loop", "_held")
+    __slots__ = ("transport", "_loop", "_held", "_eof")
 
     def __init__(self, transport, loop) -> None:
         self.transport = transport
         self._loop = loop
         self._held: list[bytes] = []
+        self._eof = False
 
     def write(self, data: bytes) -> None:
-        if not data:
+        if not data or self._eof:  # after write_eof: a refused connection's other replies are dropped
             return
         if not self._held:
             self._loop.call_soon(self._flush)
@@ -121,7 +122,7 @@ class CoalescingTransport:
         if not held:
             return
         self._held = []
-        if not self.transport.is_closing():
+        if not self.transport.is_closing() and not self._eof:
             self.transport.write(held[0] if len(held) == 1 else b"".join(held))
 
     def close(self) -> None:
@@ -129,8 +130,10 @@ class CoalescingTransport:
         self.transport.close()
 
     def write_eof(self) -> None:
-        """The held writes, then the end of this side's stream (the rest is still read)."""
+        """The held writes, then the end of this side's stream (the rest is still read);
+        later writes are dropped (the transport would raise on them)."""
         self._flush()
+        self._eof = True
         self.transport.write_eof()
 
     def abort(self) -> None:
@@ -150,6 +153,11 @@ class CoalescingTransport:
 def limited_protocol(limits: ClientLimits, on_refusal: Callable[[str], None] = lambda reason: None) -> type:
     """uvicorn's httptools protocol class with `limits` applied (pass as uvicorn's `http`)."""
 
+    # Refused connections still draining (`_refuse`): they hold no request, so they do not
+    # count against max_connections (a flood of refused clients would otherwise refuse the
+    # next good one for REFUSAL_LINGER_S).
+    lingering = [0]
+
     class LimitedHttpToolsProtocol(HttpToolsProtocol):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -161,7 +169,7 @@ def limited_protocol(limits: ClientLimits, on_refusal: Callable[[str], None] = l
             self._client_connection = ClientConnection()  # tells the requests when it is lost
             self._refused = False  # replied to and half-closed: what comes now is dropped
             self._dropped = 0  # bytes dropped since
-            if len(self.connections) > limits.max_connections:
+            if len(self.connections) - lingering[0] > limits.max_connections:
                 self._refuse(
                     503,
                     f"The proxy holds its maximum of {limits.max_connections} client connections.",
@@ -171,6 +179,9 @@ def limited_protocol(limits: ClientLimits, on_refusal: Callable[[str], None] = l
             self._arm(limits.idle_timeout_s, self._idle_timeout)
 
         def connection_lost(self, exc) -> None:
+            if getattr(self, "_refused", False):
+                lingering[0] -= 1
+                self._refused = False
             self._disarm()
             super().connection_lost(exc)
             self._client_connection.lost()
@@ -247,15 +258,19 @@ def limited_protocol(limits: ClientLimits, on_refusal: Callable[[str], None] = l
             self._disarm()
             if self.transport.is_closing():
                 return
-            self._refused = True
             if self.cycle is not None and not self.cycle.response_complete:
                 self.cycle.disconnected = True  # the app reads a disconnect; its own reply is not sent
                 self.cycle.message_event.set()
+                self._client_connection.lost()  # now, not at the close: its upstream legs are cancelled
             self.transport.write(refusal(status, message))
             if not self.transport.can_write_eof():
                 self.transport.close()
                 return
+            self._refused = True
+            lingering[0] += 1
             self.transport.write_eof()
+            self._unset_keepalive_if_required()  # uvicorn's keep-alive timer would close it mid-drain
+            self.flow.resume_reading()  # paused (a pipelined request, a buffered body), nothing is drained
             self._arm(REFUSAL_LINGER_S, self._end_linger)
 
         def _end_linger(self) -> None:
