@@ -287,6 +287,48 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+PLOTTED = (
+    ("throughput_rps", "throughput req/s"),
+    ("ttft_p50_ms", "TTFT p50 ms"),
+    ("ttft_p90_ms", "TTFT p90 ms"),
+    ("tpot_p50_ms", "TPOT p50 ms"),
+)
+
+
+def plot(report: dict, path: Path) -> None:
+    """Measured and predicted against the offered rate, one panel a figure (a line per
+    results file, measured solid with dots, predicted dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(PLOTTED), figsize=(4.2 * len(PLOTTED), 3.6))
+    for ax, (figure, label) in zip(axes, PLOTTED):
+        for index, results in enumerate(dict.fromkeys(row["results"] for row in report["phases"])):
+            rows = sorted((row for row in report["phases"] if row["results"] == results), key=lambda r: r["rate"])
+            color = f"C{index}"
+            measured = [(row["rate"], row["measured"][figure]) for row in rows if row["measured"][figure] is not None]
+            if measured:
+                ax.plot(*zip(*measured), "o-", color=color, label=f"{results} measured")
+            ax.plot(
+                [r["rate"] for r in rows],
+                [r["predicted"][figure] for r in rows],
+                "--",
+                color=color,
+                label=f"{results} predicted",
+            )
+        ax.set_xlabel("offered rate, req/s")
+        ax.set_title(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"The fleet model against {report['layout']} measured ({Path(report['profile']).name})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m loadtest.plan_check", description=__doc__.split("\n")[0])
     parser.add_argument("--profile", required=True, help="a shipped profile's name or a file")
@@ -349,6 +391,7 @@ def main(argv: list[str] | None = None) -> dict:
         "goodput": goodput,
     }
     write_report(args.out, "plan_check", report, markdown(report))
+    plot(report, args.out / "plan_check.png")
     return report
 
 

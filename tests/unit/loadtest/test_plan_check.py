@@ -65,6 +65,7 @@ def test_each_poisson_phase_gets_a_prediction_beside_its_measurement(tmp_path):
     assert table.startswith("# The fleet model against 1p1d measured (")
     assert "| run | 2 | 2.00 | 1.8 / " in table
     assert row["measured"]["ttft_p90_ms"] == 150.0 and row["predicted"]["ttft_p90_ms"] > 0
+    assert (tmp_path / "out" / "plan_check.png").stat().st_size > 10_000  # measured against predicted, plotted
 
 
 def test_results_from_before_serve_bench_kept_a_p90_show_none_measured(tmp_path):
