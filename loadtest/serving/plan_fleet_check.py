@@ -152,6 +152,57 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(report: dict, path: Path) -> None:
+    """Each layout's measured (solid, dots) and predicted (dashed) TTFT p50/p90 and TPOT p50
+    against the offered QPS, and the goodputs side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = (("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p90_ms", "TTFT p90 ms"), ("tpot_p50_ms", "TPOT p50 ms"))
+    fig, axes = plt.subplots(1, len(figures) + 1, figsize=(4.2 * (len(figures) + 1), 3.6))
+    names = list(report["layouts"])
+    for ax, (figure, label) in zip(axes, figures):
+        for index, name in enumerate(names):
+            rows = report["layouts"][name]["levels"]
+            qps = [row["qps"] for row in rows]
+            ax.plot(qps, [row["measured"][figure] for row in rows], "o-", color=f"C{index}", label=f"{name} measured")
+            ax.plot(qps, [row["predicted"][figure] for row in rows], "--", color=f"C{index}", label=f"{name} predicted")
+        ax.set_xlabel("offered QPS")
+        ax.set_title(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    goodput = axes[-1]
+    width = 0.38
+    for offset, which in ((-width / 2, "measured"), (width / 2, "predicted")):
+        values = [report["layouts"][name]["goodput"][f"{which}_rps"] for name in names]
+        goodput.bar(
+            [i + offset for i in range(len(names))],
+            values,
+            width,
+            label=which,
+            hatch="" if which == "measured" else "//",
+            color="C7" if which == "measured" else "white",
+            edgecolor="black",
+        )
+    goodput.set_xticks(range(len(names)), names, fontsize=8)
+    goodput.set_title(
+        f"goodput req/s (TTFT p90 <= {report['slo_ms'][0]:g} ms, TPOT p90 <= {report['slo_ms'][1]:g} ms)", fontsize=8
+    )
+    goodput.legend(fontsize=7)
+    alpha = (report.get("sharing") or {}).get("alpha")
+    fig.suptitle(
+        f"The fleet model against the fleet benchmark: {report['trace']}, {Path(report['profile']).name}"
+        + (f", alpha {alpha:g}" if alpha is not None else ""),
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m loadtest.plan_fleet_check", description=__doc__.split("\n")[0])
     parser.add_argument("--report", type=Path, required=True, help="fleet_report.json")
@@ -224,6 +275,7 @@ def main(argv: list[str] | None = None) -> dict:
         "first": first,
     }
     write_report(args.out, "plan_fleet_check", report, markdown(report))
+    plot(report, args.out / "plan_fleet_check.png")
     return report
 
 
