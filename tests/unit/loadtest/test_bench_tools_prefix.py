@@ -97,7 +97,14 @@ def test_both_tools_send_vllms_texts_in_its_order_each_from_an_empty_cache(run):
     expected = vllm_prefix_repetition_prompts(
         NUM_PROMPTS, PREFIX_LEN, SUFFIX_LEN, NUM_PREFIXES, models_dir() / "target", seed=3
     )
-    assert server.runs == [expected, expected]  # one reset before each of the two runs
+    assert len(server.runs) == 2  # one reset before each of the two runs
+    for received in server.runs:
+        assert sorted(received) == sorted(expected)
+        # In vLLM's order, as sent: the server sees arrivals, and two requests sent a few ms
+        # apart can arrive swapped on a loaded machine (seen in one run), so each may sit at
+        # most 2 places from its own.
+        place = {text: index for index, text in enumerate(expected)}
+        assert max(abs(place[text] - index) for index, text in enumerate(received)) <= 2, received
     assert report["resets_refused"] == [] and report["rounds"][0]["order"] == list(
         bench_tools.DATASET_TOOLS["prefix-repetition"]
     )
