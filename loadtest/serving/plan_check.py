@@ -11,16 +11,17 @@ the stack's decode worker measured in that phase (its acceptance length), unless
 `--profile-acceptance`: the profile's was measured on other prompts. `--devices N` says the
 measured stack ran its engines on N devices (the CPU 2P1D on two cores, four engines on one
 H200): the model then puts them on N devices round robin (or as `--placement` says), the
-steps on a device slowing each other by the profile's device term (`DeviceSharing.alpha`);
-by default each engine had a device of its own. `--sharing ALPHA` runs with another alpha;
-`--fit-sharing` fits it first (`loadtest.serving.sharing_fit`: a grid over alpha, against
+steps on a device slowing each other by the profile's device term (`DeviceSharing`);
+by default each engine had a device of its own. `--sharing VALUE` runs with another value;
+`--fit-sharing` fits it first (`loadtest.serving.sharing_fit`: a grid over the value, against
 the phases whose rate is at most the measured goodput, so it needs `--goodput-slo`), then
-checks with the fitted value, and records the fit.
+checks with the fitted value, and records the fit; either is alpha, or with `--sharing-form
+demand` the demand form's decode demand.
 
 Written to `--out`: `plan_check.json` (every phase, measured and predicted) and
 `plan_check.md` (the table, with the predicted / measured ratio of each figure). Failure
 policy: a results file without Poisson phases, a layout the profile cannot run, more
-devices than engines (or none), a negative `--sharing`, or `--fit-sharing` without
+devices than engines (or none), a `--sharing` its form refuses, or `--fit-sharing` without
 `--goodput-slo` stops it with the reason.
 """
 
@@ -152,27 +153,31 @@ def sharing_of(args: argparse.Namespace, profile, layout: Layout, loaded: list[t
     """The profile the check runs with and what its device term is: the profile's own,
     `--sharing`'s, or `--fit-sharing`'s (fitted to the phases whose rate is at most the
     measured goodput: the loads the stack served within the SLO; the fit's table is printed)."""
+    form = args.sharing_form
     if args.sharing is not None:
-        return profile.with_sharing(args.sharing, "plan_check --sharing"), {"alpha": args.sharing, "from": "--sharing"}
+        sharing = sharing_fit.describe(form, args.sharing, "--sharing")
+        return profile.with_sharing(args.sharing, "plan_check --sharing", form), sharing
     if not args.fit_sharing:
-        return profile, {"alpha": profile.sharing_alpha, "from": "the profile" if profile.device_sharing else "default"}
+        return profile, sharing_fit.describe(
+            *sharing_fit.of_profile(profile), "the profile" if profile.device_sharing else "default"
+        )
     if not args.goodput_slo:
         raise SystemExit(
             "--fit-sharing fits to the phases below saturation, which --goodput-slo's measured goodput marks"
         )
     goodput = measured_goodput(args, loaded)
 
-    def rows_at(alpha: float) -> list[dict]:
-        model = profile.with_sharing(alpha, "a trial of plan_check --fit-sharing")
+    def rows_at(value: float) -> list[dict]:
+        model = profile.with_sharing(value, "a trial of plan_check --fit-sharing", form)
         rows = phase_rows(model, layout, args.k, loaded, args.seeds, args.profile_acceptance)
         return [row for row in rows if row["rate"] <= goodput]
 
-    fitted = sharing_fit.fit(rows_at, tuple(args.fit_figures))
+    fitted = sharing_fit.fit(rows_at, tuple(args.fit_figures), form=form)
     print(fitted.markdown(), flush=True)
     source = f"fitted by plan_check --fit-sharing to {', '.join(str(path) for path, _ in loaded)}"
-    return profile.with_sharing(fitted.alpha, source), {"alpha": fitted.alpha, "from": "--fit-sharing"} | {
-        "fit": fitted.as_dict() | {"below_goodput_rps": goodput}
-    }
+    return profile.with_sharing(fitted.value, source, form), sharing_fit.describe(
+        form, fitted.value, "--fit-sharing"
+    ) | {"fit": fitted.as_dict() | {"below_goodput_rps": goodput}}
 
 
 def measured_of(phase: dict) -> dict:
@@ -221,7 +226,7 @@ def slo_held_at_the_top(args: argparse.Namespace, loaded: list[tuple[Path, dict]
 
 def sharing_lines(sharing: dict) -> list[str]:
     """The device term the check ran with, and its fit's table when it was fitted."""
-    lines = [f"Device sharing alpha {sharing['alpha']:g} ({sharing['from']}).", ""]
+    lines = [f"Device sharing {sharing_fit.label(sharing)} ({sharing['from']}).", ""]
     if "fit" in sharing:
         fit = sharing["fit"]
         lines += [
@@ -364,8 +369,7 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError as error:
         devices = args.placement or args.devices or "one per engine"
         raise SystemExit(f"cannot model --layout {args.layout} on devices {devices}: {error}") from None
-    if args.sharing is not None and args.sharing < 0:
-        raise SystemExit(f"--sharing is an alpha >= 0, not {args.sharing}")
+    sharing_fit.check_value(args)
     profile = load_profile(args.profile, args.k)
     loaded = [(path, json.loads(path.read_text())) for path in args.results]
     for path, results in loaded:

@@ -19,14 +19,15 @@ goodput as fleet_report computed it for that SLO (`--slo-name`); predicted,
 `pdspec.plan.search.evaluate` on the mean computed prompt.
 
 The engines sharing the device slow each other by the profile's device term
-(`DeviceSharing.alpha`, pdspec/plan/fleet_model.py); `--sharing ALPHA` runs with another
-alpha, and `--fit-sharing` fits it first (`loadtest.serving.sharing_fit`: a grid over alpha
+(`DeviceSharing`, pdspec/plan/fleet_model.py); `--sharing VALUE` runs with another value of
+it, and `--fit-sharing` fits it first (`loadtest.serving.sharing_fit`: a grid over its value
 against every layout's levels whose QPS is at most the layout's measured goodput), then
-checks with the fitted value and records the fit.
+checks with the fitted value and records the fit; `--sharing-form demand` makes either the
+demand form's decode demand instead of alpha.
 
 Written to `--out`: `plan_fleet_check.json` and `plan_fleet_check.md`. Failure policy: a
 report without the trace or a policy named, a layout the model cannot place on
-`--devices`, or a negative `--sharing` stops it with the reason.
+`--devices`, or a `--sharing` its form refuses stops it with the reason.
 """
 
 from __future__ import annotations
@@ -76,16 +77,17 @@ def sharing_of(args: argparse.Namespace, profile, measured_layouts: dict) -> tup
     """The profile the check runs with and what its device term is: the profile's own,
     `--sharing`'s, or `--fit-sharing`'s: fitted to every layout's levels whose QPS is at most
     the layout's measured goodput (the loads it served within the SLO)."""
+    form = args.sharing_form
     if args.sharing is not None:
-        return profile.with_sharing(args.sharing, "plan_fleet_check --sharing"), {
-            "alpha": args.sharing,
-            "from": "--sharing",
-        }
+        sharing = sharing_fit.describe(form, args.sharing, "--sharing")
+        return profile.with_sharing(args.sharing, "plan_fleet_check --sharing", form), sharing
     if not args.fit_sharing:
-        return profile, {"alpha": profile.sharing_alpha, "from": "the profile" if profile.device_sharing else "default"}
+        return profile, sharing_fit.describe(
+            *sharing_fit.of_profile(profile), "the profile" if profile.device_sharing else "default"
+        )
 
-    def rows_at(alpha: float) -> list[dict]:
-        model = profile.with_sharing(alpha, "a trial of plan_fleet_check --fit-sharing")
+    def rows_at(value: float) -> list[dict]:
+        model = profile.with_sharing(value, "a trial of plan_fleet_check --fit-sharing", form)
         rows = []
         for layout, summary in measured_layouts.values():
             saturation = goodput_measured(summary, args.slo_name)
@@ -93,12 +95,12 @@ def sharing_of(args: argparse.Namespace, profile, measured_layouts: dict) -> tup
             rows += [row for row in levels if row["qps"] <= saturation]
         return rows
 
-    fitted = sharing_fit.fit(rows_at, tuple(args.fit_figures))
+    fitted = sharing_fit.fit(rows_at, tuple(args.fit_figures), form=form)
     print(fitted.markdown(), flush=True)
     source = f"fitted by plan_fleet_check --fit-sharing to {args.report}, trace {args.trace}"
-    return profile.with_sharing(fitted.alpha, source), {"alpha": fitted.alpha, "from": "--fit-sharing"} | {
-        "fit": fitted.as_dict()
-    }
+    return profile.with_sharing(fitted.value, source, form), sharing_fit.describe(
+        form, fitted.value, "--fit-sharing"
+    ) | {"fit": fitted.as_dict()}
 
 
 def markdown(report: dict) -> str:
@@ -121,7 +123,7 @@ def markdown(report: dict) -> str:
         )
     sharing = report.get("sharing")
     if sharing:
-        lines += ["", f"Device sharing alpha {sharing['alpha']:g} ({sharing['from']})."]
+        lines += ["", f"Device sharing {sharing_fit.label(sharing)} ({sharing['from']})."]
         if "fit" in sharing:
             fit = sharing["fit"]
             lines += [
@@ -192,10 +194,10 @@ def plot(report: dict, path: Path) -> None:
         f"goodput req/s (TTFT p90 <= {report['slo_ms'][0]:g} ms, TPOT p90 <= {report['slo_ms'][1]:g} ms)", fontsize=8
     )
     goodput.legend(fontsize=7)
-    alpha = (report.get("sharing") or {}).get("alpha")
+    sharing = report.get("sharing")
     fig.suptitle(
         f"The fleet model against the fleet benchmark: {report['trace']}, {Path(report['profile']).name}"
-        + (f", alpha {alpha:g}" if alpha is not None else ""),
+        + (f", {sharing_fit.label(sharing)}" if sharing else ""),
         fontsize=10,
     )
     fig.tight_layout()
@@ -226,8 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
     report_in = json.loads(args.report.read_text())
     jobs = {s["policy"]: s for s in report_in["summaries"] if s["workload"] == args.trace}
     slo = Slo(ttft_p90_ms=args.slo[0], tpot_p90_ms=args.slo[1])
-    if args.sharing is not None and args.sharing < 0:
-        raise SystemExit(f"--sharing is an alpha >= 0, not {args.sharing}")
+    sharing_fit.check_value(args)
     measured_layouts = {}
     for pair in args.layout:
         spec, _, policy = pair.partition("=")

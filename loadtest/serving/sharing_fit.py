@@ -1,9 +1,12 @@
-"""Fitting the fleet model's device-sharing term (`DeviceSharing.alpha`,
-pdspec/plan/fleet_model.py) to a stack measured with engines sharing devices, for
-`plan_check --fit-sharing` and `plan_fleet_check --fit-sharing`.
+"""Fitting the fleet model's device-sharing term (`DeviceSharing`, pdspec/plan/fleet_model.py)
+to a stack measured with engines sharing devices, for `plan_check --fit-sharing` and
+`plan_fleet_check --fit-sharing`. The term has two forms (`--sharing-form`): alpha (the
+default) and demand (its one parameter, a decode step's demand c); a fit fits the one
+parameter of the form chosen.
 
 The fit is a grid search, chosen to be simple and reproducible rather than precise: the
-model is run over the measured levels at each alpha of `GRID` (0 to 4 by 0.05), and the alpha
+model is run over the measured levels at each value of the form's grid (`GRIDS`: alpha 0 to 4
+by 0.05, `GRID`; decode demand 0 to 1 by 0.05, `DEMAND_GRID`, 1 being its most), and the value
 with the least error wins, the lower one on a tie. The error is the mean, over the rows (the
 measured levels the caller passes: those below saturation) and the figures fitted (of
 `FIGURES`; by default TTFT p90 and TPOT p50) each row has measured, of |log(predicted /
@@ -32,6 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 GRID = tuple(step / 20 for step in range(81))  # alpha 0 to 4 by 0.05
+DEMAND_GRID = tuple(step / 20 for step in range(21))  # decode demand 0 to 1 by 0.05
+GRIDS = {"alpha": GRID, "demand": DEMAND_GRID}
+PARAMETERS = {"alpha": "alpha", "demand": "decode_demand"}  # each form's one parameter
 FIGURES = ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms")  # what a fit may use
 DEFAULT_FIGURES = ("ttft_p90_ms", "tpot_p50_ms")
 
@@ -50,20 +56,48 @@ def log_error(rows: list[dict], figures: tuple[str, ...] = DEFAULT_FIGURES) -> f
     return statistics.mean(errors)
 
 
+def describe(form: str, value: float, origin: str) -> dict:
+    """A check's report of the device term it ran with: `{"alpha": value, "from": origin}` for
+    the alpha form (as reports had before the demand form), `{"form": "demand",
+    "decode_demand": value, "from": origin}` for the demand form."""
+    if form == "alpha":
+        return {"alpha": value, "from": origin}
+    return {"form": form, PARAMETERS[form]: value, "from": origin}
+
+
+def label(sharing: dict) -> str:
+    """A `describe` dict's term in words: "alpha 0.35", "decode demand 0.5 (the demand form)"."""
+    if sharing.get("form", "alpha") == "alpha":
+        return f"alpha {sharing['alpha']:g}"
+    return f"decode demand {sharing['decode_demand']:g} (the demand form)"
+
+
+def of_profile(profile) -> tuple[str, float]:
+    """A profile's device term: its form and that form's value."""
+    return profile.sharing.form, profile.sharing.value
+
+
 @dataclass(frozen=True)
 class SharingFit:
-    alpha: float
+    alpha: float  # the fitted value of the form's parameter (alpha, or the demand form's c)
     error: float
-    errors: tuple[tuple[float, float], ...]  # (alpha, error) at each grid point
+    errors: tuple[tuple[float, float], ...]  # (value, error) at each grid point
     levels: int  # the rows fitted to
     figures: tuple[str, ...] = DEFAULT_FIGURES
+    form: str = "alpha"
+
+    @property
+    def value(self) -> float:
+        return self.alpha
 
     @property
     def at_edge(self) -> bool:
-        return self.alpha == self.errors[-1][0]
+        # The demand form's grid ends at its parameter's most (1), not at a choice of range.
+        return self.form == "alpha" and self.alpha == self.errors[-1][0]
 
     def as_dict(self) -> dict:
         return {
+            "form": self.form,
             "alpha": self.alpha,
             "error": self.error,
             "levels": self.levels,
@@ -74,12 +108,13 @@ class SharingFit:
 
     def markdown(self) -> str:
         edge = " (the grid's upper edge: the error may fall further past it)" if self.at_edge else ""
+        name = "alpha" if self.form == "alpha" else "decode demand"
         lines = [
-            f"Fitted alpha **{self.alpha:g}**{edge}: mean |log(predicted / measured)| {self.error:.3f} "
+            f"Fitted {name} **{self.alpha:g}**{edge}: mean |log(predicted / measured)| {self.error:.3f} "
             f"(a factor of {math.exp(self.error):.2f}) over {self.levels} levels below saturation, "
             f"figures {', '.join(self.figures)} where measured.",
             "",
-            "| alpha | error |",
+            f"| {name} | error |",
             "| --- | --- |",
         ]
         # Every 0.1 up to 1 and every 0.25 past it, and the best: the whole grid is in the JSON.
@@ -95,14 +130,19 @@ class SharingFit:
 def fit(
     rows_at: Callable[[float], list[dict]],
     figures: tuple[str, ...] = DEFAULT_FIGURES,
-    grid: tuple[float, ...] = GRID,
+    grid: tuple[float, ...] | None = None,
+    form: str = "alpha",
 ) -> SharingFit:
-    """The alpha of `grid` whose rows (`rows_at(alpha)`: the model's rows of the measured levels
-    to fit, run with that alpha) have the least `log_error` over `figures`; ties go to the
-    lower alpha. ValueError for a figure not in FIGURES."""
+    """The value of `grid` (by default `form`'s, of GRIDS) whose rows (`rows_at(value)`: the
+    model's rows of the measured levels to fit, run with `form`'s parameter at that value) have
+    the least `log_error` over `figures`; ties go to the lower value. ValueError for a figure
+    not in FIGURES or an unknown form."""
     unknown = set(figures) - set(FIGURES)
     if not figures or unknown:
         raise ValueError(f"a fit uses figures of {FIGURES}, got {figures}")
+    if form not in GRIDS:
+        raise ValueError(f"a device sharing form is one of {tuple(GRIDS)}, not {form!r}")
+    grid = GRIDS[form] if grid is None else grid
     errors = []
     levels = 0
     for alpha in grid:
@@ -110,7 +150,7 @@ def fit(
         levels = len(rows)
         errors.append((alpha, log_error(rows, figures)))
     alpha, error = min(errors, key=lambda point: (point[1], point[0]))
-    return SharingFit(alpha=alpha, error=error, errors=tuple(errors), levels=levels, figures=tuple(figures))
+    return SharingFit(alpha=alpha, error=error, errors=tuple(errors), levels=levels, figures=tuple(figures), form=form)
 
 
 def from_dict(fit: dict) -> SharingFit:
@@ -121,15 +161,21 @@ def from_dict(fit: dict) -> SharingFit:
         errors=tuple(map(tuple, fit["errors"])),
         levels=fit["levels"],
         figures=tuple(fit["figures"]),
+        form=fit.get("form", "alpha"),  # reports from before the demand form have none
     )
 
 
 def add_arguments(parser: argparse.ArgumentParser, fit_help: str) -> None:
-    """The checks' device-term flags: `--sharing ALPHA` or `--fit-sharing` (`fit_help` says
-    what that check fits to), and `--fit-figures`."""
+    """The checks' device-term flags: `--sharing VALUE` or `--fit-sharing` (`fit_help` says
+    what that check fits to), `--sharing-form` (which form either sets: alpha, the default, or
+    demand), and `--fit-figures`."""
     sharing = parser.add_mutually_exclusive_group()
     sharing.add_argument(
-        "--sharing", type=float, metavar="ALPHA", help="the device term's alpha instead of the profile's (>= 0)"
+        "--sharing",
+        type=float,
+        metavar="VALUE",
+        help="the device term's value instead of the profile's, in --sharing-form's form "
+        "(alpha >= 0; decode demand 0 to 1)",
     )
     sharing.add_argument("--fit-sharing", action="store_true", help=fit_help)
     parser.add_argument(
@@ -139,3 +185,20 @@ def add_arguments(parser: argparse.ArgumentParser, fit_help: str) -> None:
         default=list(DEFAULT_FIGURES),
         help="the figures --fit-sharing fits (each where measured)",
     )
+    parser.add_argument(
+        "--sharing-form",
+        choices=tuple(GRIDS),
+        default="alpha",
+        help="the device term's form that --sharing sets or --fit-sharing fits (pdspec/plan/fleet_model.py): "
+        "alpha (1 + alpha (m - 1)) or demand (max(1, prefill steps + decode demand x decode steps))",
+    )
+
+
+def check_value(args: argparse.Namespace) -> None:
+    """SystemExit for a `--sharing` its form refuses: a negative value, a decode demand over 1."""
+    if args.sharing is None:
+        return
+    if args.sharing_form == "alpha" and args.sharing < 0:
+        raise SystemExit(f"--sharing is an alpha >= 0, not {args.sharing}")
+    if args.sharing_form == "demand" and not 0 <= args.sharing <= 1:
+        raise SystemExit(f"--sharing is a decode demand of 0 to 1 (--sharing-form demand), not {args.sharing}")

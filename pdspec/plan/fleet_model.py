@@ -36,9 +36,9 @@ sharing fewer devices (`Layout.devices`). The model's assumptions:
 - **Devices**: the profile's step times are an engine's alone on its device. Engines sharing a
   device (engine i of the layout, counting prefill, then decode, then colocated engines, is on
   device i mod `devices`, or where `Layout.device_of` says) share it by processor sharing with
-  one measured parameter, the profile's `device_sharing.alpha` (1 without one): a step starts
-  when its engine plans it, and while m steps run at once on the device each progresses at
-  1 / (1 + alpha * (m - 1)) of its speed alone, so a step of t ms that shares the device
+  one measured parameter, the profile's `device_sharing.alpha` (1 without one; the demand form
+  below is the other form): a step starts when its engine plans it, and while m steps run at
+  once on the device each progresses at 1 / (1 + alpha * (m - 1)) of its speed alone, so a step of t ms that shares the device
   throughout with m - 1 others lasts t * (1 + alpha * (m - 1)). alpha = 1 splits the device's
   time between the steps on it (the device's throughput is that of one engine however many
   share it); alpha < 1 lets them overlap (an H200 running several eager engines: an eager
@@ -54,6 +54,19 @@ sharing fewer devices (`Layout.devices`). The model's assumptions:
   memory share each engine gets there). An engine alone on its device runs every step at its
   profiled time, whatever alpha, so a layout of one engine per device runs exactly as before
   devices were modelled.
+- **Devices, the demand form** (`device_sharing.form` "demand", parameter `decode_demand` c,
+  0 to 1): the alpha form's one number cannot tell a compute-bound prefill step (two of them
+  cannot together run faster than the device runs one) from a memory- and launch-bound decode
+  step (several overlap almost freely). In this form each running prefill step demands the
+  whole device (1) and each running decode step c of it, and while steps run at once every one
+  progresses at 1 / max(1, prefill steps + c * decode steps) of its speed alone: still one
+  stretch for all the steps on the device, so the device's bookkeeping above is unchanged.
+  A prefill engine's step is a prefill step and a decode engine's a decode step; a colocated
+  engine's step is a prefill step when it computes prompt tokens (a chunk, with or without a
+  decode batch beside it: its cost is mostly the chunk's) and a decode step otherwise. c is at
+  most 1 (`DeviceSharing` refuses more), so a step alone on its device is never slowed. Its
+  limits: a prefill step's demand is 1 whatever its chunk (a small chunk leaves room the
+  model does not give), and a mixed colocated step counts as all prefill.
 - **Serving**: a request's time outside the engines (HTTP servers, the proxy, the legs' round
   trips), the profile's `serving_ms` for the layout's kind (0 without one), is added to its
   first token and its end: a constant that shifts TTFT, loads no engine and leaves TPOT as it
@@ -72,8 +85,9 @@ Contract: `simulate` is deterministic (a pure function of its arguments) and eve
 finishes: queues are unbounded and nothing is refused or timed out, so an overloaded fleet
 shows as growing TTFT, not as lost requests. Failure policy: a K the profile has no decode
 curve for, a layout that is neither kind, or a layout's devices outside 1 to its engine
-count, raises ValueError before anything runs (a negative alpha cannot reach it: the
-profile refuses one, `EngineProfile.with_sharing` and `DeviceSharing`).
+count, raises ValueError before anything runs (a negative alpha or decode demand, or a decode
+demand over 1, cannot reach it: the profile refuses one, `EngineProfile.with_sharing` and
+`DeviceSharing`).
 """
 
 from __future__ import annotations
@@ -87,7 +101,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from pdspec.plan.profile import Curve, EngineProfile
+from pdspec.plan.profile import Curve, DeviceSharing, EngineProfile
 from pdspec.plan.workload import Request
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default for a GPU engine
@@ -344,29 +358,40 @@ class _SharedDevice:
     """A device several engines' steps run on at once, processor-shared as the module
     docstring says. Kept in work done per step (`_work_ms`: the ms of its profiled time
     each running step has been given since the device was made), which grows at
-    1 / (1 + alpha * (m - 1)) per ms while m steps run: a step ends when it reaches the
-    value it had at the step's start plus the step's profiled time, and the running steps
+    1 / stretch per ms (the alpha form: 1 + alpha * (m - 1) while m steps run; the demand
+    form: max(1, prefill steps + decode_demand * decode steps)): a step ends when it reaches
+    the value it had at the step's start plus the step's profiled time, and the running steps
     end in that order (no per-step bookkeeping when m changes)."""
 
     DONE_MS = 1e-6  # a step within a nanosecond of its work is done (float rounding)
 
-    def __init__(self, env: simpy.Environment, alpha: float) -> None:
-        self.env, self.alpha = env, alpha
-        self._running: list[tuple[float, int, simpy.Event]] = []  # heap: (work done at its end, order, event)
+    def __init__(self, env: simpy.Environment, sharing: DeviceSharing) -> None:
+        self.env = env
+        self.demand = sharing.form == "demand"
+        self.alpha = sharing.alpha
+        self.decode_demand = sharing.decode_demand
+        # heap: (work done at its end, order, event, kind)
+        self._running: list[tuple[float, int, simpy.Event, str]] = []
         self._order = itertools.count()  # ties end in the order they started
+        self._prefills = 0  # running prefill steps (the demand form's count; the rest are decode)
         self._work_ms = 0.0
         self._since = 0.0  # when _work_ms was last brought up to date
         self._timer = 0  # the pending timer's number: an older one firing is stale
 
-    def run(self, step_ms: float) -> simpy.Event:
-        """A step of `step_ms` alone, started now; the event fires when it ends."""
+    def run(self, step_ms: float, kind: str = "decode") -> simpy.Event:
+        """A step of `step_ms` alone, of `kind` ("prefill" or "decode": what the demand form
+        reads), started now; the event fires when it ends."""
         self._catch_up()
         done = self.env.event()
-        heapq.heappush(self._running, (self._work_ms + step_ms, next(self._order), done))
+        heapq.heappush(self._running, (self._work_ms + step_ms, next(self._order), done, kind))
+        self._prefills += kind == "prefill"
         self._set_timer()
         return done
 
     def _stretch(self) -> float:
+        if self.demand:
+            decodes = len(self._running) - self._prefills
+            return max(1.0, self._prefills + self.decode_demand * decodes)
         return 1 + self.alpha * (len(self._running) - 1)
 
     def _catch_up(self) -> None:
@@ -388,7 +413,9 @@ class _SharedDevice:
             return
         self._catch_up()
         while self._running and self._running[0][0] <= self._work_ms + self.DONE_MS:
-            heapq.heappop(self._running)[2].succeed()
+            _, _, done, kind = heapq.heappop(self._running)
+            self._prefills -= kind == "prefill"
+            done.succeed()
         self._set_timer()
 
 
@@ -424,13 +451,17 @@ class _Engine:
                 # same-instant events against the one-engine-per-device model.
                 yield self.env.timeout(step_ms / 1000)
             else:
-                yield self.device.run(step_ms)
+                yield self.device.run(step_ms, self._step_kind())
             self.step_times.append((start, self.env.now))
             self._end_step()
 
     def _begin_step(self) -> float | None:
         """Plan the next step; its duration in ms, or None when there is nothing to do."""
         raise NotImplementedError
+
+    def _step_kind(self) -> str:
+        """The planned step's kind for a shared device's demand form: "prefill" or "decode"."""
+        return self.role
 
     def _end_step(self) -> None:
         raise NotImplementedError
@@ -547,6 +578,9 @@ class _ColocatedEngine(_BatchingEngine):
             return prefill_ms.at(self._chunk)
         return self.decode_ms.at(self.batch) + prefill_ms.at(self._chunk) - self.fleet.prefill_fixed_ms
 
+    def _step_kind(self) -> str:
+        return "prefill" if self._chunk else "decode"  # a chunk of prompt makes it a prefill step
+
     def _end_step(self) -> None:
         self.steps += 1
         self._finish_due()
@@ -567,7 +601,7 @@ class _Fleet:
         self.prefill_fixed_ms = profile.prefill.step_ms.intercept()  # a mixed step pays it once
         self.env = simpy.Environment()
         placement = layout.placement
-        devices = [_SharedDevice(self.env, profile.sharing_alpha) for _ in range(layout.devices)]
+        devices = [_SharedDevice(self.env, profile.sharing) for _ in range(layout.devices)]
         engines_on = Counter(placement)
         shared = iter(devices[device] if engines_on[device] > 1 else None for device in placement)
         # Built in `placement`'s order: the prefill engines, then decode, then colocated.

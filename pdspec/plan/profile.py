@@ -14,7 +14,8 @@ the KV room:
   servers, the proxy, the legs' round trips and the hand-off's notifications), per layout
   kind, measured on an idle stack (`loadtest.engine_bench.serving_overhead`);
 - **device_sharing** (optional, alpha 1 when absent): how much engines sharing a device
-  slow each other's steps (`DeviceSharing`), fitted to a fleet of engines measured sharing
+  slow each other's steps (`DeviceSharing`: the alpha form, or the demand form with its
+  `"form": "demand"` and `decode_demand`), fitted to a fleet of engines measured sharing
   one (`loadtest.plan_check --fit-sharing`, `loadtest.plan_fleet_check --fit-sharing`).
 
 Between measured points a curve is interpolated linearly; past its last point it is
@@ -29,8 +30,9 @@ from __future__ import annotations
 import bisect
 import json
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 SCHEMA = "pdspec.engine-profile/1"
 SHIPPED = Path(__file__).with_name("profiles")  # the profiles that ship with pdspec
@@ -118,19 +120,60 @@ class ServingOverhead(BaseModel):
 DEFAULT_SHARING_ALPHA = 1.0  # no term measured: the device's time split between the steps on it
 
 
+SHARING_FORMS = ("alpha", "demand")
+
+
 class DeviceSharing(BaseModel):
     """How engines sharing one device slow each other (the fleet model's device term,
-    pdspec/plan/fleet_model.py): while m engines' steps run at once on a device, each
-    progresses at 1 / (1 + alpha * (m - 1)) of its speed alone. alpha = 1: the device's time
-    is split between them (its throughput the same however many share it); alpha < 1: their
-    steps overlap (a GPU whose small eager steps leave it mostly idle); alpha > 1: they thrash
-    (CPU engines whose threads fight for one core); 0: no effect at all. One number per
-    device kind and engine shape, fitted to measurements, never derived."""
+    pdspec/plan/fleet_model.py), in one of two forms (`form`), each one number per device kind
+    and engine shape, fitted to measurements, never derived.
+
+    - **alpha** (the default, and every profile without a `form`): while m engines' steps run
+      at once on a device, each progresses at 1 / (1 + alpha * (m - 1)) of its speed alone.
+      alpha = 1: the device's time is split between them (its throughput the same however many
+      share it); alpha < 1: their steps overlap (a GPU whose small eager steps leave it mostly
+      idle); alpha > 1: they thrash (CPU engines whose threads fight for one core); 0: no
+      effect at all.
+    - **demand**: each running prefill step demands the whole device (1) and each running
+      decode step `decode_demand` (c) of it; every running step progresses at
+      1 / max(1, prefill steps + c * decode steps) of its speed alone. Prefill steps are
+      compute-bound (two cannot together run faster than the device runs one), decode steps
+      memory- or launch-bound (c < 1: several overlap). c is at most 1, so a step alone on the
+      device (a demand of 1 or c) is never slowed."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    alpha: float = Field(ge=0, description="The slowdown each further step running on the device adds.")
+    form: Literal["alpha", "demand"] = Field(default="alpha", description="Which form of the term.")
+    alpha: float | None = Field(
+        default=None, ge=0, description="The alpha form: the slowdown each further step running on the device adds."
+    )
+    decode_demand: float | None = Field(
+        default=None, ge=0, le=1, description="The demand form: the share of the device a decode step demands."
+    )
     source: str = Field(description="The measurements it was fitted to, and how.")
+
+    @model_validator(mode="after")
+    def _its_forms_parameter(self) -> DeviceSharing:
+        parameter = "alpha" if self.form == "alpha" else "decode_demand"
+        other = "decode_demand" if self.form == "alpha" else "alpha"
+        if getattr(self, parameter) is None or getattr(self, other) is not None:
+            raise ValueError(f"the {self.form} form of device sharing takes {parameter}, and only it")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_unset(self, handler) -> dict:
+        # An alpha-form term dumps as it did before the demand form: no form, no null.
+        dumped = handler(self)
+        return {
+            key: value
+            for key, value in dumped.items()
+            if value is not None and not (key == "form" and value == "alpha")
+        }
+
+    @property
+    def value(self) -> float:
+        """The form's one parameter: alpha, or decode_demand."""
+        return self.alpha if self.form == "alpha" else self.decode_demand
 
 
 class EngineProfile(BaseModel):
@@ -154,9 +197,15 @@ class EngineProfile(BaseModel):
     )
 
     @property
-    def sharing_alpha(self) -> float:
-        """The device term's alpha: the profile's, or DEFAULT_SHARING_ALPHA without one."""
-        return self.device_sharing.alpha if self.device_sharing else DEFAULT_SHARING_ALPHA
+    def sharing_alpha(self) -> float | None:
+        """The device term's alpha: the profile's, or DEFAULT_SHARING_ALPHA without one; None
+        for a term of the demand form."""
+        return self.sharing.alpha
+
+    @property
+    def sharing(self) -> DeviceSharing:
+        """The device term: the profile's, or alpha DEFAULT_SHARING_ALPHA without one."""
+        return self.device_sharing or DeviceSharing(alpha=DEFAULT_SHARING_ALPHA, source="the default")
 
     @field_validator("schema_")
     @classmethod
@@ -211,12 +260,20 @@ class EngineProfile(BaseModel):
         }
         return self.model_copy(update={"decode": decode})
 
-    def with_sharing(self, alpha: float, source: str) -> EngineProfile:
+    def with_sharing(self, alpha: float, source: str, form: str = "alpha") -> EngineProfile:
         """This profile with its device term replaced (a fit trying values, or a check run with
-        an override). ValueError for a negative alpha (a step that sharing speeds up)."""
+        an override): `alpha` is the value of `form`'s parameter (alpha, or the demand form's
+        decode_demand). ValueError for a negative value (a step that sharing speeds up), a
+        decode demand over 1, or an unknown form."""
+        if form not in SHARING_FORMS:
+            raise ValueError(f"a device sharing form is one of {SHARING_FORMS}, not {form!r}")
         if alpha < 0:
-            raise ValueError(f"a device sharing alpha is >= 0, not {alpha}")
-        return self.model_copy(update={"device_sharing": DeviceSharing(alpha=alpha, source=source)})
+            raise ValueError(f"a device sharing {'alpha' if form == 'alpha' else 'decode demand'} is >= 0, not {alpha}")
+        if form == "demand" and alpha > 1:
+            raise ValueError(f"a decode demand is at most 1 (a lone decode step is never slowed), not {alpha}")
+        parameter = "alpha" if form == "alpha" else "decode_demand"
+        sharing = DeviceSharing(form=form, source=source, **{parameter: alpha})
+        return self.model_copy(update={"device_sharing": sharing})
 
     def dump(self) -> str:
         return json.dumps(self.model_dump(mode="json", by_alias=True), indent=2) + "\n"

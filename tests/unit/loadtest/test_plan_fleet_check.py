@@ -88,3 +88,18 @@ def test_sharing_sets_alpha_and_fit_sharing_fits_each_layouts_levels_below_its_g
     assert "Fitted alpha" in (tmp_path / "out" / "plan_fleet_check.md").read_text()
     with pytest.raises(SystemExit, match="alpha >= 0"):
         run(tmp_path, *layouts, "--sharing", "-1")
+
+
+def test_sharing_form_demand_sets_and_fits_the_decode_demand_and_refuses_one_over_one(tmp_path):
+    layouts = ("--layout", "2p2d=prefix_affinity", "--layout", "colocated-4=colocated_kv_aware")
+    set_ = run(tmp_path, *layouts, "--sharing-form", "demand", "--sharing", "0.5")
+    assert set_["sharing"] == {"form": "demand", "decode_demand": 0.5, "from": "--sharing"}
+    assert (
+        "Device sharing decode demand 0.5 (the demand form)" in (tmp_path / "out" / "plan_fleet_check.md").read_text()
+    )
+    fitted = run(tmp_path, *layouts, "--sharing-form", "demand", "--fit-sharing", "--fit-figures", "tpot_p50_ms")
+    fit = fitted["sharing"]["fit"]
+    assert fit["form"] == "demand" and [c for c, _ in fit["errors"]][-1] == 1.0
+    assert fitted["sharing"]["decode_demand"] == fit["alpha"] == min(fit["errors"], key=lambda point: point[1])[0]
+    with pytest.raises(SystemExit, match="decode demand of 0 to 1"):
+        run(tmp_path, *layouts, "--sharing-form", "demand", "--sharing", "1.5")

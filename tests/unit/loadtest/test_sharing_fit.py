@@ -74,3 +74,44 @@ def test_a_fit_reads_back_from_its_dict():
     )
     assert fitted.alpha == 1.0 and sharing_fit.from_dict(fitted.as_dict()) == fitted
     assert "Fitted alpha **1**" in fitted.markdown()
+
+
+# The demand form: a grid over a decode step's demand c, 0 to 1.
+
+
+def demand_figures(c: float, rate: float) -> dict:
+    profile = synthetic(kv_tokens=20_000).with_sharing(c, "a unit test", form="demand")
+    summary = simulate(profile, LAYOUT, 3, workload.poisson(rate, 150, [(512, 32)], seed=4)).summary(NO_SLO)
+    return {"ttft_p50_ms": summary.ttft_ms.p50, "ttft_p90_ms": summary.ttft_ms.p90, "tpot_p50_ms": summary.tpot_ms.p50}
+
+
+@pytest.mark.parametrize("true_c", [sharing_fit.DEMAND_GRID[6], sharing_fit.DEMAND_GRID[16]], ids=str)  # 0.3, 0.8
+def test_the_fit_recovers_the_decode_demand_a_model_generated_measurement_was_made_with(true_c):
+    rates = (5.0, 10.0)
+    measured = {rate: demand_figures(true_c, rate) for rate in rates}
+
+    def rows_at(c):
+        return [{"measured": measured[rate], "predicted": demand_figures(c, rate)} for rate in rates]
+
+    fitted = sharing_fit.fit(rows_at, form="demand")
+    assert (fitted.form, fitted.value, fitted.error) == ("demand", true_c, 0)
+    assert [c for c, _ in fitted.errors] == list(sharing_fit.DEMAND_GRID) and sharing_fit.DEMAND_GRID[-1] == 1.0
+    assert all(error > 0 for c, error in fitted.errors if c != true_c)
+
+
+def test_a_demand_fit_at_one_is_not_flagged_at_edge_and_reads_back_with_its_form():
+    # 1 is the decode demand's most, not a choice of range: the error cannot fall past it.
+    fitted = sharing_fit.fit(
+        lambda c: [{"measured": {"tpot_p50_ms": 100.0}, "predicted": {"tpot_p50_ms": 1.0 + c}}], form="demand"
+    )
+    assert fitted.value == 1.0 and not fitted.at_edge
+    assert sharing_fit.from_dict(fitted.as_dict()) == fitted and "Fitted decode demand **1**" in fitted.markdown()
+    with pytest.raises(ValueError, match="form"):
+        sharing_fit.fit(lambda c: [], form="roofline")
+
+
+def test_a_checks_report_names_the_form_only_when_it_is_demand():
+    assert sharing_fit.describe("alpha", 0.35, "--sharing") == {"alpha": 0.35, "from": "--sharing"}
+    demanded = sharing_fit.describe("demand", 0.5, "--sharing")
+    assert demanded == {"form": "demand", "decode_demand": 0.5, "from": "--sharing"}
+    assert sharing_fit.label(demanded) == "decode demand 0.5 (the demand form)"
