@@ -49,6 +49,27 @@ DECODE_HISTOGRAMS = {
 }
 
 
+XFER_COUNT = "vllm:nixl_xfer_time_seconds_count"
+
+
+def scrape_after_transfer(
+    client: httpx.Client, urls: dict[str, str], before: dict[str, dict[str, float]], timeout_s: float = 5.0
+) -> dict[str, dict[str, float]]:
+    """Each worker's metrics (`scrape_when_idle`) once a transfer past `before` is counted on
+    either: the side that posts it (the decode worker pulling, the prefill worker pushing)
+    reports it with its engine's next stats, which for a prefill worker idle after its leg
+    came up to a second after the decode leg's first token (read at once, the pushed
+    transfers were never counted: the H200 check of 2026-12-05 and a CPU push stack). After
+    `timeout_s` with none counted, the metrics as they stand."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        after = {side: worker_metrics.scrape_when_idle(client, url) for side, url in urls.items()}
+        counted = any(after[side].get(XFER_COUNT, 0.0) > before[side].get(XFER_COUNT, 0.0) for side in urls)
+        if counted or time.monotonic() > deadline:
+            return after
+        time.sleep(0.05)  # poll interval
+
+
 def first_token_ms(client: httpx.Client, url: str, body: dict, request_id: str | None = None) -> float:
     """Milliseconds to the first streamed event that carries text. The stream is read to
     its end (a few tokens), so the request finishes rather than being aborted: vLLM records
@@ -121,9 +142,9 @@ def probe(
         urls = {"decode": decode_url, "prefill": prefill_url}
         before = {side: worker_metrics.scrape_when_idle(client, url) for side, url in urls.items()}
         row["decode_pull_ttft_ms"] = first_token_ms(client, decode_url, pulled, request_id)
-        for side, url in urls.items():
-            after = worker_metrics.scrape_when_idle(client, url)
-            for name, value in after.items():
+        after = scrape_after_transfer(client, urls, before)
+        for side in urls:
+            for name, value in after[side].items():
                 pulls[side][name] = pulls[side].get(name, 0.0) + value - before[side].get(name, 0.0)
         row["decode_local_ttft_ms"] = first_token_ms(client, decode_url, completion_body(model, local, max_tokens))
         rows.append(row)

@@ -1,6 +1,7 @@
 """The hand-off probe's summaries (the measuring itself runs in tests/e2e/test_handoff.py)."""
 
-from loadtest.serving.handoff_probe import medians, metric_means
+from loadtest.serving import handoff_probe
+from loadtest.serving.handoff_probe import XFER_COUNT, medians, metric_means, scrape_after_transfer
 
 
 def test_medians_per_stage():
@@ -48,3 +49,37 @@ def test_runs_plot_side_by_side(tmp_path):
     )
     assert list(runs) == ["pull", "push"] and runs["push"]["median"]["proxy_ttft_ms"] == 120.0
     assert (tmp_path / "stages.png").stat().st_size > 0
+
+
+def fake_scrapes(monkeypatch, readings: dict[str, list[dict]]) -> dict[str, int]:
+    """worker_metrics.scrape_when_idle returning each side's readings in turn (the last one
+    from then on); how many times each was read."""
+    reads = {url: 0 for url in readings}
+
+    def scrape(client, url):
+        reads[url] += 1
+        return readings[url][min(reads[url], len(readings[url])) - 1]
+
+    monkeypatch.setattr(handoff_probe.worker_metrics, "scrape_when_idle", scrape)
+    return reads
+
+
+def test_a_pushed_transfer_counted_late_on_the_prefill_worker_is_waited_for(monkeypatch):
+    """The prefill worker posts a pushed KV's transfer and reports it with its engine's next
+    stats: the third reading has it, and that reading is what the leg's deltas are taken from."""
+    urls = {"decode": "d", "prefill": "p"}
+    before = {"decode": {XFER_COUNT: 0.0}, "prefill": {XFER_COUNT: 2.0}}
+    reads = fake_scrapes(
+        monkeypatch,
+        {"d": [{XFER_COUNT: 0.0}], "p": [{XFER_COUNT: 2.0}, {XFER_COUNT: 2.0}, {XFER_COUNT: 3.0, "late": 1.0}]},
+    )
+    after = scrape_after_transfer(None, urls, before)
+    assert after["prefill"] == {XFER_COUNT: 3.0, "late": 1.0} and reads["p"] == 3
+
+
+def test_a_leg_whose_transfer_is_never_counted_gives_the_metrics_as_they_stand_after_the_timeout(monkeypatch):
+    urls = {"decode": "d", "prefill": "p"}
+    before = {"decode": {}, "prefill": {}}
+    reads = fake_scrapes(monkeypatch, {"d": [{"x": 1.0}], "p": [{}]})
+    after = scrape_after_transfer(None, urls, before, timeout_s=0.2)
+    assert after == {"decode": {"x": 1.0}, "prefill": {}} and reads["d"] >= 2
