@@ -38,11 +38,9 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
 from loadtest.micro import bench_tools
 from loadtest.serving import fleet_bench
-from loadtest.serving.serve_client import completion_body, random_prompts, stream_completion
+from loadtest.serving.serve_client import completion_body, random_prompts, run_load
 
 FILLED_IN = ("--url", "--model", "--prefill-url", "--decode-url", "--out")
 
@@ -83,15 +81,8 @@ WARMUP_VOCAB = 1000
 async def warm_up(url: str, model: str, length: int, count: int, in_flight: int = 4) -> int:
     """`count` completions of `length` random token ids, 4 tokens out, at most `in_flight` at
     once, through `url`. Returns how many there were; raises SystemExit naming the first that failed."""
-    prompts = random_prompts(count, length, WARMUP_VOCAB, seed=12345)
-    gate = asyncio.Semaphore(in_flight)
-    async with httpx.AsyncClient(timeout=600) as client:
-
-        async def one(prompt: list[int]):
-            async with gate:
-                return await stream_completion(client, url, completion_body(model, prompt, 4))
-
-        results = await asyncio.gather(*(one(p) for p in prompts))
+    bodies = [completion_body(model, prompt, 4) for prompt in random_prompts(count, length, WARMUP_VOCAB, seed=12345)]
+    results, _ = await run_load(url, bodies, in_flight, None)
     failed = [r for r in results if not r.ok]
     if failed:
         raise SystemExit(f"client_check: {len(failed)} of {count} warm-up requests failed: {failed[0].error}")

@@ -52,6 +52,7 @@ def test_the_warm_up_sends_prompts_of_the_runs_length_and_stops_on_a_failure(mon
     import asyncio
 
     from loadtest.micro import bench_tools
+    from loadtest.serving import serve_client
     from loadtest.serving.serve_stats import RequestResult
 
     tools_args = bench_tools.parse_args(
@@ -68,13 +69,13 @@ def test_the_warm_up_sends_prompts_of_the_runs_length_and_stops_on_a_failure(mon
         sent.append((url, len(body["prompt"]), body["max_tokens"]))
         return RequestResult(True, len(body["prompt"]))
 
-    monkeypatch.setattr(client_check, "stream_completion", fake)
+    monkeypatch.setattr(serve_client, "stream_completion", fake)
     assert asyncio.run(client_check.warm_up("http://front", "m", 80, 8, in_flight=4)) == 8
     assert sent == [("http://front", 80, 4)] * 8 and most[0] == 4
 
     async def refused(client, url, body):
         return RequestResult(False, 0, error="HTTP 503: busy")
 
-    monkeypatch.setattr(client_check, "stream_completion", refused)
+    monkeypatch.setattr(serve_client, "stream_completion", refused)
     with pytest.raises(SystemExit, match="8 of 8 warm-up requests failed: HTTP 503"):
         asyncio.run(client_check.warm_up("http://front", "m", 80, 8))
