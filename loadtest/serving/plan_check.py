@@ -153,14 +153,9 @@ def sharing_of(args: argparse.Namespace, profile, layout: Layout, loaded: list[t
     """The profile the check runs with and what its device term is: the profile's own,
     `--sharing`'s, or `--fit-sharing`'s (fitted to the phases whose rate is at most the
     measured goodput: the loads the stack served within the SLO; the fit's table is printed)."""
+    if (given := sharing_fit.unfitted(args, profile, "plan_check")) is not None:
+        return given
     form = args.sharing_form
-    if args.sharing is not None:
-        sharing = sharing_fit.describe(form, args.sharing, "--sharing")
-        return profile.with_sharing(args.sharing, "plan_check --sharing", form), sharing
-    if not args.fit_sharing:
-        return profile, sharing_fit.describe(
-            *sharing_fit.of_profile(profile), "the profile" if profile.device_sharing else "default"
-        )
     if not args.goodput_slo:
         raise SystemExit(
             "--fit-sharing fits to the phases below saturation, which --goodput-slo's measured goodput marks"

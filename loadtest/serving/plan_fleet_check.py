@@ -77,14 +77,9 @@ def sharing_of(args: argparse.Namespace, profile, measured_layouts: dict) -> tup
     """The profile the check runs with and what its device term is: the profile's own,
     `--sharing`'s, or `--fit-sharing`'s: fitted to every layout's levels whose QPS is at most
     the layout's measured goodput (the loads it served within the SLO)."""
+    if (given := sharing_fit.unfitted(args, profile, "plan_fleet_check")) is not None:
+        return given
     form = args.sharing_form
-    if args.sharing is not None:
-        sharing = sharing_fit.describe(form, args.sharing, "--sharing")
-        return profile.with_sharing(args.sharing, "plan_fleet_check --sharing", form), sharing
-    if not args.fit_sharing:
-        return profile, sharing_fit.describe(
-            *sharing_fit.of_profile(profile), "the profile" if profile.device_sharing else "default"
-        )
 
     def rows_at(value: float) -> list[dict]:
         model = profile.with_sharing(value, "a trial of plan_fleet_check --fit-sharing", form)

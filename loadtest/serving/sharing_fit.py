@@ -77,6 +77,19 @@ def of_profile(profile) -> tuple[str, float]:
     return profile.sharing.form, profile.sharing.value
 
 
+def unfitted(args: argparse.Namespace, profile, tool: str) -> tuple | None:
+    """A check's profile and its `describe` dict when it fits nothing: with `--sharing`, the
+    profile with that value of `--sharing-form`'s parameter; without `--fit-sharing`, the
+    profile's own term. None when `--fit-sharing` asks for a fit (the caller's, over its
+    own rows)."""
+    if args.sharing is not None:
+        sharing = describe(args.sharing_form, args.sharing, "--sharing")
+        return profile.with_sharing(args.sharing, f"{tool} --sharing", args.sharing_form), sharing
+    if not args.fit_sharing:
+        return profile, describe(*of_profile(profile), "the profile" if profile.device_sharing else "default")
+    return None
+
+
 @dataclass(frozen=True)
 class SharingFit:
     alpha: float  # the fitted value of the form's parameter (alpha, or the demand form's c)
