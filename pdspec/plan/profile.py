@@ -197,12 +197,6 @@ class EngineProfile(BaseModel):
     )
 
     @property
-    def sharing_alpha(self) -> float | None:
-        """The device term's alpha: the profile's, or DEFAULT_SHARING_ALPHA without one; None
-        for a term of the demand form."""
-        return self.sharing.alpha
-
-    @property
     def sharing(self) -> DeviceSharing:
         """The device term: the profile's, or alpha DEFAULT_SHARING_ALPHA without one."""
         return self.device_sharing or DeviceSharing(alpha=DEFAULT_SHARING_ALPHA, source="the default")

@@ -115,7 +115,7 @@ def test_a_demand_term_loads_dumps_with_its_form_and_round_trips(tmp_path):
     path = tmp_path / "p.json"
     path.write_text(json.dumps({**BASE, "device_sharing": {"form": "demand", "decode_demand": 0.5, "source": "a fit"}}))
     loaded = profile.load(path)
-    assert (loaded.sharing.form, loaded.sharing.value, loaded.sharing_alpha) == ("demand", 0.5, None)
+    assert (loaded.sharing.form, loaded.sharing.value, loaded.sharing.alpha) == ("demand", 0.5, None)
     assert json.loads(loaded.dump())["device_sharing"] == {"form": "demand", "decode_demand": 0.5, "source": "a fit"}
     path.write_text(loaded.dump())
     assert profile.load(path) == loaded

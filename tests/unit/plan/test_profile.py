@@ -114,11 +114,11 @@ def test_a_step_cheaper_with_more_requests_or_more_drafts_is_an_anomaly():
 
 def test_the_device_term_is_alpha_one_unless_the_profile_has_one_and_round_trips(tmp_path):
     plain = profile.EngineProfile.model_validate(PROFILE)
-    assert plain.device_sharing is None and plain.sharing_alpha == profile.DEFAULT_SHARING_ALPHA == 1.0
+    assert plain.device_sharing is None and plain.sharing.alpha == profile.DEFAULT_SHARING_ALPHA == 1.0
     path = tmp_path / "p.json"
     path.write_text(json.dumps({**PROFILE, "device_sharing": {"alpha": 0.35, "source": "a fit"}}))
     fitted = profile.load(path)
-    assert fitted.sharing_alpha == 0.35
+    assert fitted.sharing.alpha == 0.35
     path.write_text(fitted.dump())
     assert profile.load(path) == fitted
 
@@ -126,7 +126,7 @@ def test_the_device_term_is_alpha_one_unless_the_profile_has_one_and_round_trips
 def test_with_sharing_replaces_alpha_in_a_copy_and_refuses_a_negative_one():
     plain = profile.EngineProfile.model_validate(PROFILE)
     shared = plain.with_sharing(2.5, "a test")
-    assert (shared.sharing_alpha, shared.device_sharing.source, plain.sharing_alpha) == (2.5, "a test", 1.0)
-    assert plain.with_sharing(0.0, "a test").sharing_alpha == 0.0  # no effect at all: allowed
+    assert (shared.sharing.alpha, shared.device_sharing.source, plain.sharing.alpha) == (2.5, "a test", 1.0)
+    assert plain.with_sharing(0.0, "a test").sharing.alpha == 0.0  # no effect at all: allowed
     with pytest.raises(ValueError, match="alpha"):
         plain.with_sharing(-0.01, "a test")
