@@ -16,7 +16,8 @@
 #    goodput under TTFT 2 s / TPOT 100 ms);
 # 3. loadtest.plan_check: the fleet model with that profile beside each phase, the two
 #    engines on one device (--devices 1), and the goodput of both.
-# Everything comes back in $OUT (probe.json, serve_bench/, check/, the profile, logs).
+# Everything comes back in $OUT/logs.tar.gz (probe.json, serve_bench/, check/, the logs); beside it
+# check/, serve_bench/serve_bench.json and the profile with its serving term.
 # DRY_RUN_CPU=1 STACK= PROFILE=cpu-2core-pdspec-tiny-eagle3 INPUT_LEN=512 RATES="2 8" MODEL=pdspec-tiny:
 # on this CPU with the local model pair (a check of the script).
 set -uo pipefail
@@ -53,7 +54,10 @@ pack() {
   cp "$RESULTS/up-log.txt" "$OUT/" 2>/dev/null
   cp "$PDSPEC_HOME"/run/logs/*.log "$RESULTS/" 2>/dev/null
   tar czf "$OUT/logs.tar.gz" -C "$RESULTS" . 2>/dev/null
-  cp -r "$RESULTS"/probe.json "$RESULTS"/serving_overhead.json "$RESULTS"/serve_bench "$RESULTS"/check "$OUT/" 2>/dev/null
+  # A device call returns at most 8 files: everything is in logs.tar.gz, and beside it what
+  # is read first (on 2026-12-05 the serve_bench folder was left out as the 9th-11th file).
+  cp -r "$RESULTS"/check "$OUT/" 2>/dev/null
+  mkdir -p "$OUT/serve_bench" && cp "$RESULTS"/serve_bench/serve_bench.json "$OUT/serve_bench/" 2>/dev/null
   ls -la "$OUT"; echo "plan_check_h200.sh: $(( $(date +%s) - T0 )) s in all"
 }
 trap 'pack; stop_stack; pack' EXIT  # pack first: a timeout's KILL may come before the stop ends
