@@ -16,13 +16,18 @@ by default each engine had a device of its own. `--sharing VALUE` runs with anot
 `--fit-sharing` fits it first (`loadtest.serving.sharing_fit`: a grid over the value, against
 the phases whose rate is at most the measured goodput, so it needs `--goodput-slo`), then
 checks with the fitted value, and records the fit; either is alpha, or with `--sharing-form
-demand` the demand form's decode demand.
+demand` the demand form's decode demand. `--serving-from-rate R` takes the profile's serving
+term (the time outside the engines) from the measured phase at R req/s instead of the idle
+probe it came from: the term for the layout's kind becomes the one that makes the model's
+TTFT p50 there the measured (the profile's term plus the difference); that phase then
+matches by construction and the others are the check (the H200 1P1D paid 145-290 ms more
+under load than the idle probe said: loadtest/results/plan/check-h200-1p1d-r2/).
 
 Written to `--out`: `plan_check.json` (every phase, measured and predicted) and
 `plan_check.md` (the table, with the predicted / measured ratio of each figure). Failure
 policy: a results file without Poisson phases, a layout the profile cannot run, more
-devices than engines (or none), a `--sharing` its form refuses, or `--fit-sharing` without
-`--goodput-slo` stops it with the reason.
+devices than engines (or none), a `--sharing` its form refuses, `--fit-sharing` without
+`--goodput-slo`, or a `--serving-from-rate` no phase ran at stops it with the reason.
 """
 
 from __future__ import annotations
@@ -175,6 +180,57 @@ def sharing_of(args: argparse.Namespace, profile, layout: Layout, loaded: list[t
     ) | {"fit": fitted.as_dict() | {"below_goodput_rps": goodput}}
 
 
+def serving_from_rate(
+    args: argparse.Namespace, profile, layout: Layout, loaded: list[tuple[Path, dict]]
+) -> tuple[profiles.EngineProfile, dict | None]:
+    """The profile with the serving term `--serving-from-rate` takes from the measured phase
+    at that rate (the first results file's), and the record of it; the profile unchanged and
+    None without the option. The layout's kind of term (aggregated or disaggregated) is set
+    to the profile's (0 without one) plus the phase's measured TTFT p50 less the model's,
+    never below 0; the other kind is kept. SystemExit when no Poisson phase ran at the rate."""
+    rate = args.serving_from_rate
+    if rate is None:
+        return profile, None
+    found = next(
+        (
+            (path, results, phase)
+            for path, results in loaded
+            for phase in results["phases"]
+            if phase.get("request_rate") == rate
+        ),
+        None,
+    )
+    if found is None:
+        rates = sorted(
+            {phase["request_rate"] for _, results in loaded for phase in results["phases"] if phase.get("request_rate")}
+        )
+        raise SystemExit(f"--serving-from-rate {rate:g}: no phase ran at that rate (the results have {rates})")
+    path, results, phase = found
+    aggregated = layout.is_aggregated
+    [row] = phase_rows(
+        profile, layout, args.k, [(path, {**results, "phases": [phase]})], args.seeds, args.profile_acceptance
+    )
+    was = profile.serving_ms.for_layout(aggregated) if profile.serving_ms is not None else 0.0
+    measured, predicted = row["measured"]["ttft_p50_ms"], row["predicted"]["ttft_p50_ms"]
+    term = max(0.0, was + measured - predicted)
+    kind = "aggregated_ms" if aggregated else "disaggregated_ms"
+    other = "disaggregated_ms" if aggregated else "aggregated_ms"
+    source = f"plan_check --serving-from-rate {rate:g}: {path}'s phase at {rate:g} req/s (TTFT p50 {measured:.1f} ms)"
+    serving = profiles.ServingOverhead(
+        **{kind: term, other: getattr(profile.serving_ms, other) if profile.serving_ms is not None else 0.0},
+        source=source,
+    )
+    record = {
+        "from_rate": rate,
+        "kind": kind,
+        "profile_ms": round(was, 1),
+        "term_ms": round(term, 1),
+        "measured_ttft_p50_ms": measured,
+        "model_ttft_p50_ms_before": round(predicted, 1),
+    }
+    return profile.model_copy(update={"serving_ms": serving}), record
+
+
 def measured_of(phase: dict) -> dict:
     return {
         "throughput_rps": phase["request_throughput"],
@@ -234,6 +290,17 @@ def sharing_lines(sharing: dict) -> list[str]:
 FIGURES = ("throughput_rps", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms")
 
 
+def serving_lines(serving: dict) -> list[str]:
+    kind = serving["kind"].removesuffix("_ms")
+    return [
+        f"Serving term ({kind}) taken from the {serving['from_rate']:g} req/s phase: {serving['term_ms']:g} ms "
+        f"(the profile's {serving['profile_ms']:g} ms; that phase's TTFT p50 {serving['measured_ttft_p50_ms']:.1f} ms "
+        f"measured, {serving['model_ttft_p50_ms_before']:g} ms modelled with the profile's term). That phase "
+        "matches by construction; the others are the check.",
+        "",
+    ]
+
+
 def markdown(report: dict) -> str:
     devices = report["devices"]
     # Named only when shared, so that a table of one engine per device reads as it always did.
@@ -266,6 +333,7 @@ def markdown(report: dict) -> str:
             else []
         ),
         *(sharing_lines(report["sharing"]) if on and report.get("sharing") else []),
+        *(serving_lines(report["serving"]) if report.get("serving") else []),
         "Each cell: measured / predicted (predicted over measured). Predicted: the median of "
         f"{report['seeds']} runs of the model with the phase's rate, request count and shape.",
         "",
@@ -281,8 +349,11 @@ def markdown(report: dict) -> str:
                 continue
             ratio = predicted / measured if measured else float("nan")
             cells.append(f"{measured:,.1f} / {predicted:,.1f} ({ratio:.2f})")
+        fitted = (
+            " (the serving term's)" if report.get("serving") and row["rate"] == report["serving"]["from_rate"] else ""
+        )
         lines.append(
-            f"| {row['results']} | {row['rate']:g} | {row['tokens_per_step']:.2f} | " + " | ".join(cells) + " |"
+            f"| {row['results']} | {row['rate']:g}{fitted} | {row['tokens_per_step']:.2f} | " + " | ".join(cells) + " |"
         )
     return "\n".join(lines) + "\n"
 
@@ -357,6 +428,13 @@ def main(argv: list[str] | None = None) -> dict:
         "fit alpha to the phases below saturation (rate <= measured goodput; needs --goodput-slo), "
         "loadtest.serving.sharing_fit's grid, and check with it",
     )
+    parser.add_argument(
+        "--serving-from-rate",
+        type=float,
+        metavar="RATE",
+        help="take the serving term from the measured phase at RATE req/s (its TTFT p50), not the profile's "
+        "idle probe; that phase then matches by construction, the others are the check",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
@@ -371,6 +449,7 @@ def main(argv: list[str] | None = None) -> dict:
         if not any(phase.get("request_rate") for phase in results["phases"]):
             raise SystemExit(f"{path}: no phase with Poisson arrivals (serve_bench --request-rate)")
     profile, sharing = sharing_of(args, profile, layout, loaded)
+    profile, serving = serving_from_rate(args, profile, layout, loaded)
     rows = phase_rows(profile, layout, args.k, loaded, args.seeds, args.profile_acceptance, verbose=True)
     goodput = None
     if args.goodput_slo:
@@ -384,6 +463,7 @@ def main(argv: list[str] | None = None) -> dict:
         "devices": layout.devices,
         "placement": list(layout.placement),
         "sharing": sharing,
+        "serving": serving,
         "k": args.k,
         "seeds": args.seeds,
         "phases": rows,

@@ -168,3 +168,32 @@ def test_a_sharing_flag_it_cannot_use_stops_it_with_the_reason(tmp_path, extra, 
     argv = ["--profile", "cpu-2core-pdspec-tiny-eagle3", "--layout", "2p2d", "--devices", "1", "--k", "3"]
     with pytest.raises(SystemExit, match=message):
         plan_check.main(argv + ["--results", str(_results(tmp_path, [PHASE])), "--out", str(tmp_path / "o"), *extra])
+
+
+def test_serving_from_rate_makes_that_phases_ttft_p50_the_measured_and_checks_the_others(tmp_path):
+    """The serving term taken under load: the calibration phase's modelled TTFT p50 equals its
+    measured one (the profile's term plus the difference), only the layout's kind of term
+    moves, the other phases are predicted with it (later by the same shift at low load), and
+    a rate no phase ran at is refused with the rates there are."""
+    slow = {**PHASE, "request_rate": 1.0, "completed": 10, "ttft_ms": {"median": 900.0, "p90": 950.0, "p99": 990.0}}
+    results = _results(tmp_path, [slow, {**slow, "request_rate": 2.0}])
+    argv = ["--profile", "cpu-2core-pdspec-tiny-eagle3", "--layout", "1p1d", "--k", "3", "--seeds", "2"]
+    argv += ["--results", str(results)]
+    plain = plan_check.main(argv + ["--out", str(tmp_path / "plain")])
+    taken = plan_check.main(argv + ["--serving-from-rate", "1", "--out", str(tmp_path / "taken")])
+    shipped = profile.load(profile.shipped()["cpu-2core-pdspec-tiny-eagle3"]).serving_ms
+    serving = taken["serving"]
+    assert serving["kind"] == "disaggregated_ms" and serving["profile_ms"] == round(shipped.disaggregated_ms, 1)
+    calibration, other = taken["phases"]
+    assert calibration["predicted"]["ttft_p50_ms"] == pytest.approx(900.0, abs=1.0)
+    shift = serving["term_ms"] - serving["profile_ms"]
+    assert shift > 0 and plain["serving"] is None
+    assert other["predicted"]["ttft_p50_ms"] == pytest.approx(
+        plain["phases"][1]["predicted"]["ttft_p50_ms"] + shift, abs=5.0
+    )
+    table = (tmp_path / "taken" / "plan_check.md").read_text()
+    assert (
+        "| run | 1 (the serving term's) |" in table and "Serving term (disaggregated) taken from the 1 req/s" in table
+    )
+    with pytest.raises(SystemExit, match=r"no phase ran at that rate \(the results have \[1.0, 2.0\]\)"):
+        plan_check.main(argv + ["--serving-from-rate", "3", "--out", str(tmp_path / "none")])
