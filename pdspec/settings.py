@@ -302,6 +302,20 @@ class RoutingSettings(BaseModel):
         "on their whole size). Below 1 it spills to the prefill workers earlier, leaving room for what the count "
         "leaves out: generated tokens, blocks part-filled, a prompt's KV arriving before its leg is counted.",
     )
+    decode_full_counts_pending: bool = Field(
+        False,
+        description="decode_on_prefill_when_full: the decode pool is also judged full when its room (over its "
+        "healthy workers, decode_full_share of each one's KV size less the prompt tokens its legs hold) less the "
+        "prompt tokens of the requests planned disaggregated whose decode leg has not started yet (their prefill "
+        "legs run; pdspec_proxy_decode_pending_tokens) is short of the prompt. Why: a decode worker counts a "
+        "disaggregated request only once its decode leg starts, about a prefill leg after it was planned, so a "
+        "burst was planned disaggregated on the room of before it and waited at the hand-off for decode KV (H200 "
+        "fleet, 11 QPS: TTFT p50 3.4-4.0 s behind a ~1 s prefill leg, against 1.1-1.8 s for the requests "
+        "prefilled where they decoded). Its cost: more requests served whole on prefill workers, whose steps then "
+        "mix decodes with prefills; the pool's room is summed, so fragments too small for any prompt count as "
+        "room. Off by default: not yet measured on the GPU (loadtest/results/fleet/h200-qwen3-8b/round5/ has "
+        "the runs that found it; fleet_bench's kv_aware_conditional_pending measures it).",
+    )
     kv_aware_load_tokens: int = Field(
         256,
         ge=0,

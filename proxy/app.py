@@ -151,6 +151,7 @@ def create_app(settings: ProxySettings, shared: SharedMetrics | None = None) -> 
             metrics.healthy_workers.labels(pool.name).set(len(pool.healthy()))
             refused = sum(w.healthy and w.refusal is not None for w in pool.workers)
             metrics.refused_workers.labels(pool.name).set(refused)
+        metrics.decode_pending_tokens.set(decode_pool.decode_pending_tokens)
         if shared is not None:
             metrics.queued.set(admission.waiting)
 

@@ -74,6 +74,7 @@ class ProxyMetrics:
     kv_events: Counter
     kv_index_blocks: Gauge
     kv_event_lag: Gauge
+    decode_pending_tokens: Gauge
     plan_replicas: Gauge
     # One of several processes, its values in prometheus_client's multiprocess files
     # (proxy/shared_metrics.py): a gauge's series cannot be deleted there, only marked removed.
@@ -306,6 +307,14 @@ class ProxyMetrics:
                 ["worker"],
                 registry=registry,
                 multiprocess_mode="livemax",
+            ),
+            decode_pending_tokens=Gauge(
+                "pdspec_proxy_decode_pending_tokens",
+                "Conditional disaggregation: prompt tokens of the requests planned disaggregated whose decode leg "
+                "has not yet leased a decode worker's KV (their prefill legs run), which decode_full weighs with "
+                "routing.decode_full_counts_pending.",
+                registry=registry,
+                multiprocess_mode="livesum",
             ),
             plan_replicas=Gauge(
                 "pdspec_plan_replicas",

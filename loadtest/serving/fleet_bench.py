@@ -13,7 +13,9 @@ size side by side), or one already running (`--attach`). In front of the same wo
 one proxy per pdspec policy, and vLLM's Rust router with `--vllm-router CMD`:
 - `round_robin`, `least_outstanding`, `prefix_affinity` (pdspec's default), `kv_aware`
   (both pools), `kv_aware_prefill` (kv_aware on the prefill pool, least_outstanding on the
-  decode pool), `kv_aware_conditional` (kv_aware with conditional disaggregation);
+  decode pool), `kv_aware_conditional` (kv_aware with conditional disaggregation), and its
+  decode_full variants `kv_aware_conditional_full80` (`decode_full_share` 0.8) and
+  `kv_aware_conditional_pending` (`decode_full_counts_pending`);
 - `colocated_kv_aware`: every worker, prefill and decode alike, as a colocated server
   behind kv_aware: its decode pool is the whole fleet and every prompt is prefilled where
   it is decoded (conditional disaggregation with no length limit), so the same engines on
@@ -77,6 +79,16 @@ POLICIES: dict[str, dict] = {
             "decode_full_share": 0.8,
         }
     },
+    # decode_full also counting the prompts planned disaggregated whose decode legs have not
+    # started (their prefill legs run), which no decode worker's count holds yet.
+    "kv_aware_conditional_pending": {
+        "routing": {
+            "prefill_policy": "kv_aware",
+            "decode_policy": "kv_aware",
+            "disaggregation": "conditional",
+            "decode_full_counts_pending": True,
+        }
+    },
     "colocated_kv_aware": {
         "routing": {
             "prefill_policy": "kv_aware",
@@ -88,7 +100,14 @@ POLICIES: dict[str, dict] = {
 }
 COLOCATED = "colocated_kv_aware"
 # The policies whose proxy keeps a cache index (subscribed to every worker's KV events).
-INDEXED = ("kv_aware", "kv_aware_prefill", "kv_aware_conditional", "kv_aware_conditional_full80", COLOCATED)
+INDEXED = (
+    "kv_aware",
+    "kv_aware_prefill",
+    "kv_aware_conditional",
+    "kv_aware_conditional_full80",
+    "kv_aware_conditional_pending",
+    COLOCATED,
+)
 VLLM_ROUTER = "vllm_router_cache_aware"
 ALL_POLICIES = (*POLICIES, VLLM_ROUTER)
 

@@ -51,6 +51,7 @@ COLOURS = {
     "kv_aware_prefill": "tab:cyan",
     "kv_aware_conditional": "tab:brown",
     "kv_aware_conditional_full80": "tab:olive",
+    "kv_aware_conditional_pending": "tab:pink",
     "colocated_kv_aware": "tab:red",
     "vllm_router_cache_aware": "tab:purple",
 }

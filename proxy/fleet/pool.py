@@ -1,5 +1,7 @@
 """Worker pools: the prefill and the decode workers, each with its state as the proxy sees it
-(health, pairing, legs in flight and the load they lease).
+(health, pairing, legs in flight and the load they lease), and on the decode pool the prompt
+tokens of the disaggregated requests whose decode leg has not started (`decode_pending_tokens`,
+leased as a `PendingDecode`).
 
 Which worker of a pool serves a leg is its routing policy's choice (proxy/routing/policy.py,
 one module per policy under proxy/routing/policies/), built for the pool by the registry
@@ -145,6 +147,31 @@ class Lease:
         self.release()
 
 
+class PendingDecode:
+    """A disaggregated request's prompt tokens counted in its decode pool's
+    `decode_pending_tokens` from its route plan until its decode leg holds them on a decode
+    worker (`Worker.kv_held_tokens`), or the request ends without one: `release()`, which
+    is idempotent, so the flow may call it at the decode leg's lease and again when the
+    request ends, whatever path it took."""
+
+    __slots__ = ("pool", "tokens")
+
+    def __init__(self, pool: WorkerPool, tokens: int) -> None:
+        self.pool: WorkerPool | None = pool
+        self.tokens = tokens
+
+    def release(self) -> None:
+        if self.pool is not None:
+            self.pool.decode_pending_tokens -= self.tokens
+            self.pool = None
+
+    def __enter__(self) -> PendingDecode:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 @dataclass
 class WorkerPool:
     name: str
@@ -152,6 +179,12 @@ class WorkerPool:
     # Its routing policy (proxy/routing/policy.py's `Policy`), built by the registry; None
     # for a pool nothing is picked from.
     policy: Any = None
+    # Conditional disaggregation, on the decode pool: the prompt tokens of the requests
+    # planned disaggregated whose decode leg has not yet leased its worker's KV (their
+    # prefill legs run): KV the pool will be asked for about a prefill leg from now, which
+    # no worker's `kv_held_tokens` counts yet. decode_full reads it with
+    # `routing.decode_full_counts_pending` (proxy/routing/plan.py's `decode_full_on`).
+    decode_pending_tokens: int = 0
 
     def __hash__(self) -> int:  # pools are identities (dict keys), not values
         return id(self)
@@ -159,6 +192,11 @@ class WorkerPool:
     @classmethod
     def from_urls(cls, name: str, urls: list[str], policy: Any = None) -> WorkerPool:
         return cls(name, [Worker(url.rstrip("/")) for url in urls], policy)
+
+    def pend_decode(self, tokens: int) -> PendingDecode:
+        """`tokens` counted in `decode_pending_tokens` until the lease is released."""
+        self.decode_pending_tokens += tokens
+        return PendingDecode(self, tokens)
 
     def healthy(self, exclude: set[str] = frozenset()) -> list[Worker]:
         return [w for w in self.workers if w.healthy and w.admitted and w.url not in exclude]

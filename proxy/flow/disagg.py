@@ -29,6 +29,12 @@ Failure handling, in order of the request's life:
   worker its route plan chose, leased there as a decode leg; if that leg fails before its
   reply begins (connection error, timeout, 5xx), the decode pool's attempts follow, as for
   a decode-only request; a 4xx goes back as any leg's. It makes no KV to hand over or release;
+- pending decode KV (conditional disaggregation): a request its plan disaggregates leases its
+  prompt tokens in the decode pool's `decode_pending_tokens` (what decode_full weighs with
+  `routing.decode_full_counts_pending`) from its plan until its first decode leg leases a
+  decode worker's KV (`_open_decode`, an early leg's included, a fallback's without KV too),
+  or the request ends any other way (a failed prefill, a 4xx, no decode worker, the client
+  gone, a cancel): `_serve_one`'s `finally`. The lease's release is idempotent;
 - release: when no decode leg with a good prefill's KV went on the wire (decode worker
   unreachable or none healthy, client gone between the legs), a one-token leg frees the
   KV (`_release_kv`); once one went, that worker frees it (vLLM does on an abort or a
@@ -54,7 +60,7 @@ from proxy.apis.api import Api
 from proxy.asgi import Reply
 from proxy.auth import worker_auth_headers
 from proxy.errors import ProxyError
-from proxy.fleet.pool import NoHealthyWorker, Worker, WorkerPool
+from proxy.fleet.pool import NoHealthyWorker, PendingDecode, Worker, WorkerPool
 from proxy.flow.attempts import attempts, backoff
 from proxy.flow.early_decode import EarlyDecode, EarlyLeg, early_params, kv_source
 from proxy.flow.exchange import Exchange
@@ -63,7 +69,7 @@ from proxy.flow.outcomes import DecodeFailed, LegFailed, PassThrough, release_re
 from proxy.flow.relay import Relay, RelayMetrics
 from proxy.metrics import ProxyMetrics
 from proxy.routing.kv_router import KvRouter
-from proxy.routing.plan import RoutePlan, kv_held_tokens, leg_key, local_prefill_tokens
+from proxy.routing.plan import RoutePlan, kv_held_tokens, leg_key, local_prefill_tokens, pending_decode_tokens
 from proxy.routing.policies.kv_aware import decode_tokens, uncached_tokens
 from proxy.upstream.client import UpstreamClient, UpstreamError, UpstreamResponse
 
@@ -145,6 +151,12 @@ class Disaggregator:
         if plan is not None and plan.local_prefill is not None and not decode_only:
             self.metrics.local_prefills.labels(plan.local_prefill).inc()
             decode_only = True
+        # Disaggregated: its prompt is pending decode KV until its decode leg leases some.
+        # Counted before anything awaits, so the next request's plan sees it; released
+        # below (`finally`) whatever way the request ends, or earlier by `_open_decode`.
+        tokens = 0 if decode_only else pending_decode_tokens(plan)
+        if tokens:
+            ex.pending_decode = self.decode_pool.pend_decode(tokens)
         try:
             routed_at = time.perf_counter()
             prefilled = Prefilled(None, None) if decode_only else await self._prefill(ex)
@@ -169,6 +181,9 @@ class Disaggregator:
         except PassThrough as passthrough:
             passthrough.reply.headers["X-Request-Id"] = ex.request_id
             return passthrough.reply
+        finally:
+            if ex.pending_decode is not None:
+                ex.pending_decode.release()
 
     # --- prefill ---------------------------------------------------------------------
 
@@ -472,6 +487,7 @@ class Disaggregator:
                 ex.trace.headers(None),
                 early.mark_sent,
                 self._decode_load(ex.plan, early.decode_worker, with_kv=True),
+                ex.pending_decode,
             )
         )
         return early
@@ -519,6 +535,7 @@ class Disaggregator:
                             trace.headers(span),
                             sent,
                             self._decode_load(plan, worker, prefilled.kv_transfer_params is not None),
+                            ex.pending_decode,
                         )
                 except LegFailed as exc:
                     early = self._drop_early(early, prefilled)
@@ -561,13 +578,19 @@ class Disaggregator:
         trace_headers,
         on_sent: Callable[[], None],
         load: dict[str, int] | None = None,
+        pending: PendingDecode | None = None,
     ):
         """The decode response, checked before any byte goes to the client: once a
         streaming response has started, its status can no longer change. `on_sent`: called
         once the leg went on the wire (the worker may then read its KV); `load`: what the
         leg's lease holds of the worker (`_decode_load`; its prefill work until the relay's
-        first byte after the preamble)."""
+        first byte after the preamble); `pending`: the request's pending decode KV, released
+        as this lease takes its prompt into the worker's `kv_held_tokens` (a decode pool's
+        worker: a plan that disaggregates has no `whole_on`). Should this attempt fail, the
+        prompt is not pending again until the next one leases (a retry is rare and short)."""
         lease = worker.lease(computed=False, **(load or {}))
+        if pending is not None:
+            pending.release()
         try:
             resp = await self.client.request(
                 worker.url,

@@ -19,7 +19,9 @@ the workers' caches, the subscriptions that fill it, and a request's route plan.
   than for that worker's own prefills, is prefilled there (proxy/routing/plan.py's
   `local_prefill`: no prefill leg, no KV transfer); else, when no decode worker has KV
   room for the prompt and a prefill worker has, that prefill worker serves it whole
-  (`decode_full_on`, reason `decode_full`).
+  (`decode_full_on`, reason `decode_full`; with `decode_full_counts_pending`, the room
+  less the prompts planned disaggregated whose decode legs have not started, the decode
+  pool's `decode_pending_tokens`, which the flow leases: proxy/flow/disagg.py).
 - `routed()` notes a routing decision in the index for a short while.
 
 Failure policy: nothing here fails a request. Without token ids or a known block size a
@@ -268,11 +270,17 @@ class KvRouter:
             # every decode_full into a prefill_queue on a full decode worker).
             local = local_prefill(len(ids), held, max_tokens)
             if local is None and self.settings.decode_on_prefill_when_full:
+                # With decode_full_counts_pending, the decode pool's room less the prompts
+                # planned disaggregated whose decode legs have not started (their prefill legs
+                # run): a burst would otherwise be planned on the room of before it. The flow
+                # counts this request there too if it is disaggregated (proxy/flow/disagg.py).
+                pending = self.decode_pool.decode_pending_tokens if self.settings.decode_full_counts_pending else 0
                 whole_on = decode_full_on(
                     len(ids),
                     self.decode_pool.healthy(),
                     self.prefill_pool.healthy(),
                     self.settings.decode_full_share,
+                    pending,
                 )
                 local = "decode_full" if whole_on is not None else None
             # Only a cache-aware prefill pool (kv_aware) leases its legs' uncached tokens:

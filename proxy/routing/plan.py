@@ -4,8 +4,9 @@ first, the rendezvous keys, and the P/D decision (conditional disaggregation: wh
 decode worker prefills the prompt itself, `local_prefill`, or, when no decode worker has
 KV room for it, a prefill worker serves it whole, `decode_full_on`). Also the rendezvous
 key a leg is routed by, plan or not (`leg_key`), what a decode leg without KV leases of its
-worker as prefill work (`local_prefill_tokens`), and what any leg leases of its worker's KV
-(`kv_held_tokens`).
+worker as prefill work (`local_prefill_tokens`), what any leg leases of its worker's KV
+(`kv_held_tokens`), and what a disaggregated request leases of the decode pool's KV until
+its decode leg starts (`pending_decode_tokens`).
 
 Failure policy: none here; without a plan a request is routed by load and the body's key,
 and disaggregated.
@@ -127,6 +128,18 @@ def kv_held_tokens(plan: RoutePlan | None) -> int:
     return plan.prompt_tokens
 
 
+def pending_decode_tokens(plan: RoutePlan | None) -> int:
+    """The prompt tokens a request planned disaggregated under conditional disaggregation (a
+    decode worker chosen first, no reason to prefill where it decodes, `local_prefill` None,
+    so no `whole_on` either) will hold in a decode worker's KV once its decode leg starts,
+    which the decode pool counts as pending (`WorkerPool.decode_pending_tokens`) while its
+    prefill leg runs; 0 for any other plan, or none. The caller counts only a request it
+    disaggregates (not one decode-only for its own reason)."""
+    if plan is None or plan.decode_worker is None or plan.local_prefill is not None:
+        return 0
+    return plan.prompt_tokens
+
+
 def kv_room(worker: Worker, prompt_tokens: int, share: float = 1.0) -> float | None:
     """What would be left of `share` of the worker's KV cache, in tokens, with the prompt
     beside the tokens its legs hold (negative: no room); None: its size is unknown."""
@@ -136,7 +149,11 @@ def kv_room(worker: Worker, prompt_tokens: int, share: float = 1.0) -> float | N
 
 
 def decode_full_on(
-    prompt_tokens: int, decode_workers: list[Worker], prefill_workers: list[Worker], decode_share: float = 1.0
+    prompt_tokens: int,
+    decode_workers: list[Worker],
+    prefill_workers: list[Worker],
+    decode_share: float = 1.0,
+    pending_tokens: int = 0,
 ) -> Worker | None:
     """Conditional disaggregation's other direction (reason `decode_full`): the prefill worker
     that serves a request whole, prefill and decode, because no decode worker has KV room for
@@ -154,13 +171,33 @@ def decode_full_on(
     the one with the most (then the fewest legs in flight): the decodes, which slow a
     prefill worker's steps, spread over the pool as its KV allows. `decode_share`
     (`routing.decode_full_share`): the share of a decode worker's KV the count may fill
-    before it is full; a prefill worker's room is counted on its whole size."""
+    before it is full; a prefill worker's room is counted on its whole size.
+
+    `pending_tokens` (`routing.decode_full_counts_pending`; the decode pool's
+    `decode_pending_tokens`): the prompt tokens of the requests planned disaggregated whose
+    decode leg has not started, which no decode worker's count holds yet. With some, the
+    decode pool is also full when its room (over `decode_workers`, each worker's
+    `decode_share` of its size less what it holds, none below 0) less those tokens is short
+    of this prompt: they arrive at the hand-off about a prefill leg from now and take that
+    room first, so a burst planned on the room of before it would all wait there for decode
+    KV (the H200 fleet's disaggregated requests at 11 QPS: TTFT p50 3.4-4.0 s behind a
+    prefill leg of ~1 s, loadtest/results/fleet/h200-qwen3-8b/round5/). The pool's room is
+    summed, not matched worker by worker: where each pending prompt will fit is the decode
+    legs' pick at their hand-off, so this errs towards room (fragments that fit no prompt
+    count). 0: exactly the rule without it (a pool with a worker that has room has at least
+    this prompt's room in all)."""
 
     def full(worker: Worker, share: float = 1.0) -> bool:
         room = kv_room(worker, prompt_tokens, share)
         return room is not None and room < 0
 
-    if not decode_workers or not all(full(w, decode_share) for w in decode_workers):
+    if not decode_workers:
+        return None
+    pool_full = all(full(w, decode_share) for w in decode_workers)
+    if not pool_full and pending_tokens > 0 and all(w.kv_tokens is not None for w in decode_workers):
+        room = sum(max(0.0, w.kv_tokens * decode_share - w.kv_held_tokens) for w in decode_workers)
+        pool_full = room - pending_tokens < prompt_tokens
+    if not pool_full:
         return None
     roomy = [w for w in prefill_workers if kv_room(w, prompt_tokens) is not None and not full(w)]
     return max(roomy, key=lambda w: (kv_room(w, prompt_tokens), -w.outstanding), default=None)

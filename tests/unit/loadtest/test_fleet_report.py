@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from loadtest.serving import fleet_report
+from loadtest.serving import fleet_bench, fleet_report
 
 PREFILL = ["http://p0"]
 
@@ -57,12 +57,18 @@ def test_sustained_goodput_stops_at_the_first_failing_level():
         ("prefix_affinity", 2),
         ("kv_aware_conditional", 4),
         ("kv_aware_conditional_full80", 4),
+        ("kv_aware_conditional_pending", 4),
         ("colocated_kv_aware", 4),
     ],
 )
 def test_policies_where_decode_workers_prefill_are_held_against_every_worker(policy, workers):
     ref = {"by_workers": {str(n): {"eagle": {"achievable": n / 10}} for n in (2, 4)}}
     assert fleet_report.achievable(ref, policy, prefill_workers=2, all_workers=4) == workers / 10
+
+
+def test_every_policy_of_the_benchmark_has_a_colour_of_its_own():
+    colours = [fleet_report.COLOURS[policy] for policy in fleet_bench.ALL_POLICIES]
+    assert len(set(colours)) == len(colours)
 
 
 def test_a_percentile_is_numpys_until_it_reaches_the_failed_requests():

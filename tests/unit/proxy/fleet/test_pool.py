@@ -68,3 +68,20 @@ def test_a_lease_holds_its_kv_tokens_until_released_and_its_computed_tokens_unti
         0,
         0,
     )
+
+
+def test_a_pending_decode_lease_counts_its_tokens_on_the_pool_until_released_once():
+    """Conditional disaggregation's pending decode KV: each disaggregated request's prompt
+    from its plan until its decode leg leases a worker's KV; the flow releases it there and
+    again when the request ends, so a second release must give nothing back."""
+    decode = pool("least_outstanding", 2)
+    first, second = decode.pend_decode(4096), decode.pend_decode(1000)
+    assert decode.decode_pending_tokens == 5096
+    assert all(w.kv_held_tokens == 0 and w.outstanding == 0 for w in decode.workers)  # no worker's count
+    first.release()
+    first.release()
+    assert decode.decode_pending_tokens == 1000
+    with second:
+        pass
+    second.release()
+    assert decode.decode_pending_tokens == 0

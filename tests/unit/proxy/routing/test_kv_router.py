@@ -584,6 +584,22 @@ def test_the_decode_share_setting_reaches_the_rule():
     assert router.plan_for(PROMPT, 4).whole_on is router.prefill_pool.workers[0]
 
 
+def test_with_decode_full_counts_pending_the_prompts_pending_for_the_decode_pool_take_its_room():
+    """Decode workers of 16,384 holding 8,000 each: 16,768 of room, which four 4,096-token
+    prompts planned disaggregated and not yet decoding (16,384) leave short of a fifth, and
+    three (12,288) do not. Without the setting the pool's pending KV is not read."""
+    for pending, routing, whole in [
+        (4 * 4096, {"decode_full_counts_pending": True}, True),
+        (3 * 4096, {"decode_full_counts_pending": True}, False),
+        (4 * 4096, {}, False),
+    ]:
+        router = full_router([8_000, 8_000], [0], **routing)
+        router.decode_pool.pend_decode(pending)
+        plan = router.plan_for(PROMPT, 4)
+        assert (plan.whole_on is router.prefill_pool.workers[0]) == whole, (pending, routing)
+        assert plan.local_prefill == ("decode_full" if whole else None)
+
+
 @pytest.mark.parametrize(
     "decode_held, prefill_held, sizes, routing",
     [

@@ -1,11 +1,19 @@
 """The route plan's P/D decision (proxy/routing/plan.py's `local_prefill`, a function of
-numbers; `decode_full_on`, of the workers' KV counts) and what a leg leases of its worker
-(`local_prefill_tokens`, `kv_held_tokens`). The numbers the router feeds them: test_kv_router.py."""
+numbers; `decode_full_on`, of the workers' KV counts and the decode pool's pending KV) and
+what a leg leases of its worker (`local_prefill_tokens`, `kv_held_tokens`) or a request of
+its decode pool (`pending_decode_tokens`). The numbers the router feeds them: test_kv_router.py."""
 
 import pytest
 
 from proxy.fleet.pool import Worker
-from proxy.routing.plan import RoutePlan, decode_full_on, kv_held_tokens, local_prefill, local_prefill_tokens
+from proxy.routing.plan import (
+    RoutePlan,
+    decode_full_on,
+    kv_held_tokens,
+    local_prefill,
+    local_prefill_tokens,
+    pending_decode_tokens,
+)
 
 
 @pytest.mark.parametrize(
@@ -165,3 +173,74 @@ def test_a_leg_holds_the_prompt_in_its_workers_kv_under_conditional_disaggregati
     assert kv_held_tokens(conditional) == 4096
     assert kv_held_tokens(RoutePlan([], 4096, None, None)) == 0  # no decode worker chosen first: not conditional
     assert kv_held_tokens(None) == 0
+
+
+# --- decode_full counting the decode pool's pending KV (routing.decode_full_counts_pending)
+
+
+def roomy_decode_pool(held: int = 5 * 4400) -> list[Worker]:
+    """Two decode workers of 32k tokens of KV holding five 4.4k prompts each: 10,768 tokens
+    of room each (21,536 in all), room for another prompt on either."""
+    return [sized("http://d0", 32_768, held), sized("http://d1", 32_768, held)]
+
+
+def test_prompts_pending_for_the_decode_pool_fill_it_by_themselves():
+    """No decode worker is full by its own count; four 4.4k prompts planned disaggregated
+    whose decode legs have not started (17,600) leave 3,936 of the pool's 21,536 tokens of
+    room, short of this prompt; three leave 8,336, enough."""
+    prefills = [sized("http://p0", 32_768)]
+    assert decode_full_on(4400, roomy_decode_pool(), prefills) is None
+    assert decode_full_on(4400, roomy_decode_pool(), prefills, pending_tokens=4 * 4400) is prefills[0]
+    assert decode_full_on(4400, roomy_decode_pool(), prefills, pending_tokens=3 * 4400) is None
+    assert decode_full_on(4400, roomy_decode_pool(), prefills, pending_tokens=21_536 - 4400) is None  # fits exactly
+    assert decode_full_on(4400, roomy_decode_pool(), prefills, pending_tokens=21_536 - 4399) is prefills[0]
+
+
+@pytest.mark.parametrize(
+    "decodes, prefills",
+    [
+        (full_decode_pool(), [sized("http://p0", 32_768, 4400), sized("http://p1", 32_768)]),
+        (roomy_decode_pool(), [sized("http://p0", 32_768)]),
+        ([sized("http://d0", 32_768, 7 * 4400), sized("http://d1", 32_768, 6 * 4400)], [sized("http://p0", 32_768)]),
+        ([sized("http://d0", 32_768, 7 * 4400), sized("http://d1", None)], [sized("http://p0", 32_768)]),
+        ([], [sized("http://p0", 32_768)]),
+        (full_decode_pool(), [sized("http://p0", 32_768, 32_768 - 4399)]),
+    ],
+)
+def test_no_pending_tokens_decide_as_without_them(decodes, prefills):
+    assert decode_full_on(4400, decodes, prefills, pending_tokens=0) is decode_full_on(4400, decodes, prefills)
+
+
+def test_a_decode_worker_of_unknown_size_keeps_the_pool_from_full_whatever_is_pending():
+    decodes = [sized("http://d0", 32_768, 7 * 4400), sized("http://d1", None)]
+    assert decode_full_on(4400, decodes, [sized("http://p0", 32_768)], pending_tokens=10**9) is None
+
+
+def test_the_pools_room_is_each_workers_share_less_what_it_holds_none_below_zero():
+    """A worker its count puts past its size (d0: 40,000 of 32,768) adds no room, and takes
+    none from the others: d1's 32,768 less 28,000 pending leaves room for 4,400. Within a
+    share of 0.8 each worker has 0.8 of its size: 17,600 held of two 32k workers leave 17,228,
+    and 13,200 pending leave 4,028, short of 4,400 (on their whole sizes, 17,136: room)."""
+    prefills = [sized("http://p0", 32_768)]
+    over = [sized("http://d0", 32_768, 40_000), sized("http://d1", 32_768, 0)]
+    assert decode_full_on(4400, over, prefills, pending_tokens=28_000) is None
+    assert decode_full_on(4400, over, prefills, pending_tokens=28_369) is prefills[0]
+    held = roomy_decode_pool(4 * 4400)
+    assert decode_full_on(4400, held, prefills, pending_tokens=3 * 4400) is None
+    assert decode_full_on(4400, held, prefills, decode_share=0.8, pending_tokens=3 * 4400) is prefills[0]
+
+
+def test_a_pool_full_by_pending_still_needs_a_prefill_worker_with_room():
+    prefills = [sized("http://p0", 32_768, 32_768 - 4399), sized("http://p1", None)]
+    assert decode_full_on(4400, roomy_decode_pool(), prefills, pending_tokens=10**6) is None
+
+
+def test_only_a_plan_that_disaggregates_is_pending_decode_kv():
+    decode = Worker("http://d0")
+    assert pending_decode_tokens(RoutePlan([], 4096, None, None, decode_worker=decode)) == 4096
+    for local in ("cached_on_decode", "short_prompt", "prefill_queue"):
+        assert pending_decode_tokens(RoutePlan([], 4096, None, None, decode_worker=decode, local_prefill=local)) == 0
+    whole = RoutePlan([], 4096, None, None, decode_worker=decode, local_prefill="decode_full", whole_on=Worker("p"))
+    assert pending_decode_tokens(whole) == 0
+    assert pending_decode_tokens(RoutePlan([], 4096, None, None)) == 0  # not conditional: its decode pick is later
+    assert pending_decode_tokens(None) == 0
