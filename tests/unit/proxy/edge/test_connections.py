@@ -403,3 +403,37 @@ def test_a_whole_reply_leaves_in_one_write():
     with ThreadServer(app, http=Counted) as server:
         assert httpx.get(server.url + "/").text == "hello"
     assert len(writes) == 1 and writes[0].startswith(b"HTTP/1.1 200") and writes[0].endswith(b"hello")
+
+
+def test_a_refusal_on_a_kept_alive_connection_drains_past_the_keep_alive_timeout(proxy):
+    """After a served request uvicorn arms its keep-alive timer (1 s here); a head over the
+    limit that arrives in one read is refused before uvicorn sees the bytes, so that timer
+    would still close the socket 1 s after the reply, mid-drain, and what the client still
+    sends would be answered with a reset. The refusal unsets it: 1.4 s after the 431 the
+    proxy still drops what comes (REFUSAL_LINGER_S is 2 s), then closes."""
+    sock = connect(proxy)
+    payload = json.dumps(BODY).encode()
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
+    )
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    length = int(
+        next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")).split(b":")[1]
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    # The whole head in one send of 32 KB, twice the limit: refused in the read that brings it.
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 32 * 1024 + b"\r\n")
+    assert read_reply_head(sock) == 431
+    refused_at = time.monotonic()
+    time.sleep(max(0.0, refused_at + 1.4 - time.monotonic()))  # past the keep-alive timer's 1 s, inside the drain
+    sock.sendall(b"b" * 4096)
+    time.sleep(0.2)  # a reset, had the socket been closed, is back by now on loopback
+    sock.sendall(b"b" * 4096)  # raises ConnectionResetError / BrokenPipeError after a reset
+    sock.close()
+    served_again(proxy)
