@@ -16,7 +16,8 @@ by default each engine had a device of its own. `--sharing VALUE` runs with anot
 `--fit-sharing` fits it first (`loadtest.serving.sharing_fit`: a grid over the value, against
 the phases whose rate is at most the measured goodput, so it needs `--goodput-slo`), then
 checks with the fitted value, and records the fit; either is alpha, or with `--sharing-form
-demand` the demand form's decode demand. `--serving-from-rate R` takes the profile's serving
+demand` the demand form's decode demand, with `--sharing-form prefill` the prefill form's
+prefill_alpha. `--serving-from-rate R` takes the profile's serving
 term (the time outside the engines) from the measured phase at R req/s instead of the idle
 probe it came from: the term for the layout's kind becomes the one that makes the model's
 TTFT p50 there the measured (the profile's term plus the difference); that phase then
@@ -83,19 +84,26 @@ def with_acceptance(profile: profiles.EngineProfile, k: int, tokens_per_step: fl
     return profile.model_copy(update={"decode": decode})
 
 
-def predict(profile, layout: Layout, k: int, rate: float, count: int, isl: int, osl: int, seeds: int) -> dict:
-    """The medians over `seeds` runs of the model: throughput, TTFT p50/p90/p99, TPOT p50."""
+def predict(
+    profile, layout: Layout, k: int, rate: float, count: int, isl: int, osl: int, seeds: int, slo: Slo | None = None
+) -> dict:
+    """The medians over `seeds` runs of the model: throughput, TTFT p50/p90/p99, TPOT p50; with
+    `slo`, also its goodput as serve_bench measures a phase's (`goodput_rps`: the requests
+    meeting both thresholds one by one, over the run's length)."""
     runs = []
     for seed in range(seeds):
         run = simulate(profile, layout, k, poisson(rate, count, [(isl, osl)], seed))
-        runs.append(run.summary(NO_SLO))
-    return {
+        runs.append(run.summary(slo or NO_SLO))
+    predicted = {
         "throughput_rps": statistics.median(s.throughput_rps for s in runs),
         "ttft_p50_ms": statistics.median(s.ttft_ms.p50 for s in runs),
         "ttft_p90_ms": statistics.median(s.ttft_ms.p90 for s in runs),
         "ttft_p99_ms": statistics.median(s.ttft_ms.p99 for s in runs),
         "tpot_p50_ms": statistics.median(s.tpot_ms.p50 for s in runs),
     }
+    if slo is not None:
+        predicted["goodput_rps"] = statistics.median(s.goodput_rps for s in runs)
+    return predicted
 
 
 def phase_rows(
@@ -106,8 +114,10 @@ def phase_rows(
     seeds: int,
     profile_acceptance: bool,
     verbose=False,
+    slo: Slo | None = None,
 ) -> list[dict]:
-    """Each Poisson phase of the `loaded` serve_bench results beside the model's run of it."""
+    """Each Poisson phase of the `loaded` serve_bench results beside the model's run of it
+    (with `slo`, its goodput too: `predict`)."""
     rows = []
     for path, results in loaded:
         for phase in (phase for phase in results["phases"] if phase.get("request_rate")):
@@ -117,7 +127,7 @@ def phase_rows(
             model = with_acceptance(profile, k, tokens_per_step)
             count = phase["completed"]
             predicted = predict(
-                model, layout, k, phase["request_rate"], count, results["input_len"], results["output_len"], seeds
+                model, layout, k, phase["request_rate"], count, results["input_len"], results["output_len"], seeds, slo
             )
             rows.append(
                 {
@@ -246,7 +256,12 @@ def goodput_of(
 ) -> dict:
     """The model's goodput of the layout under `--goodput-slo` (with the phases' mean
     acceptance unless `--profile-acceptance`) and the best measured phase's, which must have
-    been taken under the same SLO (serve_bench's `slos_ms`; SystemExit otherwise)."""
+    been taken under the same SLO (serve_bench's `slos_ms`; SystemExit otherwise). Two
+    predictions: the planner's (`predicted_rps`: the steady rate whose p90s meet the SLO,
+    `pdspec.plan.search.evaluate`) and the measured figure's own (`predicted_phases_rps`: the
+    best of the model's runs of the same phases, each its requests meeting the SLO one by one
+    over its length): phases of a few seconds end before a queue reaches its steady length, so
+    only the second compares like with like."""
     ttft_ms, tpot_ms = args.goodput_slo
     measured = measured_goodput(args, loaded)
     shapes = [(results["input_len"], results["output_len"]) for _, results in loaded]
@@ -256,6 +271,7 @@ def goodput_of(
     return {
         "slo_ms": [ttft_ms, tpot_ms],
         "predicted_rps": round(candidate.goodput_rps, 2),
+        "predicted_phases_rps": round(max(row["predicted"].get("goodput_rps", 0.0) for row in rows), 2),
         "measured_rps": round(measured, 2),
         "measured_is_lower_bound": slo_held_at_the_top(args, loaded),
     }
@@ -321,7 +337,13 @@ def markdown(report: dict) -> str:
                 )
                 + f"), predicted "
                 f"{report['goodput']['predicted_rps']} req/s (the highest rate whose p90s meet both, times the share "
-                "meeting both).",
+                "meeting both)"
+                + (
+                    f"; by the same phases, as measured: {report['goodput']['predicted_phases_rps']} req/s (the best "
+                    "of the model's runs of them, its requests meeting both one by one)."
+                    if "predicted_phases_rps" in report["goodput"]
+                    else "."
+                ),
                 "",
             ]
             if report.get("goodput")
@@ -450,7 +472,8 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"{path}: no phase with Poisson arrivals (serve_bench --request-rate)")
     profile, sharing = sharing_of(args, profile, layout, loaded)
     profile, serving = serving_from_rate(args, profile, layout, loaded)
-    rows = phase_rows(profile, layout, args.k, loaded, args.seeds, args.profile_acceptance, verbose=True)
+    slo = Slo(ttft_p90_ms=args.goodput_slo[0], tpot_p90_ms=args.goodput_slo[1]) if args.goodput_slo else None
+    rows = phase_rows(profile, layout, args.k, loaded, args.seeds, args.profile_acceptance, verbose=True, slo=slo)
     goodput = None
     if args.goodput_slo:
         goodput = goodput_of(args, profile, layout, rows, loaded)

@@ -23,7 +23,8 @@ The engines sharing the device slow each other by the profile's device term
 it, and `--fit-sharing` fits it first (`loadtest.serving.sharing_fit`: a grid over its value
 against every layout's levels whose QPS is at most the layout's measured goodput), then
 checks with the fitted value and records the fit; `--sharing-form demand` makes either the
-demand form's decode demand instead of alpha.
+demand form's decode demand instead of alpha, `--sharing-form prefill` the prefill form's
+prefill_alpha.
 
 Written to `--out`: `plan_fleet_check.json` and `plan_fleet_check.md`. Failure policy: a
 report without the trace or a policy named, a layout the model cannot place on

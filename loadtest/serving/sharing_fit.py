@@ -1,12 +1,13 @@
 """Fitting the fleet model's device-sharing term (`DeviceSharing`, pdspec/plan/fleet_model.py)
 to a stack measured with engines sharing devices, for `plan_check --fit-sharing` and
-`plan_fleet_check --fit-sharing`. The term has two forms (`--sharing-form`): alpha (the
-default) and demand (its one parameter, a decode step's demand c); a fit fits the one
-parameter of the form chosen.
+`plan_fleet_check --fit-sharing`. The term has three forms (`--sharing-form`): alpha (the
+default), demand (its one parameter, a decode step's demand c) and prefill (prefill steps
+alone slowed, by prefill_alpha); a fit fits the one parameter of the form chosen.
 
 The fit is a grid search, chosen to be simple and reproducible rather than precise: the
-model is run over the measured levels at each value of the form's grid (`GRIDS`: alpha 0 to 4
-by 0.05, `GRID`; decode demand 0 to 1 by 0.05, `DEMAND_GRID`, 1 being its most), and the value
+model is run over the measured levels at each value of the form's grid (`GRIDS`: alpha and
+prefill_alpha 0 to 4 by 0.05, `GRID`; decode demand 0 to 1 by 0.05, `DEMAND_GRID`, 1 being its
+most), and the value
 with the least error wins, the lower one on a tie. The error is the mean, over the rows (the
 measured levels the caller passes: those below saturation) and the figures fitted (of
 `FIGURES`; by default TTFT p90 and TPOT p50) each row has measured, of |log(predicted /
@@ -34,10 +35,12 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pdspec.plan.profile import SHARING_PARAMETERS
+
 GRID = tuple(step / 20 for step in range(81))  # alpha 0 to 4 by 0.05
 DEMAND_GRID = tuple(step / 20 for step in range(21))  # decode demand 0 to 1 by 0.05
-GRIDS = {"alpha": GRID, "demand": DEMAND_GRID}
-PARAMETERS = {"alpha": "alpha", "demand": "decode_demand"}  # each form's one parameter
+GRIDS = {"alpha": GRID, "demand": DEMAND_GRID, "prefill": GRID}
+PARAMETERS = SHARING_PARAMETERS  # each form's one parameter
 FIGURES = ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms")  # what a fit may use
 DEFAULT_FIGURES = ("ttft_p90_ms", "tpot_p50_ms")
 
@@ -66,10 +69,12 @@ def describe(form: str, value: float, origin: str) -> dict:
 
 
 def label(sharing: dict) -> str:
-    """A `describe` dict's term in words: "alpha 0.35", "decode demand 0.5 (the demand form)"."""
-    if sharing.get("form", "alpha") == "alpha":
+    """A `describe` dict's term in words: "alpha 0.35", "decode demand 0.5 (the demand form)",
+    "prefill alpha 0.38 (the prefill form)"."""
+    form = sharing.get("form", "alpha")
+    if form == "alpha":
         return f"alpha {sharing['alpha']:g}"
-    return f"decode demand {sharing['decode_demand']:g} (the demand form)"
+    return f"{PARAMETERS[form].replace('_', ' ')} {sharing[PARAMETERS[form]]:g} (the {form} form)"
 
 
 def of_profile(profile) -> tuple[str, float]:
@@ -106,7 +111,7 @@ class SharingFit:
     @property
     def at_edge(self) -> bool:
         # The demand form's grid ends at its parameter's most (1), not at a choice of range.
-        return self.form == "alpha" and self.alpha == self.errors[-1][0]
+        return self.form != "demand" and self.alpha == self.errors[-1][0]
 
     def as_dict(self) -> dict:
         return {
@@ -121,7 +126,7 @@ class SharingFit:
 
     def markdown(self) -> str:
         edge = " (the grid's upper edge: the error may fall further past it)" if self.at_edge else ""
-        name = "alpha" if self.form == "alpha" else "decode demand"
+        name = PARAMETERS[self.form].replace("_", " ")
         lines = [
             f"Fitted {name} **{self.alpha:g}**{edge}: mean |log(predicted / measured)| {self.error:.3f} "
             f"(a factor of {math.exp(self.error):.2f}) over {self.levels} levels below saturation, "
@@ -203,7 +208,8 @@ def add_arguments(parser: argparse.ArgumentParser, fit_help: str) -> None:
         choices=tuple(GRIDS),
         default="alpha",
         help="the device term's form that --sharing sets or --fit-sharing fits (pdspec/plan/fleet_model.py): "
-        "alpha (1 + alpha (m - 1)) or demand (max(1, prefill steps + decode demand x decode steps))",
+        "alpha (1 + alpha (m - 1)), demand (max(1, prefill steps + decode demand x decode steps)) or prefill "
+        "(prefill steps alone, 1 + prefill alpha (m - 1))",
     )
 
 
@@ -211,7 +217,9 @@ def check_value(args: argparse.Namespace) -> None:
     """SystemExit for a `--sharing` its form refuses: a negative value, a decode demand over 1."""
     if args.sharing is None:
         return
-    if args.sharing_form == "alpha" and args.sharing < 0:
-        raise SystemExit(f"--sharing is an alpha >= 0, not {args.sharing}")
+    if args.sharing_form in ("alpha", "prefill") and args.sharing < 0:
+        raise SystemExit(
+            f"--sharing is a{'' if args.sharing_form == 'alpha' else ' prefill'} alpha >= 0, not {args.sharing}"
+        )
     if args.sharing_form == "demand" and not 0 <= args.sharing <= 1:
         raise SystemExit(f"--sharing is a decode demand of 0 to 1 (--sharing-form demand), not {args.sharing}")

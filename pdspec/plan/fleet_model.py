@@ -67,6 +67,15 @@ sharing fewer devices (`Layout.devices`). The model's assumptions:
   most 1 (`DeviceSharing` refuses more), so a step alone on its device is never slowed. Its
   limits: a prefill step's demand is 1 whatever its chunk (a small chunk leaves room the
   model does not give), and a mixed colocated step counts as all prefill.
+- **Devices, the prefill form** (`device_sharing.form` "prefill", parameter `prefill_alpha`):
+  only prefill steps are slowed, by 1 + prefill_alpha * (m - 1) while m steps run at once
+  (every kind counted); decode steps run at their profiled time whatever shares the device.
+  What the H200 showed with two eager engines on it (a launch-bound decode step leaves the
+  device mostly idle and is not delayed by a prefill beside it; the prefill loses the device
+  time the decode kernels take; loadtest/results/plan/check-h200-1p1d-r2/). Prefill and
+  colocated steps are told apart as in the demand form; the two kinds keep their own clocks.
+  Its limits: decode steps never slow each other either (many decode engines on one device
+  would), and a mixed colocated step is stretched whole.
 - **Serving**: a request's time outside the engines (HTTP servers, the proxy, the legs' round
   trips), the profile's `serving_ms` for the layout's kind (0 without one), is added to its
   first token and its end: a constant that shifts TTFT, loads no engine and leaves TPOT as it
@@ -356,65 +365,85 @@ class _Memo:
 
 class _SharedDevice:
     """A device several engines' steps run on at once, processor-shared as the module
-    docstring says. Kept in work done per step (`_work_ms`: the ms of its profiled time
-    each running step has been given since the device was made), which grows at
-    1 / stretch per ms (the alpha form: 1 + alpha * (m - 1) while m steps run; the demand
-    form: max(1, prefill steps + decode_demand * decode steps)): a step ends when it reaches
-    the value it had at the step's start plus the step's profiled time, and the running steps
-    end in that order (no per-step bookkeeping when m changes)."""
+    docstring says. Kept in work done per step on a clock (`_work_ms`: the ms of its profiled
+    time each running step on that clock has been given since the device was made), which
+    grows at 1 / stretch per ms (the alpha form: 1 + alpha * (m - 1) while m steps run; the
+    demand form: max(1, prefill steps + decode_demand * decode steps)): a step ends when its
+    clock reaches the value it had at the step's start plus the step's profiled time, and the
+    running steps of a clock end in that order (no per-step bookkeeping when m changes). The
+    alpha and demand forms stretch every step alike, so all run on one clock; the prefill form
+    stretches prefill steps only (1 + prefill_alpha * (m - 1)), so each kind has its own."""
 
     DONE_MS = 1e-6  # a step within a nanosecond of its work is done (float rounding)
 
     def __init__(self, env: simpy.Environment, sharing: DeviceSharing) -> None:
         self.env = env
-        self.demand = sharing.form == "demand"
-        self.alpha = sharing.alpha
-        self.decode_demand = sharing.decode_demand
-        # heap: (work done at its end, order, event, kind)
-        self._running: list[tuple[float, int, simpy.Event, str]] = []
+        self.form = sharing.form
+        self.value = sharing.value
+        self._clocks = ("prefill", "decode") if self.form == "prefill" else ("all",)
+        # per clock, a heap: (work done at its end, order, event, kind)
+        self._running: dict[str, list[tuple[float, int, simpy.Event, str]]] = {clock: [] for clock in self._clocks}
+        self._work_ms = dict.fromkeys(self._clocks, 0.0)
         self._order = itertools.count()  # ties end in the order they started
         self._prefills = 0  # running prefill steps (the demand form's count; the rest are decode)
-        self._work_ms = 0.0
-        self._since = 0.0  # when _work_ms was last brought up to date
+        self._steps = 0  # running steps, every clock's
+        self._since = 0.0  # when the clocks were last brought up to date
         self._timer = 0  # the pending timer's number: an older one firing is stale
 
     def run(self, step_ms: float, kind: str = "decode") -> simpy.Event:
-        """A step of `step_ms` alone, of `kind` ("prefill" or "decode": what the demand form
-        reads), started now; the event fires when it ends."""
+        """A step of `step_ms` alone, of `kind` ("prefill" or "decode": what the demand and
+        prefill forms read), started now; the event fires when it ends."""
         self._catch_up()
         done = self.env.event()
-        heapq.heappush(self._running, (self._work_ms + step_ms, next(self._order), done, kind))
+        clock = kind if self.form == "prefill" else "all"
+        heapq.heappush(self._running[clock], (self._work_ms[clock] + step_ms, next(self._order), done, kind))
         self._prefills += kind == "prefill"
+        self._steps += 1
         self._set_timer()
         return done
 
-    def _stretch(self) -> float:
-        if self.demand:
-            decodes = len(self._running) - self._prefills
-            return max(1.0, self._prefills + self.decode_demand * decodes)
-        return 1 + self.alpha * (len(self._running) - 1)
+    def _stretch(self, clock: str) -> float:
+        if self.form == "demand":
+            return max(1.0, self._prefills + self.value * (self._steps - self._prefills))
+        if self.form == "prefill" and clock == "decode":
+            return 1.0
+        return 1 + self.value * (self._steps - 1)
 
     def _catch_up(self) -> None:
-        if self._running:
-            self._work_ms += (self.env.now - self._since) * 1000 / self._stretch()
+        elapsed_ms = (self.env.now - self._since) * 1000
+        for clock in self._clocks:
+            if self._running[clock]:
+                self._work_ms[clock] += elapsed_ms / self._stretch(clock)
         self._since = self.env.now
 
     def _set_timer(self) -> None:
         # SimPy cannot cancel a timeout: each change of m sets a new one, and the old ones
         # find their number stale when they fire.
         self._timer += 1
-        if not self._running:
+        lefts = [
+            max(0.0, self._running[clock][0][0] - self._work_ms[clock]) * self._stretch(clock)
+            for clock in self._clocks
+            if self._running[clock]
+        ]
+        if not lefts:
             return
-        timer, left_ms = self._timer, max(0.0, self._running[0][0] - self._work_ms)
-        self.env.timeout(left_ms * self._stretch() / 1000).callbacks.append(lambda _: self._on_timer(timer))
+        timer = self._timer
+        self.env.timeout(min(lefts) / 1000).callbacks.append(lambda _: self._on_timer(timer))
 
     def _on_timer(self, timer: int) -> None:
         if timer != self._timer:
             return
         self._catch_up()
-        while self._running and self._running[0][0] <= self._work_ms + self.DONE_MS:
-            _, _, done, kind = heapq.heappop(self._running)
+        ended = []
+        for clock in self._clocks:
+            running = self._running[clock]
+            while running and running[0][0] <= self._work_ms[clock] + self.DONE_MS:
+                ended.append(heapq.heappop(running))
+        if len(self._clocks) > 1:  # one clock's ended steps leave its heap in order; two clocks', by start
+            ended.sort(key=lambda step: step[1])
+        for _, _, done, kind in ended:
             self._prefills -= kind == "prefill"
+            self._steps -= 1
             done.succeed()
         self._set_timer()
 

@@ -120,7 +120,8 @@ class ServingOverhead(BaseModel):
 DEFAULT_SHARING_ALPHA = 1.0  # no term measured: the device's time split between the steps on it
 
 
-SHARING_FORMS = ("alpha", "demand")
+SHARING_PARAMETERS = {"alpha": "alpha", "demand": "decode_demand", "prefill": "prefill_alpha"}  # each form's one
+SHARING_FORMS = tuple(SHARING_PARAMETERS)
 
 
 class DeviceSharing(BaseModel):
@@ -139,24 +140,34 @@ class DeviceSharing(BaseModel):
       1 / max(1, prefill steps + c * decode steps) of its speed alone. Prefill steps are
       compute-bound (two cannot together run faster than the device runs one), decode steps
       memory- or launch-bound (c < 1: several overlap). c is at most 1, so a step alone on the
-      device (a demand of 1 or c) is never slowed."""
+      device (a demand of 1 or c) is never slowed.
+    - **prefill**: only prefill steps are slowed: while m steps run at once on a device, a
+      prefill step progresses at 1 / (1 + `prefill_alpha` * (m - 1)) of its speed alone, a
+      decode step at its full speed. What one H200 showed with two eager engines on it
+      (loadtest/results/plan/check-h200-1p1d-r2/): the prefill engine computed at 0.70-0.74 of
+      its rate alone beside the decode engine, whose TPOT did not move."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    form: Literal["alpha", "demand"] = Field(default="alpha", description="Which form of the term.")
+    form: Literal["alpha", "demand", "prefill"] = Field(default="alpha", description="Which form of the term.")
     alpha: float | None = Field(
         default=None, ge=0, description="The alpha form: the slowdown each further step running on the device adds."
     )
     decode_demand: float | None = Field(
         default=None, ge=0, le=1, description="The demand form: the share of the device a decode step demands."
     )
+    prefill_alpha: float | None = Field(
+        default=None,
+        ge=0,
+        description="The prefill form: the slowdown each further running step adds to a prefill step.",
+    )
     source: str = Field(description="The measurements it was fitted to, and how.")
 
     @model_validator(mode="after")
     def _its_forms_parameter(self) -> DeviceSharing:
-        parameter = "alpha" if self.form == "alpha" else "decode_demand"
-        other = "decode_demand" if self.form == "alpha" else "alpha"
-        if getattr(self, parameter) is None or getattr(self, other) is not None:
+        parameter = SHARING_PARAMETERS[self.form]
+        others = [name for name in SHARING_PARAMETERS.values() if name != parameter]
+        if getattr(self, parameter) is None or any(getattr(self, name) is not None for name in others):
             raise ValueError(f"the {self.form} form of device sharing takes {parameter}, and only it")
         return self
 
@@ -172,8 +183,8 @@ class DeviceSharing(BaseModel):
 
     @property
     def value(self) -> float:
-        """The form's one parameter: alpha, or decode_demand."""
-        return self.alpha if self.form == "alpha" else self.decode_demand
+        """The form's one parameter: alpha, decode_demand or prefill_alpha."""
+        return getattr(self, SHARING_PARAMETERS[self.form])
 
 
 class EngineProfile(BaseModel):
@@ -256,16 +267,16 @@ class EngineProfile(BaseModel):
 
     def with_sharing(self, alpha: float, source: str, form: str = "alpha") -> EngineProfile:
         """This profile with its device term replaced (a fit trying values, or a check run with
-        an override): `alpha` is the value of `form`'s parameter (alpha, or the demand form's
-        decode_demand). ValueError for a negative value (a step that sharing speeds up), a
-        decode demand over 1, or an unknown form."""
+        an override): `alpha` is the value of `form`'s parameter (alpha, the demand form's
+        decode_demand, the prefill form's prefill_alpha). ValueError for a negative value (a
+        step that sharing speeds up), a decode demand over 1, or an unknown form."""
         if form not in SHARING_FORMS:
             raise ValueError(f"a device sharing form is one of {SHARING_FORMS}, not {form!r}")
+        parameter = SHARING_PARAMETERS[form]
         if alpha < 0:
-            raise ValueError(f"a device sharing {'alpha' if form == 'alpha' else 'decode demand'} is >= 0, not {alpha}")
+            raise ValueError(f"a device sharing {parameter.replace('_', ' ')} is >= 0, not {alpha}")
         if form == "demand" and alpha > 1:
             raise ValueError(f"a decode demand is at most 1 (a lone decode step is never slowed), not {alpha}")
-        parameter = "alpha" if form == "alpha" else "decode_demand"
         sharing = DeviceSharing(form=form, source=source, **{parameter: alpha})
         return self.model_copy(update={"device_sharing": sharing})
 

@@ -197,3 +197,26 @@ def test_serving_from_rate_makes_that_phases_ttft_p50_the_measured_and_checks_th
     )
     with pytest.raises(SystemExit, match=r"no phase ran at that rate \(the results have \[1.0, 2.0\]\)"):
         plan_check.main(argv + ["--serving-from-rate", "3", "--out", str(tmp_path / "none")])
+
+
+def test_goodput_is_also_predicted_as_measured_the_best_of_the_models_runs_of_the_same_phases(tmp_path):
+    """Beside the planner's steady-state goodput, the measured figure's own: each phase's
+    modelled requests meeting the SLO one by one over the run's length, the best phase. Under
+    an SLO no request can miss it is that phase's throughput; under one every request misses,
+    0."""
+    argv = ["--profile", "cpu-2core-pdspec-tiny-eagle3", "--layout", "1p1d", "--k", "3", "--seeds", "2"]
+
+    def check(slo_ms, name):
+        slos = {"slos_ms": {"ttft": slo_ms[0], "tpot": slo_ms[1]}, "goodput": 1.5}
+        results = _results(
+            tmp_path / name, [{**PHASE, **slos}, {**PHASE, **slos, "request_rate": 4.0, "completed": 40}]
+        )
+        argv_slo = ["--goodput-slo", str(slo_ms[0]), str(slo_ms[1]), "--results", str(results)]
+        return plan_check.main(argv + argv_slo + ["--out", str(tmp_path / name / "o")])
+
+    loose = check((1e9, 1e9), "loose")
+    rows = loose["phases"]
+    assert loose["goodput"]["predicted_phases_rps"] == round(max(row["predicted"]["throughput_rps"] for row in rows), 2)
+    assert all(row["predicted"]["goodput_rps"] == row["predicted"]["throughput_rps"] for row in rows)
+    assert "by the same phases, as measured:" in (tmp_path / "loose" / "o" / "plan_check.md").read_text()
+    assert check((0.001, 0.001), "tight")["goodput"]["predicted_phases_rps"] == 0.0

@@ -2,6 +2,7 @@
 a measurement the model itself generated, scores a row only on the figures it has measured,
 and refuses what it cannot fit to."""
 
+import argparse
 import math
 
 import pytest
@@ -115,3 +116,22 @@ def test_a_checks_report_names_the_form_only_when_it_is_demand():
     demanded = sharing_fit.describe("demand", 0.5, "--sharing")
     assert demanded == {"form": "demand", "decode_demand": 0.5, "from": "--sharing"}
     assert sharing_fit.label(demanded) == "decode demand 0.5 (the demand form)"
+
+
+def test_the_prefill_form_is_described_labelled_fitted_on_alphas_grid_and_checked():
+    described = sharing_fit.describe("prefill", 0.38, "--sharing")
+    assert described == {"form": "prefill", "prefill_alpha": 0.38, "from": "--sharing"}
+    assert sharing_fit.label(described) == "prefill alpha 0.38 (the prefill form)"
+    # The grid's upper edge is a choice of range here, as for alpha: flagged.
+    fitted = sharing_fit.fit(
+        lambda a: [{"measured": {"tpot_p50_ms": 100.0}, "predicted": {"tpot_p50_ms": 1.0 + a}}], form="prefill"
+    )
+    assert (fitted.form, fitted.value, fitted.at_edge) == ("prefill", sharing_fit.GRID[-1], True)
+    assert "Fitted prefill alpha **4**" in fitted.markdown()
+    for value, refused in ((-0.1, True), (0.0, False), (7.0, False)):
+        args = argparse.Namespace(sharing=value, sharing_form="prefill")
+        if refused:
+            with pytest.raises(SystemExit, match="prefill alpha >= 0"):
+                sharing_fit.check_value(args)
+        else:
+            sharing_fit.check_value(args)
