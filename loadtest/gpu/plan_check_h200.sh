@@ -16,8 +16,9 @@
 #    goodput under TTFT 2 s / TPOT 100 ms);
 # 3. loadtest.plan_check: the fleet model with that profile beside each phase, the two
 #    engines on one device (--devices 1), and the goodput of both.
-# Everything comes back in $OUT/logs.tar.gz (probe.json, serve_bench/, check/, the logs); beside it
-# the two checks' tables, serve_bench/serve_bench.json and the profile with its serving term.
+# Everything comes back in $OUT/logs.tar.gz (probe.json, serving_overhead.json, serve_bench/, check/,
+# check-light/, the logs); beside it the two checks' tables (plan_check.md, plan_check-light.md),
+# serve_bench/serve_bench.json, up-log.txt and the profile with its serving term.
 # DRY_RUN_CPU=1 STACK= PROFILE=cpu-2core-pdspec-tiny-eagle3 INPUT_LEN=512 RATES="2 8" MODEL=pdspec-tiny:
 # on this CPU with the local model pair (a check of the script).
 set -uo pipefail
@@ -89,5 +90,5 @@ grep -A40 "^Goodput" "$RESULTS/check/plan_check.md"
 # The serving term taken under load (the lowest rate's TTFT p50), the others the check: the
 # idle probe's term was 145-290 ms short of what the stack paid (check-h200-1p1d-r2).
 python3 -m loadtest.plan_check --profile "$OUT/profile-with-serving.json" --layout 1p1d --k "$K" --devices 1 \
-  --goodput-slo 2000 100 --serving-from-rate "${RATES%% *}" --results "$RESULTS/serve_bench/serve_bench.json" \
+  --goodput-slo 2000 100 --serving-from-rate "$(printf '%s\n' $RATES | sort -n | head -1)" --results "$RESULTS/serve_bench/serve_bench.json" \
   --out "$RESULTS/check-light" | tail -3

@@ -28,7 +28,8 @@ Written to `--out`: `plan_check.json` (every phase, measured and predicted) and
 `plan_check.md` (the table, with the predicted / measured ratio of each figure). Failure
 policy: a results file without Poisson phases, a layout the profile cannot run, more
 devices than engines (or none), a `--sharing` its form refuses, `--fit-sharing` without
-`--goodput-slo`, or a `--serving-from-rate` no phase ran at stops it with the reason.
+`--goodput-slo`, a `--serving-from-rate` no phase ran at, or one with `--fit-sharing` stops
+it with the reason.
 """
 
 from __future__ import annotations
@@ -194,8 +195,8 @@ def serving_from_rate(
     args: argparse.Namespace, profile, layout: Layout, loaded: list[tuple[Path, dict]]
 ) -> tuple[profiles.EngineProfile, dict | None]:
     """The profile with the serving term `--serving-from-rate` takes from the measured phase
-    at that rate (the first results file's), and the record of it; the profile unchanged and
-    None without the option. The layout's kind of term (aggregated or disaggregated) is set
+    at that rate (in the first results file that has one), and the record of it; the profile
+    unchanged and None without the option. The layout's kind of term (aggregated or disaggregated) is set
     to the profile's (0 without one) plus the phase's measured TTFT p50 less the model's,
     never below 0; the other kind is kept. SystemExit when no Poisson phase ran at the rate."""
     rate = args.serving_from_rate
@@ -222,7 +223,7 @@ def serving_from_rate(
     )
     was = profile.serving_ms.for_layout(aggregated) if profile.serving_ms is not None else 0.0
     measured, predicted = row["measured"]["ttft_p50_ms"], row["predicted"]["ttft_p50_ms"]
-    term = max(0.0, was + measured - predicted)
+    term = max(0.0, was + measured - predicted)  # below 0: the phase cannot be matched
     kind = "aggregated_ms" if aggregated else "disaggregated_ms"
     other = "disaggregated_ms" if aggregated else "aggregated_ms"
     source = f"plan_check --serving-from-rate {rate:g}: {path}'s phase at {rate:g} req/s (TTFT p50 {measured:.1f} ms)"
@@ -237,6 +238,8 @@ def serving_from_rate(
         "term_ms": round(term, 1),
         "measured_ttft_p50_ms": measured,
         "model_ttft_p50_ms_before": round(predicted, 1),
+        "results": str(path.parent.name),
+        "clamped": was + measured - predicted < 0,
     }
     return profile.model_copy(update={"serving_ms": serving}), record
 
@@ -307,12 +310,18 @@ FIGURES = ("throughput_rps", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_
 
 
 def serving_lines(serving: dict) -> list[str]:
+    """The report's lines on a serving term taken from a measured phase (`serving_from_rate`)."""
     kind = serving["kind"].removesuffix("_ms")
+    matched = (
+        "That phase's modelled TTFT is above the measured even with no serving term, so it is 0 and the "
+        "phase does not match; the others are the check."
+        if serving.get("clamped")
+        else "That phase matches by construction; the others are the check."
+    )
     return [
         f"Serving term ({kind}) taken from the {serving['from_rate']:g} req/s phase: {serving['term_ms']:g} ms "
         f"(the profile's {serving['profile_ms']:g} ms; that phase's TTFT p50 {serving['measured_ttft_p50_ms']:.1f} ms "
-        f"measured, {serving['model_ttft_p50_ms_before']:g} ms modelled with the profile's term). That phase "
-        "matches by construction; the others are the check.",
+        f"measured, {serving['model_ttft_p50_ms_before']:g} ms modelled with the profile's term). {matched}",
         "",
     ]
 
@@ -371,8 +380,13 @@ def markdown(report: dict) -> str:
                 continue
             ratio = predicted / measured if measured else float("nan")
             cells.append(f"{measured:,.1f} / {predicted:,.1f} ({ratio:.2f})")
+        serving = report.get("serving")
         fitted = (
-            " (the serving term's)" if report.get("serving") and row["rate"] == report["serving"]["from_rate"] else ""
+            " (the serving term's)"
+            if serving
+            and row["rate"] == serving["from_rate"]
+            and row["results"] == serving.get("results", row["results"])
+            else ""
         )
         lines.append(
             f"| {row['results']} | {row['rate']:g}{fitted} | {row['tokens_per_step']:.2f} | " + " | ".join(cells) + " |"
@@ -465,6 +479,12 @@ def main(argv: list[str] | None = None) -> dict:
         devices = args.placement or args.devices or "one per engine"
         raise SystemExit(f"cannot model --layout {args.layout} on devices {devices}: {error}") from None
     sharing_fit.check_value(args)
+    if args.serving_from_rate is not None and args.fit_sharing:
+        # A fit to TTFT with the idle term takes part of the missing serving time into its
+        # value: with the term from the phase as well, that time would count twice.
+        raise SystemExit(
+            "--serving-from-rate and --fit-sharing: take the device term from --sharing, or fit without it"
+        )
     profile = load_profile(args.profile, args.k)
     loaded = [(path, json.loads(path.read_text())) for path in args.results]
     for path, results in loaded:

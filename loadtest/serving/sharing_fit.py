@@ -61,8 +61,9 @@ def log_error(rows: list[dict], figures: tuple[str, ...] = DEFAULT_FIGURES) -> f
 
 def describe(form: str, value: float, origin: str) -> dict:
     """A check's report of the device term it ran with: `{"alpha": value, "from": origin}` for
-    the alpha form (as reports had before the demand form), `{"form": "demand",
-    "decode_demand": value, "from": origin}` for the demand form."""
+    the alpha form (as reports had before the demand form), `{"form": form, <its parameter>:
+    value, "from": origin}` for the demand form (decode_demand) and the prefill form
+    (prefill_alpha)."""
     if form == "alpha":
         return {"alpha": value, "from": origin}
     return {"form": form, PARAMETERS[form]: value, "from": origin}
@@ -97,7 +98,7 @@ def unfitted(args: argparse.Namespace, profile, tool: str) -> tuple | None:
 
 @dataclass(frozen=True)
 class SharingFit:
-    alpha: float  # the fitted value of the form's parameter (alpha, or the demand form's c)
+    alpha: float  # the fitted value of the form's parameter (alpha, decode_demand or prefill_alpha)
     error: float
     errors: tuple[tuple[float, float], ...]  # (value, error) at each grid point
     levels: int  # the rows fitted to
@@ -218,8 +219,7 @@ def check_value(args: argparse.Namespace) -> None:
     if args.sharing is None:
         return
     if args.sharing_form in ("alpha", "prefill") and args.sharing < 0:
-        raise SystemExit(
-            f"--sharing is a{'' if args.sharing_form == 'alpha' else ' prefill'} alpha >= 0, not {args.sharing}"
-        )
+        name = "an alpha" if args.sharing_form == "alpha" else "a prefill alpha"
+        raise SystemExit(f"--sharing is {name} >= 0, not {args.sharing}")
     if args.sharing_form == "demand" and not 0 <= args.sharing <= 1:
         raise SystemExit(f"--sharing is a decode demand of 0 to 1 (--sharing-form demand), not {args.sharing}")

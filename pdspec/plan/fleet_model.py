@@ -36,8 +36,8 @@ sharing fewer devices (`Layout.devices`). The model's assumptions:
 - **Devices**: the profile's step times are an engine's alone on its device. Engines sharing a
   device (engine i of the layout, counting prefill, then decode, then colocated engines, is on
   device i mod `devices`, or where `Layout.device_of` says) share it by processor sharing with
-  one measured parameter, the profile's `device_sharing.alpha` (1 without one; the demand form
-  below is the other form): a step starts when its engine plans it, and while m steps run at
+  one measured parameter, the profile's `device_sharing.alpha` (1 without one; the demand and
+  prefill forms below are the others): a step starts when its engine plans it, and while m steps run at
   once on the device each progresses at 1 / (1 + alpha * (m - 1)) of its speed alone, so a step of t ms that shares the device
   throughout with m - 1 others lasts t * (1 + alpha * (m - 1)). alpha = 1 splits the device's
   time between the steps on it (the device's throughput is that of one engine however many
@@ -68,14 +68,17 @@ sharing fewer devices (`Layout.devices`). The model's assumptions:
   limits: a prefill step's demand is 1 whatever its chunk (a small chunk leaves room the
   model does not give), and a mixed colocated step counts as all prefill.
 - **Devices, the prefill form** (`device_sharing.form` "prefill", parameter `prefill_alpha`):
-  only prefill steps are slowed, by 1 + prefill_alpha * (m - 1) while m steps run at once
-  (every kind counted); decode steps run at their profiled time whatever shares the device.
-  What the H200 showed with two eager engines on it (a launch-bound decode step leaves the
-  device mostly idle and is not delayed by a prefill beside it; the prefill loses the device
-  time the decode kernels take; loadtest/results/plan/check-h200-1p1d-r2/). Prefill and
-  colocated steps are told apart as in the demand form; the two kinds keep their own clocks.
-  Its limits: decode steps never slow each other either (many decode engines on one device
-  would), and a mixed colocated step is stretched whole.
+  only prefill steps are slowed, by max(1 + prefill_alpha * (m - 1), p) while m steps run at
+  once, p of them prefill steps (every kind counted in m; compute-bound prefill steps cannot
+  together outrun the device, so p of them take at least p times as long); decode steps run at
+  their profiled time whatever shares the device. What the H200 showed with two eager engines
+  on it (a launch-bound decode step leaves the device mostly idle and is not delayed by a
+  prefill beside it; the prefill loses the device time the decode kernels take;
+  loadtest/results/plan/check-h200-1p1d-r2/). Prefill and colocated steps are told apart as in
+  the demand form; the two kinds keep their own clocks. Its limits: decode steps never slow
+  each other either (many decode engines on one device would), a mixed colocated step is
+  stretched whole, and the slowdown is linear in m where the H200 fleet's fit says it grows
+  faster (0.38 from two engines, 1.5 fitted on four).
 - **Serving**: a request's time outside the engines (HTTP servers, the proxy, the legs' round
   trips), the profile's `serving_ms` for the layout's kind (0 without one), is added to its
   first token and its end: a constant that shifts TTFT, loads no engine and leaves TPOT as it
@@ -372,7 +375,8 @@ class _SharedDevice:
     clock reaches the value it had at the step's start plus the step's profiled time, and the
     running steps of a clock end in that order (no per-step bookkeeping when m changes). The
     alpha and demand forms stretch every step alike, so all run on one clock; the prefill form
-    stretches prefill steps only (1 + prefill_alpha * (m - 1)), so each kind has its own."""
+    stretches prefill steps only (max(1 + prefill_alpha * (m - 1), prefill steps)), so each
+    kind has its own."""
 
     DONE_MS = 1e-6  # a step within a nanosecond of its work is done (float rounding)
 
@@ -405,8 +409,12 @@ class _SharedDevice:
     def _stretch(self, clock: str) -> float:
         if self.form == "demand":
             return max(1.0, self._prefills + self.value * (self._steps - self._prefills))
-        if self.form == "prefill" and clock == "decode":
-            return 1.0
+        if self.form == "prefill":
+            if clock == "decode":
+                return 1.0
+            # Compute-bound prefill steps cannot together outrun the device: at least the
+            # number of them running.
+            return max(1 + self.value * (self._steps - 1), float(self._prefills))
         return 1 + self.value * (self._steps - 1)
 
     def _catch_up(self) -> None:
@@ -489,7 +497,7 @@ class _Engine:
         raise NotImplementedError
 
     def _step_kind(self) -> str:
-        """The planned step's kind for a shared device's demand form: "prefill" or "decode"."""
+        """The planned step's kind for a shared device's demand and prefill forms: "prefill" or "decode"."""
         return self.role
 
     def _end_step(self) -> None:

@@ -14,8 +14,9 @@ the KV room:
   servers, the proxy, the legs' round trips and the hand-off's notifications), per layout
   kind, measured on an idle stack (`loadtest.engine_bench.serving_overhead`);
 - **device_sharing** (optional, alpha 1 when absent): how much engines sharing a device
-  slow each other's steps (`DeviceSharing`: the alpha form, or the demand form with its
-  `"form": "demand"` and `decode_demand`), fitted to a fleet of engines measured sharing
+  slow each other's steps (`DeviceSharing`: the alpha form, the demand form with its
+  `"form": "demand"` and `decode_demand`, or the prefill form with `"form": "prefill"` and
+  `prefill_alpha`), fitted to, or measured on, a fleet of engines sharing
   one (`loadtest.plan_check --fit-sharing`, `loadtest.plan_fleet_check --fit-sharing`).
 
 Between measured points a curve is interpolated linearly; past its last point it is
@@ -141,9 +142,10 @@ class DeviceSharing(BaseModel):
       compute-bound (two cannot together run faster than the device runs one), decode steps
       memory- or launch-bound (c < 1: several overlap). c is at most 1, so a step alone on the
       device (a demand of 1 or c) is never slowed.
-    - **prefill**: only prefill steps are slowed: while m steps run at once on a device, a
-      prefill step progresses at 1 / (1 + `prefill_alpha` * (m - 1)) of its speed alone, a
-      decode step at its full speed. What one H200 showed with two eager engines on it
+    - **prefill**: only prefill steps are slowed: while m steps run at once on a device, p of
+      them prefill steps, a prefill step progresses at 1 / max(1 + `prefill_alpha` * (m - 1), p)
+      of its speed alone (compute-bound prefills cannot together outrun the device), a decode
+      step at its full speed. What one H200 showed with two eager engines on it
       (loadtest/results/plan/check-h200-1p1d-r2/): the prefill engine computed at 0.70-0.74 of
       its rate alone beside the decode engine, whose TPOT did not move."""
 

@@ -587,7 +587,9 @@ class Disaggregator:
         first byte after the preamble); `pending`: the request's pending decode KV, released
         as this lease takes its prompt into the worker's `kv_held_tokens` (a decode pool's
         worker: a plan that disaggregates has no `whole_on`). Should this attempt fail, the
-        prompt is not pending again until the next one leases (a retry is rare and short)."""
+        prompt is not pending again until the next one leases: a retry whose KV was already handed
+        over prefills again first (`_prefill_again`, a whole prefill leg) with it in neither
+        count, which errs towards room for that while (retries are rare)."""
         lease = worker.lease(computed=False, **(load or {}))
         if pending is not None:
             pending.release()

@@ -184,7 +184,8 @@ def decode_full_on(
     prefill leg of ~1 s, loadtest/results/fleet/h200-qwen3-8b/round5/). The pool's room is
     summed, not matched worker by worker: where each pending prompt will fit is the decode
     legs' pick at their hand-off, so this errs towards room (fragments that fit no prompt
-    count). 0: exactly the rule without it (a pool with a worker that has room has at least
+    count), and a prompt pending for a worker since ejected still counts against the healthy
+    ones' room (errs towards full). 0: exactly the rule without it (a pool with a worker that has room has at least
     this prompt's room in all)."""
 
     def full(worker: Worker, share: float = 1.0) -> bool:

@@ -220,3 +220,23 @@ def test_goodput_is_also_predicted_as_measured_the_best_of_the_models_runs_of_th
     assert all(row["predicted"]["goodput_rps"] == row["predicted"]["throughput_rps"] for row in rows)
     assert "by the same phases, as measured:" in (tmp_path / "loose" / "o" / "plan_check.md").read_text()
     assert check((0.001, 0.001), "tight")["goodput"]["predicted_phases_rps"] == 0.0
+
+
+def test_serving_from_rate_with_fit_sharing_is_refused_before_any_run(tmp_path):
+    argv = ["--profile", "cpu-2core-pdspec-tiny-eagle3", "--layout", "1p1d", "--k", "3", "--goodput-slo", "1000", "100"]
+    argv += ["--fit-sharing", "--serving-from-rate", "1", "--results", str(tmp_path / "never-read.json")]
+    with pytest.raises(SystemExit, match="--serving-from-rate and --fit-sharing"):
+        plan_check.main(argv + ["--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_serving_term_that_cannot_match_its_phase_is_0_and_said_so(tmp_path):
+    """A phase measured faster than the model's curves alone: the term is kept at 0 and the
+    report says the phase does not match, not that it does by construction."""
+    fast = {**PHASE, "request_rate": 1.0, "completed": 10, "ttft_ms": {"median": 1.0, "p90": 2.0, "p99": 3.0}}
+    argv = ["--profile", "cpu-2core-pdspec-tiny-eagle3", "--layout", "1p1d", "--k", "3", "--seeds", "1"]
+    report = plan_check.main(
+        argv + ["--serving-from-rate", "1", "--results", str(_results(tmp_path, [fast])), "--out", str(tmp_path / "o")]
+    )
+    assert report["serving"]["term_ms"] == 0.0 and report["serving"]["clamped"]
+    assert "does not match" in (tmp_path / "o" / "plan_check.md").read_text()

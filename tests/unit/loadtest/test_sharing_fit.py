@@ -131,7 +131,9 @@ def test_the_prefill_form_is_described_labelled_fitted_on_alphas_grid_and_checke
     for value, refused in ((-0.1, True), (0.0, False), (7.0, False)):
         args = argparse.Namespace(sharing=value, sharing_form="prefill")
         if refused:
-            with pytest.raises(SystemExit, match="prefill alpha >= 0"):
+            with pytest.raises(SystemExit, match="is a prefill alpha >= 0"):
                 sharing_fit.check_value(args)
         else:
             sharing_fit.check_value(args)
+    with pytest.raises(SystemExit, match="is an alpha >= 0"):
+        sharing_fit.check_value(argparse.Namespace(sharing=-0.1, sharing_form="alpha"))

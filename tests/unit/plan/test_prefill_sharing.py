@@ -1,6 +1,7 @@
 """The device term's prefill form (pdspec/plan/fleet_model.py, pdspec/plan/profile.py): while
 m steps run at once on a device, a prefill step is stretched by 1 + prefill_alpha (m - 1) and a
-decode step not at all; the two kinds keep their own clocks, a step alone is never slowed, a
+decode step not at all, and p prefill steps running together each at least p times as long;
+the two kinds keep their own clocks, a step alone is never slowed, a
 colocated step is a prefill step when it computes prompt tokens, and the profile refuses a
 term it cannot mean."""
 
@@ -39,6 +40,9 @@ def step_ends_ms(sharing: DeviceSharing, steps: list[tuple[str, float]]) -> list
     ("kinds", "a", "prefill_stretch"),
     [
         (["prefill", "prefill"], 1.0, 2.0),  # two prefill steps: the device's time split
+        (["prefill", "prefill"], 0.38, 2.0),  # never less: compute-bound steps cannot together outrun it
+        (["prefill"] * 3 + ["decode"], 0.38, 3.0),  # 1 + 0.38 x 3 = 2.14, but three prefills
+        (["prefill", "decode", "decode", "decode"], 0.38, 2.14),
         (["prefill", "decode"], 0.4, 1.4),
         (["prefill", "decode", "decode"], 0.4, 1.8),  # every running step counts against a prefill
         (["prefill", "prefill", "decode"], 0.5, 2.0),
@@ -82,15 +86,16 @@ def test_a_prefill_engines_step_beside_a_decode_engines_is_stretched_and_the_dec
     assert beside and all((end - start) * 1000 == pytest.approx(decode, rel=1e-9) for start, end in beside)
 
 
-@pytest.mark.parametrize("a", [0.0, 0.4])
+@pytest.mark.parametrize("a", [0.0, 0.4, 1.5])
 def test_colocated_steps_with_a_prompt_chunk_are_stretched_and_without_one_are_not(a):
     # Two alike requests at once on two colocated engines on one device, in lockstep: the
-    # prompt steps beside each other (each stretched 1 + a), the decode steps at their own time.
+    # prompt steps beside each other (two compute-bound steps: each stretched max(1 + a, 2)),
+    # the decode steps at their own time.
     model = PROFILE.with_sharing(a, "a unit test", form="prefill")
     requests = [Request(0.0, isl=1024, osl=6), Request(0.0, isl=1024, osl=6)]
     run = simulate(model, Layout.aggregated(2, devices=1), 0, requests)
     for outcome in run.outcomes:
-        assert outcome.ttft_s * 1000 == pytest.approx(PREFILL.at(1024) * (1 + a), rel=1e-9)
+        assert outcome.ttft_s * 1000 == pytest.approx(PREFILL.at(1024) * max(1 + a, 2), rel=1e-9)
         assert outcome.tpot_s * 1000 == pytest.approx(DECODE0.at(1), rel=1e-9)
 
 

@@ -197,18 +197,26 @@ def test_prompts_pending_for_the_decode_pool_fill_it_by_themselves():
 
 
 @pytest.mark.parametrize(
-    "decodes, prefills",
+    "decodes, prefills, chosen",
     [
-        (full_decode_pool(), [sized("http://p0", 32_768, 4400), sized("http://p1", 32_768)]),
-        (roomy_decode_pool(), [sized("http://p0", 32_768)]),
-        ([sized("http://d0", 32_768, 7 * 4400), sized("http://d1", 32_768, 6 * 4400)], [sized("http://p0", 32_768)]),
-        ([sized("http://d0", 32_768, 7 * 4400), sized("http://d1", None)], [sized("http://p0", 32_768)]),
-        ([], [sized("http://p0", 32_768)]),
-        (full_decode_pool(), [sized("http://p0", 32_768, 32_768 - 4399)]),
+        (full_decode_pool(), [sized("http://p0", 32_768, 4400), sized("http://p1", 32_768)], "http://p1"),
+        (roomy_decode_pool(), [sized("http://p0", 32_768)], None),
+        (
+            [sized("http://d0", 32_768, 7 * 4400), sized("http://d1", 32_768, 6 * 4400)],
+            [sized("http://p0", 32_768)],
+            None,
+        ),
+        ([sized("http://d0", 32_768, 7 * 4400), sized("http://d1", None)], [sized("http://p0", 32_768)], None),
+        ([], [sized("http://p0", 32_768)], None),
+        (full_decode_pool(), [sized("http://p0", 32_768, 32_768 - 4399)], None),
     ],
 )
-def test_no_pending_tokens_decide_as_without_them(decodes, prefills):
-    assert decode_full_on(4400, decodes, prefills, pending_tokens=0) is decode_full_on(4400, decodes, prefills)
+def test_no_pending_tokens_decide_as_the_rule_before_them(decodes, prefills, chosen):
+    """With nothing pending the rule is the per-worker one of before: full only when every
+    decode worker lacks room, then the prefill worker with the most room (the expected picks
+    worked out by hand from that rule)."""
+    for picked in (decode_full_on(4400, decodes, prefills, pending_tokens=0), decode_full_on(4400, decodes, prefills)):
+        assert (picked.url if picked is not None else None) == chosen
 
 
 def test_a_decode_worker_of_unknown_size_keeps_the_pool_from_full_whatever_is_pending():
