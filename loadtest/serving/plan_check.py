@@ -90,7 +90,8 @@ def predict(
 ) -> dict:
     """The medians over `seeds` runs of the model: throughput, TTFT p50/p90/p99, TPOT p50; with
     `slo`, also its goodput as serve_bench measures a phase's (`goodput_rps`: the requests
-    meeting both thresholds one by one, over the run's length)."""
+    meeting both thresholds one by one, over the run's length), the share of requests meeting
+    both (`attainment`) and TPOT p90 (what fleet_report's levels pass or fail on, with TTFT p90)."""
     runs = []
     for seed in range(seeds):
         run = simulate(profile, layout, k, poisson(rate, count, [(isl, osl)], seed))
@@ -104,6 +105,8 @@ def predict(
     }
     if slo is not None:
         predicted["goodput_rps"] = statistics.median(s.goodput_rps for s in runs)
+        predicted["attainment"] = statistics.median(s.attainment for s in runs)
+        predicted["tpot_p90_ms"] = statistics.median(s.tpot_ms.p90 for s in runs)
     return predicted
 
 

@@ -49,15 +49,16 @@ from pdspec.plan.search import evaluate
 FIGURES = ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms")
 
 
-def level_rows(profile, layout, k: int, summary: dict, osl: int, seeds: int) -> list[dict]:
-    """Each measured level of a fleet_report job beside the model's run of the same load."""
+def level_rows(profile, layout, k: int, summary: dict, osl: int, seeds: int, slo: Slo | None = None) -> list[dict]:
+    """Each measured level of a fleet_report job beside the model's run of the same load (with
+    `slo`, the model's TPOT p90 and attainment too, for `goodput_as_measured`)."""
     rows = []
     for level in summary["levels"]:
         requests = level["requests"]
         isl = max(1, round(level["recomputed_tokens"] / requests))
         accepted = level.get("acceptance_length") or profile.decode[k].tokens_per_step
         rate = requests / level["duration_s"]
-        predicted = predict(with_acceptance(profile, k, accepted), layout, k, rate, requests, isl, osl, seeds)
+        predicted = predict(with_acceptance(profile, k, accepted), layout, k, rate, requests, isl, osl, seeds, slo)
         measured = {
             "ttft_p50_ms": level["ttft_ms"]["p50"],
             "ttft_p90_ms": level["ttft_ms"]["p90"],
@@ -65,9 +66,34 @@ def level_rows(profile, layout, k: int, summary: dict, osl: int, seeds: int) -> 
         }
         rows.append(
             {"qps": level["qps"], "rate": rate, "requests": requests, "isl_computed": isl, "acceptance": accepted}
+            | {"duration_s": level["duration_s"]}
             | {"measured": measured, "predicted": predicted}
         )
     return rows
+
+
+def goodput_as_measured(rows: list[dict], slo: Slo) -> float:
+    """fleet_report's sustained goodput taken of the model's runs of the same levels (rows of
+    `level_rows` with the SLO): the levels in QPS order up to the first whose predicted TTFT p90
+    or TPOT p90 is outside the SLO; of the last one before it, the requests meeting both one by
+    one over the level's length in the trace; 0 when the first level fails. The levels last a
+    few seconds each, so their queues never reach a steady length: this, not the planner's
+    steady-state figure, is the one to set beside the measured."""
+    held = None
+    for row in sorted(rows, key=lambda row: row["qps"]):
+        predicted = row["predicted"]
+        if predicted["ttft_p90_ms"] > slo.ttft_p90_ms or predicted["tpot_p90_ms"] > slo.tpot_p90_ms:
+            break
+        held = row
+    return held["predicted"]["attainment"] * held["requests"] / held["duration_s"] if held else 0.0
+
+
+def first_of(layouts: dict, key: str) -> str:
+    """The layout with the most goodput by `key`, or "tie: a, b" when several share it (a tie
+    is no pick)."""
+    best = max(layout["goodput"][key] for layout in layouts.values())
+    names = [name for name, layout in layouts.items() if layout["goodput"][key] == best]
+    return names[0] if len(names) == 1 else "tie: " + ", ".join(names)
 
 
 def goodput_measured(summary: dict, slo_name: str) -> float:
@@ -107,15 +133,17 @@ def markdown(report: dict) -> str:
         f"`{report['command']}`",
         "",
         f"Goodput under TTFT p90 {report['slo_ms'][0]:g} ms and TPOT p90 {report['slo_ms'][1]:g} ms, measured "
-        "(sustained, fleet_report) / predicted (`pdspec.plan.search.evaluate`):",
+        "(sustained, fleet_report) / predicted (`pdspec.plan.search.evaluate`, the steady rate), and "
+        "predicted as measured (the same sustained figure of the model's runs of the same levels):",
         "",
-        "| layout | measured by | goodput req/s, measured / predicted | mean prompt tokens computed |",
-        "| --- | --- | --- | --- |",
+        "| layout | measured by | goodput req/s, measured / predicted | as measured | mean prompt tokens computed |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for name, layout in report["layouts"].items():
         lines.append(
             f"| {name} | {layout['policy']} | {layout['goodput']['measured_rps']:.2f} / "
-            f"{layout['goodput']['predicted_rps']:.2f} | {layout['goodput']['isl_computed']:,} |"
+            f"{layout['goodput']['predicted_rps']:.2f} | {layout['goodput']['predicted_levels_rps']:.2f} | "
+            f"{layout['goodput']['isl_computed']:,} |"
         )
     sharing = report.get("sharing")
     if sharing:
@@ -129,7 +157,8 @@ def markdown(report: dict) -> str:
             ]
     lines += [
         "",
-        f"Ranked first: measured **{report['first']['measured']}**, predicted **{report['first']['predicted']}**.",
+        f"Ranked first: measured **{report['first']['measured']}**, predicted **{report['first']['predicted']}** "
+        f"(as measured: **{report['first']['predicted_levels']}**).",
         "",
         "Each cell: measured / predicted (predicted over measured); the model ran each level's "
         f"requests at its realized rate, {report['seeds']} seeds, medians.",
@@ -237,7 +266,7 @@ def main(argv: list[str] | None = None) -> dict:
     profile, sharing = sharing_of(args, profile, measured_layouts)
     layouts = {}
     for spec, (layout, summary) in measured_layouts.items():
-        levels = level_rows(profile, layout, args.k, summary, args.osl, args.seeds)
+        levels = level_rows(profile, layout, args.k, summary, args.osl, args.seeds, slo)
         isl = round(statistics.mean(row["isl_computed"] for row in levels))
         accepted = statistics.mean(row["acceptance"] for row in levels)
         candidate = evaluate(with_acceptance(profile, args.k, accepted), layout, args.k, [(isl, args.osl)], slo)
@@ -248,6 +277,7 @@ def main(argv: list[str] | None = None) -> dict:
             "goodput": {
                 "measured_rps": measured,
                 "predicted_rps": round(candidate.goodput_rps, 2),
+                "predicted_levels_rps": round(goodput_as_measured(levels, slo), 2),
                 "isl_computed": isl,
             },
         }
@@ -255,10 +285,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"{spec} ({summary['policy']}): goodput measured {measured} predicted {candidate.goodput_rps:.2f}",
             flush=True,
         )
-    first = {
-        which: max(layouts, key=lambda name: layouts[name]["goodput"][f"{which}_rps"])
-        for which in ("measured", "predicted")
-    }
+    first = {which: first_of(layouts, f"{which}_rps") for which in ("measured", "predicted", "predicted_levels")}
     report = {
         "command": "python -m loadtest.plan_fleet_check " + " ".join(sys.argv[1:] if argv is None else argv),
         "profile": args.profile,

@@ -103,3 +103,37 @@ def test_sharing_form_demand_sets_and_fits_the_decode_demand_and_refuses_one_ove
     assert fitted["sharing"]["decode_demand"] == fit["alpha"] == min(fit["errors"], key=lambda point: point[1])[0]
     with pytest.raises(SystemExit, match="decode demand of 0 to 1"):
         run(tmp_path, *layouts, "--sharing-form", "demand", "--sharing", "1.5")
+
+
+def row(qps: float, ttft_p90: float, tpot_p90: float, attainment: float, requests: int = 20) -> dict:
+    predicted = {"ttft_p90_ms": ttft_p90, "tpot_p90_ms": tpot_p90, "attainment": attainment}
+    return {"qps": qps, "requests": requests, "duration_s": requests / qps, "predicted": predicted}
+
+
+def test_goodput_as_measured_is_the_sustained_figure_of_the_models_runs_of_the_levels():
+    """As fleet_report takes it: the levels in QPS order up to the first whose predicted TTFT
+    p90 or TPOT p90 is outside the SLO; of the last before it, the requests meeting both over
+    the level's length; a pass above a fail not counted; 0 when the first level fails."""
+    slo = plan_fleet_check.Slo(ttft_p90_ms=2000.0, tpot_p90_ms=100.0)
+    held = [row(2, 500, 50, 1.0), row(4, 900, 60, 0.95), row(8, 2500, 60, 0.5), row(11, 1500, 60, 1.0)]
+    assert plan_fleet_check.goodput_as_measured(list(reversed(held)), slo) == pytest.approx(0.95 * 4)
+    assert plan_fleet_check.goodput_as_measured([row(2, 500, 150, 0.9), row(4, 900, 60, 1.0)], slo) == 0.0
+    assert plan_fleet_check.goodput_as_measured([row(2, 500, 50, 1.0)], slo) == pytest.approx(2.0)
+
+
+def test_the_report_gives_each_layouts_goodput_as_measured_and_its_first_pick(tmp_path):
+    report = run(tmp_path, "--layout", "2p2d=prefix_affinity", "--layout", "colocated-4=colocated_kv_aware")
+    for layout in report["layouts"].values():
+        assert layout["goodput"]["predicted_levels_rps"] == round(
+            plan_fleet_check.goodput_as_measured(layout["levels"], plan_fleet_check.Slo(2000.0, 100.0)), 2
+        )
+        assert all({"attainment", "tpot_p90_ms"} <= set(level["predicted"]) for level in layout["levels"])
+    assert report["first"]["predicted_levels"] == plan_fleet_check.first_of(report["layouts"], "predicted_levels_rps")
+    assert "(as measured: **" in (tmp_path / "out" / "plan_fleet_check.md").read_text()
+
+
+def test_a_tie_for_the_most_goodput_is_named_a_tie_not_a_pick():
+    layouts = {"2p2d": {"goodput": {"x": 7.5}}, "colocated-4": {"goodput": {"x": 7.5}}, "1p3d": {"goodput": {"x": 2.0}}}
+    assert plan_fleet_check.first_of(layouts, "x") == "tie: 2p2d, colocated-4"
+    layouts["colocated-4"]["goodput"]["x"] = 7.6
+    assert plan_fleet_check.first_of(layouts, "x") == "colocated-4"
