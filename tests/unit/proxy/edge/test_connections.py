@@ -182,22 +182,28 @@ def test_an_idle_connection_is_closed(proxy):
     silent = connect(proxy)
     assert closed_within(silent, 5)
     kept_alive = connect(proxy)
+    assert serve_one(kept_alive).startswith(b"HTTP/1.1 200")
+    assert closed_within(kept_alive, 5)
+
+
+def serve_one(sock: socket.socket) -> bytes:
+    """Send a completion on a kept-alive connection and read its whole reply (by its
+    content-length, the socket left open); its head."""
     payload = json.dumps(BODY).encode()
-    kept_alive.sendall(
+    sock.sendall(
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
         b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
     )
     reply = b""
     while b"\r\n\r\n" not in reply:
-        reply += kept_alive.recv(65536)
+        reply += sock.recv(65536)
     head, _, body = reply.partition(b"\r\n\r\n")
     length = int(
         next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
     )
     while len(body) < length:
-        body += kept_alive.recv(65536)
-    assert head.startswith(b"HTTP/1.1 200")
-    assert closed_within(kept_alive, 5)
+        body += sock.recv(65536)
+    return head
 
 
 def test_connections_beyond_the_cap_are_503_and_the_others_still_served(proxy):
@@ -412,21 +418,7 @@ def test_a_refusal_on_a_kept_alive_connection_drains_past_the_keep_alive_timeout
     sends would be answered with a reset. The refusal unsets it: 1.4 s after the 431 the
     proxy still drops what comes (REFUSAL_LINGER_S is 2 s), then closes."""
     sock = connect(proxy)
-    payload = json.dumps(BODY).encode()
-    sock.sendall(
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
-    )
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
-    head, _, body = data.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200")
-    length = int(
-        next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")).split(b":")[1]
-    )
-    while len(body) < length:
-        body += sock.recv(65536)
+    assert serve_one(sock).startswith(b"HTTP/1.1 200")
     # The whole head in one send of 32 KB, twice the limit: refused in the read that brings it.
     sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 32 * 1024 + b"\r\n")
     assert read_reply_head(sock) == 431
