@@ -298,9 +298,21 @@ class RoutingSettings(BaseModel):
         gt=0,
         le=1,
         description="decode_on_prefill_when_full: the share of a decode worker's KV size that the proxy's count "
-        "of its legs' prompt tokens may fill before the worker is judged full (prefill workers' room is judged "
-        "on their whole size). Below 1 it spills to the prefill workers earlier, leaving room for what the count "
+        "of its legs' prompt tokens may fill before the worker is judged full (prefill workers' room: "
+        "decode_full_prefill_share). Below 1 it spills to the prefill workers earlier, leaving room for what the count "
         "leaves out: generated tokens, blocks part-filled, a prompt's KV arriving before its leg is counted.",
+    )
+    decode_full_prefill_share: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="decode_on_prefill_when_full: the share of a prefill worker's KV size that its count (the prompt "
+        "tokens of its prefill legs in flight and of the requests it serves whole) may fill with a request served "
+        "whole. Below 1 it keeps room for the prefill legs the worker is there for: at 1, the H200 fleet's prefill "
+        "workers took seven 4.4k-token requests whole each (30.8k of 32.8k tokens) at 11 QPS, and the prefill legs "
+        "sent to them next waited 1.6-3.6 s for KV room (loadtest/results/fleet/h200-qwen3-8b/round5/). Its cost: "
+        "fewer requests served whole, more waiting for decode KV. 1 by default until measured (fleet_bench's "
+        "kv_aware_conditional_pending_p75).",
     )
     decode_full_counts_pending: bool = Field(
         False,

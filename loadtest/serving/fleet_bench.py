@@ -15,7 +15,8 @@ one proxy per pdspec policy, and vLLM's Rust router with `--vllm-router CMD`:
   (both pools), `kv_aware_prefill` (kv_aware on the prefill pool, least_outstanding on the
   decode pool), `kv_aware_conditional` (kv_aware with conditional disaggregation), and its
   decode_full variants `kv_aware_conditional_full80` (`decode_full_share` 0.8) and
-  `kv_aware_conditional_pending` (`decode_full_counts_pending`);
+  `kv_aware_conditional_pending` (`decode_full_counts_pending`), and that with
+  `decode_full_prefill_share` 0.75, `kv_aware_conditional_pending_p75`;
 - `colocated_kv_aware`: every worker, prefill and decode alike, as a colocated server
   behind kv_aware: its decode pool is the whole fleet and every prompt is prefilled where
   it is decoded (conditional disaggregation with no length limit), so the same engines on
@@ -89,6 +90,17 @@ POLICIES: dict[str, dict] = {
             "decode_full_counts_pending": True,
         }
     },
+    # ...and a prefill worker taking requests whole only within 0.75 of its KV, keeping room
+    # for its prefill legs (at 1 they waited behind a KV cache full of whole requests).
+    "kv_aware_conditional_pending_p75": {
+        "routing": {
+            "prefill_policy": "kv_aware",
+            "decode_policy": "kv_aware",
+            "disaggregation": "conditional",
+            "decode_full_counts_pending": True,
+            "decode_full_prefill_share": 0.75,
+        }
+    },
     "colocated_kv_aware": {
         "routing": {
             "prefill_policy": "kv_aware",
@@ -106,6 +118,7 @@ INDEXED = (
     "kv_aware_conditional",
     "kv_aware_conditional_full80",
     "kv_aware_conditional_pending",
+    "kv_aware_conditional_pending_p75",
     COLOCATED,
 )
 VLLM_ROUTER = "vllm_router_cache_aware"

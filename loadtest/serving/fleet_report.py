@@ -52,6 +52,7 @@ COLOURS = {
     "kv_aware_conditional": "tab:brown",
     "kv_aware_conditional_full80": "tab:olive",
     "kv_aware_conditional_pending": "tab:pink",
+    "kv_aware_conditional_pending_p75": "navy",
     "colocated_kv_aware": "tab:red",
     "vllm_router_cache_aware": "tab:purple",
 }

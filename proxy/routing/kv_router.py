@@ -281,6 +281,7 @@ class KvRouter:
                     self.prefill_pool.healthy(),
                     self.settings.decode_full_share,
                     pending,
+                    self.settings.decode_full_prefill_share,
                 )
                 local = "decode_full" if whole_on is not None else None
             # Only a cache-aware prefill pool (kv_aware) leases its legs' uncached tokens:

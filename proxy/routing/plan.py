@@ -154,6 +154,7 @@ def decode_full_on(
     prefill_workers: list[Worker],
     decode_share: float = 1.0,
     pending_tokens: int = 0,
+    prefill_share: float = 1.0,
 ) -> Worker | None:
     """Conditional disaggregation's other direction (reason `decode_full`): the prefill worker
     that serves a request whole, prefill and decode, because no decode worker has KV room for
@@ -171,7 +172,9 @@ def decode_full_on(
     the one with the most (then the fewest legs in flight): the decodes, which slow a
     prefill worker's steps, spread over the pool as its KV allows. `decode_share`
     (`routing.decode_full_share`): the share of a decode worker's KV the count may fill
-    before it is full; a prefill worker's room is counted on its whole size.
+    before it is full; `prefill_share` (`routing.decode_full_prefill_share`): the share of a
+    prefill worker's KV that its count, with this prompt, may fill (below 1: room kept for its
+    prefill legs, which otherwise wait behind a KV cache full of requests served whole).
 
     `pending_tokens` (`routing.decode_full_counts_pending`; the decode pool's
     `decode_pending_tokens`): the prompt tokens of the requests planned disaggregated whose
@@ -200,5 +203,5 @@ def decode_full_on(
         pool_full = room - pending_tokens < prompt_tokens
     if not pool_full:
         return None
-    roomy = [w for w in prefill_workers if kv_room(w, prompt_tokens) is not None and not full(w)]
-    return max(roomy, key=lambda w: (kv_room(w, prompt_tokens), -w.outstanding), default=None)
+    roomy = [w for w in prefill_workers if kv_room(w, prompt_tokens) is not None and not full(w, prefill_share)]
+    return max(roomy, key=lambda w: (kv_room(w, prompt_tokens, prefill_share), -w.outstanding), default=None)

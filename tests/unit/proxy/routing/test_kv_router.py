@@ -584,6 +584,16 @@ def test_the_decode_share_setting_reaches_the_rule():
     assert router.plan_for(PROMPT, 4).whole_on is router.prefill_pool.workers[0]
 
 
+def test_the_prefill_share_setting_reaches_the_rule():
+    """decode_full_prefill_share 0.75: a prefill worker holding 9,000 of 16,384 has room for
+    the 4,096-token prompt on its whole size (13,096), not within 0.75 of it (12,288): the
+    request is then disaggregated, to wait for decode KV."""
+    assert full_router([14_000, 13_000], [9_000]).plan_for(PROMPT, 4).whole_on is not None
+    router = full_router([14_000, 13_000], [9_000], decode_full_prefill_share=0.75)
+    plan = router.plan_for(PROMPT, 4)
+    assert (plan.whole_on, plan.local_prefill) == (None, None)
+
+
 def test_with_decode_full_counts_pending_the_prompts_pending_for_the_decode_pool_take_its_room():
     """Decode workers of 16,384 holding 8,000 each: 16,768 of room, which four 4,096-token
     prompts planned disaggregated and not yet decoding (16,384) leave short of a fifth, and

@@ -155,6 +155,24 @@ def test_a_decode_share_below_one_judges_the_decode_workers_full_earlier_and_onl
     assert decode_full_on(4400, decodes, prefills, decode_share=0.8) is prefills[0]
 
 
+def test_a_prefill_share_below_one_keeps_room_for_the_prefill_workers_own_legs():
+    """decode_full_prefill_share 0.75 of 32,768 tokens (24,576): a prefill worker takes five
+    4.4k prompts whole (22,000), not the sixth and seventh it takes at its whole size; a
+    prefill leg in flight (its prompt held) leaves room for four. Of two prefill workers,
+    the one with the most room within the share."""
+    prefill = sized("http://p0", 32_768)
+    taken = []
+    while decode_full_on(4400, full_decode_pool(), [prefill], prefill_share=0.75) is prefill:
+        taken.append(prefill.lease(held=4400))
+        assert len(taken) < 20
+    assert len(taken) == 5
+    taken.pop().release()
+    prefill.lease(held=4400)  # a prefill leg in flight
+    assert decode_full_on(4400, full_decode_pool(), [prefill], prefill_share=0.75) is None
+    roomier = sized("http://p1", 32_768, 3 * 4400)
+    assert decode_full_on(4400, full_decode_pool(), [prefill, roomier], prefill_share=0.75) is roomier
+
+
 def test_a_prefill_worker_takes_whole_requests_while_its_count_has_room():
     """Each whole request leases its prompt in the prefill worker's count (as its prefill
     legs do), so a 32k worker takes seven 4.4k prompts (30,800 held), not an eighth."""
