@@ -15,10 +15,10 @@
 # 1-128 requests over 512-token contexts, 48 output tokens, two reps a point.
 # Acceptance: random drafter weights have every draft rejected (1.0 tokens a step at every
 # K); the step times are real, and `pdspec plan --acceptance-rate` gives a drafter's own.
-# KV room: an engine given the whole GPU (0.9) holds about 791,000 tokens, computed from the
-# fleet run's memory (loadtest/results/fleet/h200-qwen3-8b: 79,050 MiB for four engines of
-# 4,737.6 MiB of KV each, so 15,025 MiB an engine besides its KV; 0.9 x 143,771 MiB less that,
-# over 151,552 bytes a token); the engines measured here hold less (the profile says how much).
+# KV room: an engine given the whole GPU (0.9) holds about 791,000 tokens with EAGLE3 and
+# 714,000 with DFlash, computed below from the fleet run's memory
+# (loadtest/results/fleet/h200-qwen3-8b); the engines measured here hold less (the profile
+# says how much).
 # Transfer: the one-GPU push hand-off measured on 2026-12-02.
 # Everything comes back in $OUT: the profile JSON and the whole log.
 set -uo pipefail
@@ -28,11 +28,19 @@ OUT=${OUT:-/tmp/profile-out}
 T0=$(date +%s)
 source loadtest/gpu/device_env.sh 1
 mkdir -p "$OUT"
+# KV room of an engine at gpu_memory_utilization 0.9: 0.9 x 143,771 MiB less 15,025 MiB an
+# engine besides its KV (the fleet run's 79,050 MiB for four EAGLE3 engines of 4,737.6 MiB of
+# KV each; the DFlash drafter's weights are within 0.5 GB of EAGLE3's: five layers of 193M
+# parameters and a 4096 x 5 x 4096 fc against one of 218M, its fc and its own lm_head), over
+# the bytes of KV a token: 4,096 a layer (8 KV heads x 128 x 2, bf16), 36 target layers
+# plus the drafter's (EAGLE3 1: 151,552; DFlash 5: 167,936).
 case "$drafter" in
   eagle3) args=(--drafter deploy/shapes/qwen3-8b-eagle3 --method eagle3 --ks 0 1 2 3 5
-                --drafter-name "eagle3 (the one-layer EAGLE3 shape, random weights)") ;;
+                --drafter-name "eagle3 (the one-layer EAGLE3 shape, random weights)")
+          kv_tokens=791000 token_bytes=151,552 ;;
   dflash) args=(--drafter deploy/shapes/qwen3-8b-dflash --method dflash --ks 0 8 16
-                --drafter-name "dflash (the five-layer DFlash b16 shape, random weights)") ;;
+                --drafter-name "dflash (the five-layer DFlash b16 shape, random weights)")
+          kv_tokens=714000 token_bytes=167,936 ;;
   *) echo "unknown drafter $drafter" >&2; exit 2 ;;
 esac
 TRANSFER_SOURCE="loadtest/results/handoff/h200-push-eager/NOTES.md: one H200, KV pushed, eager; 1 token: \
@@ -40,7 +48,7 @@ the decode worker's first step after a hand-off (vllm:request_prefill_time_secon
 notification round trip, whatever the size); 4,096 tokens: the decode leg's time to its first token after \
 the prefill leg, median 86 ms"
 KV_SOURCE="computed for an engine at gpu_memory_utilization 0.9: 0.9 x 143,771 MiB less 15,025 MiB an \
-engine besides its KV (the fleet run's 79,050 MiB for four engines of 4,737.6 MiB of KV), over 151,552 \
+engine besides its KV (the fleet run's 79,050 MiB for four EAGLE3 engines of 4,737.6 MiB of KV), over $token_bytes \
 bytes a token"
 LEFT=$(( ${CALL_S:-585} - ($(date +%s) - T0) - 15 ))
 echo "profile_h200.sh: $drafter, $LEFT s for the profile"
@@ -50,7 +58,7 @@ timeout -s INT -k 15 "$LEFT" python3 -m loadtest.engine_profile \
   --batch 1 8 32 64 128 --decode-context 512 --output-tokens 48 --reps 2 --decode-step-from "${DECODE_STEP_FROM:-itl}" \
   --prefill-one-engine --prefill-mbt 128 256 512 1024 2048 --prefill-prompts 8 --max-model-len 2048 \
   --transfer 1:70.3 4096:86 --transfer-source "$TRANSFER_SOURCE" \
-  --kv-tokens 791000 --kv-tokens-source "$KV_SOURCE" \
+  --kv-tokens "$kv_tokens" --kv-tokens-source "$KV_SOURCE" \
   --out "$OUT/h200-qwen3-8b-$drafter.json" > "$OUT/profile-$drafter.log" 2>&1
 rc=$?
 grep -E "^(prefill|decode|warning)|Error|error:|Traceback|took" "$OUT/profile-$drafter.log" | tail -60
