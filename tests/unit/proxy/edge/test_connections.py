@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 import time
 
 import httpx
@@ -430,3 +431,44 @@ def test_a_refusal_on_a_kept_alive_connection_drains_past_the_keep_alive_timeout
     sock.sendall(b"b" * 4096)  # raises ConnectionResetError / BrokenPipeError after a reset
     sock.close()
     served_again(proxy)
+
+
+def test_a_pipelined_request_refused_while_reading_is_paused_is_drained_not_reset():
+    """uvicorn pauses reading when a request arrives pipelined behind one still in flight; a
+    refusal then (here the pipelined request's body timeout) must resume reading, or the
+    client's body stays unread: its send blocks once the socket buffers are full, and the
+    close at the linger's end resets the connection, the 408 never read. A first request
+    still in flight, a second whose 900-KB body (under REFUSAL_LINGER_BYTES, past what a
+    16-KB send buffer and the proxy's unread receive buffer hold) is sent one byte short: the
+    client finishes sending, closes its half, and reads the 408 and a clean end."""
+    entered, done = threading.Event(), threading.Event()
+
+    async def slow_app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        entered.set()
+        while not done.is_set():  # in flight until the test is done: nothing else resumes reading
+            await asyncio.sleep(0.05)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    protocol = limited_protocol(LIMITS)
+    with ThreadServer(slow_app, http=protocol, timeout_keep_alive=LIMITS.idle_timeout_s) as server:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024)
+        sock.settimeout(10)
+        sock.connect(("127.0.0.1", server.port))
+        data = b""
+        try:
+            sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert entered.wait(5)
+            body = b"b" * 900 * 1024
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-length: %d\r\n\r\n" % (len(body) + 1))
+            sock.sendall(body)  # BrokenPipeError (or a reset) here had the proxy stopped reading
+            sock.shutdown(socket.SHUT_WR)
+            while chunk := sock.recv(65536):
+                data += chunk
+        finally:
+            done.set()
+            sock.close()
+    assert data.startswith(b"HTTP/1.1 408")
