@@ -309,8 +309,8 @@ class RoutingSettings(BaseModel):
         description="decode_on_prefill_when_full: the share of a prefill worker's KV size that its count (the prompt "
         "tokens of its prefill legs in flight and of the requests it serves whole) may fill with a request served "
         "whole. Below 1 it keeps room for the prefill legs the worker is there for: at 1, the H200 fleet's prefill "
-        "workers took seven 4.4k-token requests whole each (30.8k of 32.8k tokens) at 11 QPS, and the prefill legs "
-        "sent to them next took 1.6-3.6 s, with 2k tokens of room by that count (loadtest/results/fleet/h200-qwen3-8b/round5/). Its cost: "
+        "workers took seven 4.4k-token requests whole each (30.5k of 32.8k tokens) at 11 QPS, and the prefill legs "
+        "sent to them next took 1.6-3.6 s, with 2.3k tokens of room by that count (loadtest/results/fleet/h200-qwen3-8b/round5/). Its cost: "
         "fewer requests served whole, more waiting for decode KV. 1 by default until measured (fleet_bench's "
         "kv_aware_conditional_pending_p75).",
     )

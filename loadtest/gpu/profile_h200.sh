@@ -15,8 +15,8 @@
 # 1-128 requests over 512-token contexts, 48 output tokens, two reps a point.
 # Acceptance: random drafter weights have every draft rejected (1.0 tokens a step at every
 # K); the step times are real, and `pdspec plan --acceptance-rate` gives a drafter's own.
-# KV room: an engine given the whole GPU (0.9) holds about 791,000 tokens with EAGLE3 and
-# 714,000 with DFlash, computed below from the fleet run's memory
+# KV room: an engine given the whole GPU (0.9) holds about 767,000 tokens with EAGLE3 and
+# 691,000 with DFlash, computed below from the fleet run's memory
 # (loadtest/results/fleet/h200-qwen3-8b); the engines measured here hold less (the profile
 # says how much).
 # Transfer: the one-GPU push hand-off measured on 2026-12-02.
@@ -28,28 +28,32 @@ OUT=${OUT:-/tmp/profile-out}
 T0=$(date +%s)
 source loadtest/gpu/device_env.sh 1
 mkdir -p "$OUT"
-# KV room of an engine at gpu_memory_utilization 0.9: 0.9 x 143,771 MiB less 15,025 MiB an
-# engine besides its KV (the fleet run's 79,050 MiB for four EAGLE3 engines of 4,737.6 MiB of
-# KV each; the DFlash drafter's weights are within 0.5 GB of EAGLE3's: five layers of 193M
-# parameters and a 4096 x 5 x 4096 fc against one of 218M, its fc and its own lm_head), over
-# the bytes of KV a token: 4,096 a layer (8 KV heads x 128 x 2, bf16), 36 target layers
-# plus the drafter's (EAGLE3 1: 151,552; DFlash 5: 167,936).
+# KV room of an engine at gpu_memory_utilization 0.9: 0.9 x 143,771 MiB less what an engine
+# holds besides its KV, over the bytes of KV a token. Besides its KV: 15,025 MiB in the fleet
+# run (79,050 MiB for four EAGLE3 engines of 4,737.6 MiB of KV each), whose shapes have a
+# 4,096-token vocabulary; these have the full 151,936, which adds 2,310 MiB to the target
+# (embedding and lm_head) and 1,155 MiB to EAGLE3's lm_head: 18,490 MiB. DFlash instead of
+# the fleet's 544-MiB EAGLE3: five layers of 193M parameters and a 5 x 4096 -> 4096 fc, about
+# 2,000 MiB (the target's embedding and lm_head shared): 18,791 MiB. Bytes of KV a token:
+# 4,096 a layer (8 KV heads x 128 x 2, bf16), 36 target layers plus the drafter's (EAGLE3 1:
+# 151,552; DFlash 5: 167,936). (The shipped EAGLE3 profile's 791,000 left out the vocabulary:
+# about 3% high.)
 case "$drafter" in
   eagle3) args=(--drafter deploy/shapes/qwen3-8b-eagle3 --method eagle3 --ks 0 1 2 3 5
                 --drafter-name "eagle3 (the one-layer EAGLE3 shape, random weights)")
-          kv_tokens=791000 token_bytes=151,552 ;;
+          kv_tokens=767000 besides=18,490 token_bytes=151,552 ;;
   dflash) args=(--drafter deploy/shapes/qwen3-8b-dflash --method dflash --ks 0 8 16
                 --drafter-name "dflash (the five-layer DFlash b16 shape, random weights)")
-          kv_tokens=714000 token_bytes=167,936 ;;
+          kv_tokens=691000 besides=18,791 token_bytes=167,936 ;;
   *) echo "unknown drafter $drafter" >&2; exit 2 ;;
 esac
 TRANSFER_SOURCE="loadtest/results/handoff/h200-push-eager/NOTES.md: one H200, KV pushed, eager; 1 token: \
 the decode worker's first step after a hand-off (vllm:request_prefill_time_seconds, mean 70.3 ms: the \
 notification round trip, whatever the size); 4,096 tokens: the decode leg's time to its first token after \
 the prefill leg, median 86 ms"
-KV_SOURCE="computed for an engine at gpu_memory_utilization 0.9: 0.9 x 143,771 MiB less 15,025 MiB an \
-engine besides its KV (the fleet run's 79,050 MiB for four EAGLE3 engines of 4,737.6 MiB of KV), over $token_bytes \
-bytes a token"
+KV_SOURCE="computed for an engine at gpu_memory_utilization 0.9: 0.9 x 143,771 MiB less $besides MiB an \
+engine besides its KV (the fleet run's 15,025 MiB an EAGLE3 engine of the 4,096-token vocabulary, the full \
+vocabulary's and the drafter's weights added: loadtest/gpu/profile_h200.sh), over $token_bytes bytes a token"
 LEFT=$(( ${CALL_S:-585} - ($(date +%s) - T0) - 15 ))
 echo "profile_h200.sh: $drafter, $LEFT s for the profile"
 timeout -s INT -k 15 "$LEFT" python3 -m loadtest.engine_profile \

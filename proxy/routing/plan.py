@@ -174,7 +174,8 @@ def decode_full_on(
     (`routing.decode_full_share`): the share of a decode worker's KV the count may fill
     before it is full; `prefill_share` (`routing.decode_full_prefill_share`): the share of a
     prefill worker's KV that its count, with this prompt, may fill (below 1: room kept for its
-    prefill legs, which otherwise wait behind a KV cache full of requests served whole).
+    prefill legs, which took 1.6-3.6 s in round 5 beside seven requests served whole that left
+    2.3k tokens of room by this count).
 
     `pending_tokens` (`routing.decode_full_counts_pending`; the decode pool's
     `decode_pending_tokens`): the prompt tokens of the requests planned disaggregated whose

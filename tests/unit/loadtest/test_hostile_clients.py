@@ -12,6 +12,11 @@ from loadtest.serving.hostile_clients import Phase, _hold, idle, slow_head
 pytestmark = pytest.mark.asyncio
 
 
+async def until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0.01)  # polling the condition, bounded by the caller's wait_for
+
+
 async def serve(on_connect) -> tuple[asyncio.Server, int]:
     server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
     return server, server.sockets[0].getsockname()[1]
@@ -26,12 +31,14 @@ async def test_a_connection_the_proxy_never_closes_ends_with_its_phase():
     server, port = await serve(never_close)
     phase, stop = Phase("attack", 1), asyncio.Event()
     task = asyncio.create_task(_hold("127.0.0.1", port, idle, phase, stop))
-    while not held:
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(until(lambda: held), timeout=5)
     stop.set()
     await asyncio.wait_for(task, timeout=5)  # not the 60 s a closing proxy would get
     assert phase.hostile_connections == 1
+    for writer in held:
+        writer.close()
     server.close()
+    await server.wait_closed()
 
 
 async def test_a_slow_head_the_proxy_closes_is_opened_again_while_the_phase_runs():
@@ -41,8 +48,9 @@ async def test_a_slow_head_the_proxy_closes_is_opened_again_while_the_phase_runs
     server, port = await serve(refuse)
     phase, stop = Phase("attack", 1), asyncio.Event()
     task = asyncio.create_task(_hold("127.0.0.1", port, slow_head, phase, stop))
-    while phase.hostile_connections < 3:  # each write after the close fails, and it connects again
-        await asyncio.sleep(0.01)
+    # Each write after the close fails, and it connects again.
+    await asyncio.wait_for(until(lambda: phase.hostile_connections >= 3), timeout=10)
     stop.set()
     await asyncio.wait_for(task, timeout=5)
     server.close()
+    await server.wait_closed()

@@ -440,7 +440,10 @@ def test_a_pipelined_request_refused_while_reading_is_paused_is_drained_not_rese
     close at the linger's end resets the connection, the 408 never read. A first request
     still in flight, a second whose 900-KB body (under REFUSAL_LINGER_BYTES, past what a
     16-KB send buffer and the proxy's unread receive buffer hold) is sent one byte short: the
-    client finishes sending, closes its half, and reads the 408 and a clean end."""
+    client finishes sending, closes its half, and reads the 408 and a clean end. (The 408 is
+    the first reply on the connection, ahead of the first request's: `_refuse` ends the
+    connection, and a pipelining client learns of it that way.) Its power to fail rests on
+    the proxy's receive buffer staying under the body (Linux grows it only as it is read)."""
     entered, done = threading.Event(), threading.Event()
 
     async def slow_app(scope, receive, send):

@@ -159,7 +159,8 @@ def test_a_prefill_share_below_one_keeps_room_for_the_prefill_workers_own_legs()
     """decode_full_prefill_share 0.75 of 32,768 tokens (24,576): a prefill worker takes five
     4.4k prompts whole (22,000), not the sixth and seventh it takes at its whole size; a
     prefill leg in flight (its prompt held) leaves room for four. Of two prefill workers,
-    the one with the most room within the share."""
+    the one with the most room within the share: 32,768 holding 4,400 has 15,776 left within
+    0.75 and 23,968 in all, 40,768 holding 11,400 has 14,776 and 24,968."""
     prefill = sized("http://p0", 32_768)
     taken = []
     while decode_full_on(4400, full_decode_pool(), [prefill], prefill_share=0.75) is prefill:
@@ -169,8 +170,9 @@ def test_a_prefill_share_below_one_keeps_room_for_the_prefill_workers_own_legs()
     taken.pop().release()
     prefill.lease(held=4400)  # a prefill leg in flight
     assert decode_full_on(4400, full_decode_pool(), [prefill], prefill_share=0.75) is None
-    roomier = sized("http://p1", 32_768, 3 * 4400)
-    assert decode_full_on(4400, full_decode_pool(), [prefill, roomier], prefill_share=0.75) is roomier
+    small, big = sized("http://p1", 32_768, 4400), sized("http://p2", 40_768, 11_400)
+    assert decode_full_on(4400, full_decode_pool(), [small, big], prefill_share=0.75) is small
+    assert decode_full_on(4400, full_decode_pool(), [small, big]) is big
 
 
 def test_a_prefill_worker_takes_whole_requests_while_its_count_has_room():
