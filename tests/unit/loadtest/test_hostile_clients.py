@@ -8,13 +8,9 @@ import asyncio
 import pytest
 
 from loadtest.serving.hostile_clients import Phase, _hold, idle, slow_head
+from tests.polling import until
 
 pytestmark = pytest.mark.asyncio
-
-
-async def until(condition) -> None:
-    while not condition():
-        await asyncio.sleep(0.01)  # polling the condition, bounded by the caller's wait_for
 
 
 async def serve(on_connect) -> tuple[asyncio.Server, int]:
@@ -31,7 +27,7 @@ async def test_a_connection_the_proxy_never_closes_ends_with_its_phase():
     server, port = await serve(never_close)
     phase, stop = Phase("attack", 1), asyncio.Event()
     task = asyncio.create_task(_hold("127.0.0.1", port, idle, phase, stop))
-    await asyncio.wait_for(until(lambda: held), timeout=5)
+    await until(lambda: held)
     stop.set()
     await asyncio.wait_for(task, timeout=5)  # not the 60 s a closing proxy would get
     assert phase.hostile_connections == 1
@@ -49,7 +45,7 @@ async def test_a_slow_head_the_proxy_closes_is_opened_again_while_the_phase_runs
     phase, stop = Phase("attack", 1), asyncio.Event()
     task = asyncio.create_task(_hold("127.0.0.1", port, slow_head, phase, stop))
     # Each write after the close fails, and it connects again.
-    await asyncio.wait_for(until(lambda: phase.hostile_connections >= 3), timeout=10)
+    await until(lambda: phase.hostile_connections >= 3, timeout_s=10)
     stop.set()
     await asyncio.wait_for(task, timeout=5)
     server.close()

@@ -12,6 +12,7 @@ from vllm.distributed.kv_events import BlockStored, KVEventBatch, ZmqEventPublis
 
 from proxy.routing.kv_index import KvIndex, block_keys
 from proxy.routing.kv_subscriber import EventSource, Subscriber
+from tests.polling import until
 from tests.standin import free_port
 
 BS = 4
@@ -28,13 +29,6 @@ def stored(block_hash: int, tokens: list[int], parent: int | None = None) -> KVE
         lora_name=None,
     )
     return KVEventBatch(ts=time.time(), events=[event])
-
-
-async def until(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -74,10 +68,10 @@ async def test_replay_then_live_then_a_restarted_publisher(ports):
     first.publish(stored(2, [2, 2, 2, 2], parent=1))
     task = asyncio.ensure_future(subscriber.run())
     try:
-        await until(lambda: held(index, [1] * 4 + [2] * 4) == 2)
+        await until(lambda: held(index, [1] * 4 + [2] * 4) == 2, timeout_s=10)
         assert subscriber.counts.replays >= 1 and subscriber.counts.batches == 2
         first.publish(stored(3, [3, 3, 3, 3], parent=2))  # live
-        await until(lambda: held(index, [1] * 4 + [2] * 4 + [3] * 4) == 3)
+        await until(lambda: held(index, [1] * 4 + [2] * 4 + [3] * 4) == 3, timeout_s=10)
         assert subscriber.stream.last_seq == 2
         first.shutdown()
 
@@ -155,7 +149,7 @@ async def test_a_cancelled_subscriber_stops_even_mid_replay(ports):
         for i in range(3000):  # a long replay buffer
             pub.publish(stored(i + 1, [i % 50] * BS))
         task = asyncio.ensure_future(subscriber.run())
-        await until(lambda: subscriber.counts.batches >= 50)
+        await until(lambda: subscriber.counts.batches >= 50, timeout_s=10)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         stopped_at = subscriber.counts.batches

@@ -9,6 +9,7 @@ import struct
 import pytest
 
 from proxy.upstream.client import UpstreamClient, UpstreamError
+from tests.polling import until
 
 
 class Server:
@@ -49,13 +50,6 @@ class Server:
 
     async def __aexit__(self, *exc):
         self.server.close()
-
-
-async def until(condition, timeout_s: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 def ok(body: bytes, extra: bytes = b"") -> bytes:
