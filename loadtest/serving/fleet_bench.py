@@ -60,6 +60,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadtest.serving.fleet_trace import FIRST_TOKEN_ID, Trace, TraceRequest, read_trace
 from loadtest.serving.serve_client import stream_completion
 from loadtest.serving.serve_stats import RequestResult
+from pdspec.settings import RoutingSettings
+from proxy.routing.kv_router import KvRouter
 
 POLICIES: dict[str, dict] = {
     "round_robin": {"routing": {"prefill_policy": "round_robin", "decode_policy": "round_robin"}},
@@ -112,16 +114,9 @@ POLICIES: dict[str, dict] = {
     },
 }
 COLOCATED = "colocated_kv_aware"
-# The policies whose proxy keeps a cache index (subscribed to every worker's KV events).
-INDEXED = (
-    "kv_aware",
-    "kv_aware_prefill",
-    "kv_aware_conditional",
-    "kv_aware_conditional_full80",
-    "kv_aware_conditional_pending",
-    "kv_aware_conditional_pending_p75",
-    COLOCATED,
-)
+# The policies whose proxy keeps a cache index (subscribed to every worker's KV events), by
+# the proxy's own rule.
+INDEXED = tuple(name for name, config in POLICIES.items() if KvRouter.wanted(RoutingSettings(**config["routing"])))
 VLLM_ROUTER = "vllm_router_cache_aware"
 ALL_POLICIES = (*POLICIES, VLLM_ROUTER)
 
