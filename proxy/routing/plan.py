@@ -204,5 +204,6 @@ def decode_full_on(
         pool_full = room - pending_tokens < prompt_tokens
     if not pool_full:
         return None
-    roomy = [w for w in prefill_workers if kv_room(w, prompt_tokens) is not None and not full(w, prefill_share)]
-    return max(roomy, key=lambda w: (kv_room(w, prompt_tokens, prefill_share), -w.outstanding), default=None)
+    rooms = {w.url: kv_room(w, prompt_tokens, prefill_share) for w in prefill_workers}
+    roomy = [w for w in prefill_workers if rooms[w.url] is not None and rooms[w.url] >= 0]
+    return max(roomy, key=lambda w: (rooms[w.url], -w.outstanding), default=None)
