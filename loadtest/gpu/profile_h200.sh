@@ -41,12 +41,14 @@ mkdir -p "$OUT"
 case "$drafter" in
   eagle3) args=(--drafter deploy/shapes/qwen3-8b-eagle3 --method eagle3 --ks 0 1 2 3 5
                 --drafter-name "eagle3 (the one-layer EAGLE3 shape, random weights)")
-          kv_tokens=767000 besides=18,490 token_bytes=151,552 ;;
+          besides=18490 token_bytes=151552 ;;
   dflash) args=(--drafter deploy/shapes/qwen3-8b-dflash --method dflash --ks 0 8 16
                 --drafter-name "dflash (the five-layer DFlash b16 shape, random weights)")
-          kv_tokens=691000 besides=18,791 token_bytes=167,936 ;;
+          besides=18791 token_bytes=167936 ;;
   *) echo "unknown drafter $drafter" >&2; exit 2 ;;
 esac
+# (0.9 x 143,771 MiB - besides) / token_bytes, to the nearest thousand: 767,000 and 691,000.
+kv_tokens=$(( ((1293939 * 1048576 / 10 - besides * 1048576) / token_bytes + 500) / 1000 * 1000 ))
 TRANSFER_SOURCE="loadtest/results/handoff/h200-push-eager/NOTES.md: one H200, KV pushed, eager; 1 token: \
 the decode worker's first step after a hand-off (vllm:request_prefill_time_seconds, mean 70.3 ms: the \
 notification round trip, whatever the size); 4,096 tokens: the decode leg's time to its first token after \
