@@ -28,7 +28,8 @@ act on. A process that hangs without exiting is not noticed here.
 Stopping. SIGTERM or SIGINT to the parent sends SIGTERM to every process, each finishing
 its requests in flight for up to `proxy.serve.GRACEFUL_SHUTDOWN_S` as one process does;
 one still running after `STOP_GRACE_S` is killed; the parent removes the metrics folder
-and exits 0. The processes stay in the parent's process group, so a signal to the group
+and exits 0, also when the signal comes while the processes start (a process the group's
+signal reaches before it listens is stopped, not failed). The processes stay in the parent's process group, so a signal to the group
 (`pdspec up` stopping its children, a terminal's Ctrl-C) reaches them too, and each gets
 SIGTERM when the parent dies (Linux's PR_SET_PDEATHSIG), so not even a killed parent
 leaves one serving; its metrics folder goes when the next proxy starts (`fresh_metrics_dir`).
@@ -212,10 +213,15 @@ class ProxyProcesses:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
         listening = await asyncio.gather(*(self._start(slot) for slot in self.slots))
-        if not all(listening):
+        if self.stopping.is_set():
+            # Stopped while starting: a signal to the process group (`kill -TERM -PGID`, an
+            # init system) reaches a process before it listens too, and that is a stop, not
+            # a failure.
+            log.info("stopped while the proxy processes started")
+        elif not all(listening):
             log.error("a proxy process exited before it listened: stopping the proxy")
             self.failed = True
-        elif not self.stopping.is_set():
+        else:
             pids = ", ".join(str(slot.process.pid) for slot in self.slots)
             log.info(
                 "%d proxy processes on %s:%d (pids %s)", len(self.slots), self.settings.host, self.settings.port, pids

@@ -27,6 +27,7 @@ from proxy.processes import (
 )
 from proxy.serve import GRACEFUL_SHUTDOWN_S
 from tests.harness import REPO, wait_for, wait_healthy
+from tests.polling import until
 from tests.proxy_cluster import BODY, ProcessCluster, sample
 from tests.standin import StandinBehaviour, ThreadServer, create_standin, decode_legs, unused_port
 
@@ -267,6 +268,21 @@ async def test_a_process_that_exits_before_it_listens_stops_the_proxy(tmp_path):
     parent = Planted(tmp_path, "raise SystemExit(2)")
     assert await asyncio.wait_for(parent.run(), 30) == 1
     assert [slot.process.returncode for slot in parent.slots] == [2, 2]
+
+
+async def test_a_stop_while_the_processes_start_is_a_stop_not_a_failure(tmp_path):
+    """SIGTERM to the process group while a process is still starting (it did in a fresh-clone
+    CI run of test_python_m_proxy_reads_workers_from_a_config_file): the process dies before it
+    listens, and the proxy exits 0, as any stop."""
+    parent = Planted(tmp_path, "import time; time.sleep(60)")  # never listens
+    run = asyncio.create_task(parent.run())
+    await until(lambda: all(slot.process is not None for slot in parent.slots))
+    os.kill(os.getpid(), signal.SIGTERM)  # caught by the parent's handler on this loop
+    await until(lambda: parent.stopping.is_set())
+    for slot in parent.slots:  # as the group's signal reaches them
+        os.kill(slot.process.pid, signal.SIGTERM)
+    assert await asyncio.wait_for(run, 30) == 0
+    assert [slot.process.returncode for slot in parent.slots] == [-signal.SIGTERM, -signal.SIGTERM]
 
 
 async def test_a_process_that_keeps_exiting_stops_the_proxy(tmp_path):
