@@ -165,9 +165,10 @@ class WorkerSettings(BaseModel):
     )
     fork_start: bool = Field(
         True,
-        description="CPU builds: vLLM's engine-core and worker processes are forked from their parent instead of "
-        "spawned, so neither imports vLLM again (the fork_start engine feature; the local 1P1D is ready in about "
-        "19 s instead of 33). False: vLLM's spawn. GPU builds always spawn.",
+        description="CPU builds: vLLM's engine-core process is forked from its API server instead of spawned, so "
+        "it does not import vLLM again (the fork_start engine feature; the local 1P1D is ready in 22-25 s instead "
+        "of 31). Its model worker is still spawned (its OpenMP core binding needs a fresh process). False: vLLM's "
+        "spawn. GPU builds always spawn.",
     )
     kv_lease_s: int = Field(
         120,

@@ -33,7 +33,7 @@ def register() -> None:
     received. Every worker process counts its GC pauses (`pdspec_engine_gc_pause_seconds_total`).
     Every pdspec server, the colocated one included, gets the CPU build's fix of the
     rejection sampler's expand kernel (engine/cpu_expand_fix.py) and, on CPU builds, its
-    engine processes forked rather than spawned (engine/fork_start.py). The K=0 rule (and the
+    engine-core process forked rather than spawned (engine/fork_start.py). The K=0 rule (and the
     decode worker's stale-KV guard) comes in through `--scheduler-cls`."""
     delay = os.environ.get(PROGRESS_DELAY_ENV)
     if delay is not None:

@@ -1,28 +1,33 @@
-"""CPU builds: vLLM's engine-core and worker processes are forked from their parent, not
-spawned (the `fork_start` engine feature), so neither imports vLLM again.
+"""CPU builds: vLLM's engine-core process is forked from its API server, not spawned (the
+`fork_start` engine feature), so it does not import vLLM again.
 
-vLLM's CPU platform sets `VLLM_WORKER_MULTIPROC_METHOD=spawn` in its
-`check_and_update_config`, for every CPU server: the API server spawns the engine core, and
-the engine core spawns its worker, each a fresh interpreter that imports torch and vLLM again
-(10-14 s each on a loaded two-core machine). Forked, they start from their parent's imports.
-Measured here (`pdspec up` of the local 1P1D, engine cache warm, two runs each): ready in
-33.2 and 32.9 s spawned, 18.9 and 19.8 s forked, the same greedy text.
+vLLM's CPU platform sets `VLLM_WORKER_MULTIPROC_METHOD=spawn` for every CPU server: the API
+server spawns the engine core, and the engine core spawns its model worker, each a fresh
+interpreter that imports torch and vLLM again (10-14 s each on a loaded two-core machine).
+The worker must stay spawned: its OpenMP threads are bound to the worker's cores through
+environment variables (`GOMP_CPU_AFFINITY`, `OMP_NUM_THREADS`) that the OpenMP runtime reads
+once, when it loads; a forked worker inherits its parent's runtime, unbound, with a thread
+per core (tried: tests/e2e/test_handoff.py's core check found the prefill worker's threads on
+both cores). The engine core runs no model step, so it is forked: only the process that
+creates it, `vllm.v1.engine.utils`, is given a fork context; the engine core's own
+executor still spawns the worker. Measured here (`pdspec up` of the local 1P1D, engine cache
+warm, two runs each, same greedy text): ready in 30.6 and 30.6 s spawned, 22.3 and 25.0 s
+with the engine core forked (forking the worker too: 19-20 s, with its threads unbound).
 
-Why fork is safe here: what breaks a forked child is an initialized device runtime (CUDA:
-this feature is off on GPU builds) or an OpenMP pool that already ran a parallel region
-(vLLM's multiproc executor says as much of libgomp); neither parent has run one when it
-creates its child: the API server only tokenizes, and the engine core creates its worker
-before any model step. The worker binds its OpenMP threads to its cores after the fork, as
-it does after a spawn.
+Why forking the engine core is safe: what breaks a forked child is an initialized device
+runtime (CUDA: this feature is off on GPU builds) or an OpenMP pool that already ran a
+parallel region; the API server runs none before it creates its engine core.
 
 Failure policy: off (reported) on GPU builds, with the setting off (`worker.fork_start`
-false: `PDSPEC_FORK_START=0`), or where vLLM's CPU platform has no
-`check_and_update_config`; then vLLM spawns, as it always did.
+false: `PDSPEC_FORK_START=0`), or where vLLM has no `vllm.v1.engine.utils.get_mp_context`;
+then vLLM spawns, as it always did.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
+import multiprocessing
 import os
 from typing import Any
 
@@ -31,24 +36,22 @@ from pdspec.worker.engine.control import FORK_START_ENV
 from pdspec.worker.engine.wrap_once import is_wrapped, wrap_once
 
 MARKER = "fork_start"
-START_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
+ENGINE_UTILS = "vllm.v1.engine.utils"  # where vLLM creates the engine-core process
 
 
 def _forking(original: Any) -> Any:
-    """`check_and_update_config` that leaves vLLM's start method at fork (the platform's own
-    sets spawn; every other setting it makes stays)."""
+    """`get_mp_context` that gives the fork context (vLLM's gives spawn on CPU builds)."""
 
     @functools.wraps(original)
-    def check_and_update_config(cls: Any, vllm_config: Any) -> None:
-        original(vllm_config)
-        os.environ[START_METHOD_ENV] = "fork"
+    def get_mp_context() -> Any:
+        return multiprocessing.get_context("fork")
 
-    return check_and_update_config
+    return get_mp_context
 
 
 def install_fork_start() -> None:
-    """Called by pdspec's vLLM plugin in every process of every pdspec server (the API
-    server creates the engine core, the engine core its worker)."""
+    """Called by pdspec's vLLM plugin in every process of every pdspec server; it matters in
+    the API server, which creates the engine core."""
     if os.environ.get(FORK_START_ENV, "1") == "0":
         features.report(features.FORK_START, False, f"off by setting ({FORK_START_ENV}=0)")
         return
@@ -58,12 +61,12 @@ def install_fork_start() -> None:
         if not current_platform.is_cpu():
             features.report(features.FORK_START, False, "not a CPU build (CUDA needs spawned processes)")
             return
-        from vllm.platforms.cpu import CpuPlatform
+        engine_utils = importlib.import_module(ENGINE_UTILS)
     except ImportError:
-        features.report(features.FORK_START, False, "vLLM has no CPU platform here")
+        features.report(features.FORK_START, False, f"vLLM has no {ENGINE_UTILS} here")
         return
-    wrap_once(CpuPlatform, "check_and_update_config", MARKER, _forking, class_method=True)
-    if not is_wrapped(getattr(CpuPlatform, "check_and_update_config", None), MARKER):
-        features.report(features.FORK_START, False, "vLLM's CPU platform has no check_and_update_config")
+    wrap_once(engine_utils, "get_mp_context", MARKER, _forking)
+    if not is_wrapped(getattr(engine_utils, "get_mp_context", None), MARKER):
+        features.report(features.FORK_START, False, f"vLLM's {ENGINE_UTILS} has no get_mp_context")
         return
     features.report(features.FORK_START, True)

@@ -28,24 +28,17 @@ def is_wrapped(fn: Any, marker: str) -> bool:
 
 
 def wrap_once(
-    owner: Any,
-    name: str,
-    marker: str,
-    wrap: Callable[[Callable], Callable],
-    *,
-    static: bool = False,
-    class_method: bool = False,
+    owner: Any, name: str, marker: str, wrap: Callable[[Callable], Callable], *, static: bool = False
 ) -> bool:
     """Replace `owner.name` with `wrap(original)` unless it already carries `marker`.
 
-    `static` stores the wrapper as a staticmethod (for a class's static function),
-    `class_method` as a classmethod (the wrapper takes the class first; `original` is
-    already bound to it). Returns whether it wrapped; an owner without the attribute is
-    left alone (another vLLM build: the caller reports the feature off)."""
+    `static` stores the wrapper as a staticmethod (for a class's static function).
+    Returns whether it wrapped; an owner without the attribute is left alone (another
+    vLLM build: the caller reports the feature off)."""
     original = getattr(owner, name, None)
     if original is None or is_wrapped(original, marker):
         return False
     wrapper = wrap(original)
     setattr(wrapper, MARKERS_ATTR, markers(original) | {marker})
-    setattr(owner, name, staticmethod(wrapper) if static else classmethod(wrapper) if class_method else wrapper)
+    setattr(owner, name, staticmethod(wrapper) if static else wrapper)
     return True

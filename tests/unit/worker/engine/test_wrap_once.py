@@ -26,10 +26,6 @@ def fresh_class():
         def topology():
             return ["vllm"]
 
-        @classmethod
-        def configure(cls):
-            return ["vllm", cls.__name__]
-
     return Runner
 
 
@@ -56,22 +52,6 @@ def test_static_functions_stay_static():
     assert wrap_once(cls, "topology", "t", tagging("t"), static=True)
     assert cls.topology() == ["t", "vllm"] and cls().topology() == ["t", "vllm"]
     assert is_wrapped(cls.topology, "t")
-
-
-def test_class_methods_stay_class_methods():
-    cls = fresh_class()
-
-    def tagging_class(original):
-        @functools.wraps(original)
-        def wrapper(klass):
-            return ["t", klass.__name__, *original()]
-
-        return wrapper
-
-    assert wrap_once(cls, "configure", "t", tagging_class, class_method=True)
-    assert not wrap_once(cls, "configure", "t", tagging_class, class_method=True)
-    assert cls.configure() == ["t", "Runner", "vllm", "Runner"] == cls().configure()
-    assert is_wrapped(cls.configure, "t")
 
 
 def test_instances_and_missing_attributes():
