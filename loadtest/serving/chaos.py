@@ -414,11 +414,16 @@ def run(args) -> dict:
         worker_urls(args.base_port, args.prefill_replicas, args.decode_replicas),
         lines,
     )
-    if args.reference == "fleet":  # before the load and any fault
-        texts = reference_texts(fleet.proxy, greedy)
-    proxy_process = next(
-        c for c in psutil.Process(process.pid).children() if "pdspec.cli proxy" in " ".join(c.cmdline())
-    )
+    try:
+        if args.reference == "fleet":  # before the load and any fault
+            texts = reference_texts(fleet.proxy, greedy)
+        proxy_process = next(
+            c for c in psutil.Process(process.pid).children() if "pdspec.cli proxy" in " ".join(c.cmdline())
+        )
+    except BaseException:  # the fleet stops with the run, as after the load
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+        raise
     rss_start = proxy_process.memory_info().rss / 2**20
     t0 = time.monotonic()
     until = t0 + args.minutes * 60

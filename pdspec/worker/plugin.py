@@ -1,5 +1,8 @@
 """vLLM general plugin: runs in every process vLLM starts (API server, engine core,
-workers), so start-up fixes that must hold in the engine-core process live here.
+workers), so start-up fixes that must hold in the engine-core process live here. A forked
+engine core (CPU builds, engine/fork_start.py) does not load plugins again: it inherits what
+its API server installed, so a hook must not depend on state of its own process (a thread
+must be started again after a fork, as metrics.py's GC-pause flusher is).
 
 It does nothing unless pdspec's worker launcher set the environment it reads, so a
 plain `vllm serve` in the same environment is unaffected. It is the one place that maps a

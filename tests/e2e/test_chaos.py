@@ -39,7 +39,7 @@ def test_two_minutes_of_chaos_lose_nothing(tmp_path):
             "--decode-replicas",
             "1",
             # The fleet's own answers before the fault (test_pd_equivalence checks P/D against
-            # colocated): saves a colocated server's start, about 33 s.
+            # colocated): saves a colocated server's start and stop (about 33 s spawned).
             "--reference",
             "fleet",
             "--base-port",

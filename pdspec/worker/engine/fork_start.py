@@ -8,15 +8,21 @@ The worker must stay spawned: its OpenMP threads are bound to the worker's cores
 environment variables (`GOMP_CPU_AFFINITY`, `OMP_NUM_THREADS`) that the OpenMP runtime reads
 once, when it loads; a forked worker inherits its parent's runtime, unbound, with a thread
 per core (tried: tests/e2e/test_handoff.py's core check found the prefill worker's threads on
-both cores). The engine core runs no model step, so it is forked: only the process that
-creates it, `vllm.v1.engine.utils`, is given a fork context; the engine core's own
-executor still spawns the worker. Measured here (`pdspec up` of the local 1P1D, engine cache
+both cores). The engine core runs no model step, so it is forked: only the module that
+creates it, `vllm.v1.engine.utils`, is given the fork context (its tensor-IPC queue, for
+multimodal shared-memory tensors, too); the engine core's own executor and vLLM's
+data-parallel coordinator still spawn. Measured here (`pdspec up` of the local 1P1D, engine cache
 warm, two runs each, same greedy text): ready in 30.6 and 30.6 s spawned, 22.3 and 25.0 s
 with the engine core forked (forking the worker too: 19-20 s, with its threads unbound).
 
 Why forking the engine core is safe: what breaks a forked child is an initialized device
-runtime (CUDA: this feature is off on GPU builds) or an OpenMP pool that already ran a
-parallel region; the API server runs none before it creates its engine core.
+runtime (CUDA: this feature is off on GPU builds), an OpenMP pool that already ran a
+parallel region (the API server runs none before it creates its engine core), or a lock
+that another thread held at the fork. pdspec's one thread in the API server that takes
+locks, the GC-pause flusher (metrics.py), holds the fork back while it flushes. vLLM's
+plugins are not loaded again in a forked engine core (vLLM's loaded-flag is inherited): it
+runs with the hooks the API server installed. vLLM's own reasons to spawn are kept: with
+`--numa-bind` (numactl wraps a spawned interpreter) the original context is used.
 
 Failure policy: off (reported) on GPU builds, with the setting off (`worker.fork_start`
 false: `PDSPEC_FORK_START=0`), or where vLLM has no `vllm.v1.engine.utils.get_mp_context`;
@@ -29,6 +35,7 @@ import functools
 import importlib
 import multiprocessing
 import os
+import sys
 from typing import Any
 
 from pdspec.worker.engine import features
@@ -44,14 +51,16 @@ def _forking(original: Any) -> Any:
 
     @functools.wraps(original)
     def get_mp_context() -> Any:
+        if "--numa-bind" in sys.argv:  # vLLM's binding wraps a spawned interpreter
+            return original()
         return multiprocessing.get_context("fork")
 
     return get_mp_context
 
 
 def install_fork_start() -> None:
-    """Called by pdspec's vLLM plugin in every process of every pdspec server; it matters in
-    the API server, which creates the engine core."""
+    """Called by pdspec's vLLM plugin in the processes of every pdspec server where vLLM
+    loads plugins (the API server, which creates the engine core, and the spawned worker)."""
     if os.environ.get(FORK_START_ENV, "1") == "0":
         features.report(features.FORK_START, False, f"off by setting ({FORK_START_ENV}=0)")
         return

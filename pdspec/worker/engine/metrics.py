@@ -69,8 +69,21 @@ def install_gc_pause_counter() -> None:
     callback but not the thread, so the thread starts again there)."""
     if _on_gc not in gc.callbacks:
         gc.callbacks.append(_on_gc)
-        os.register_at_fork(after_in_child=_after_fork_in_child)
+        # A fork waits for a flush in progress: the child must not start with the flusher
+        # inside prometheus-client, holding its value lock (every later inc() there would
+        # wait for it forever).
+        os.register_at_fork(
+            before=_hold_flush_lock, after_in_parent=_release_flush_lock, after_in_child=_after_fork_in_child
+        )
     _start_flusher()
+
+
+def _hold_flush_lock() -> None:
+    _flush_lock.acquire()
+
+
+def _release_flush_lock() -> None:
+    _flush_lock.release()
 
 
 def _start_flusher() -> None:

@@ -46,4 +46,14 @@ def test_a_gpu_build_spawns(engine_utils, monkeypatch):
     monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
     fork_start.install_fork_start()
     assert not is_wrapped(engine_utils.get_mp_context, MARKER)
-    assert features.reported()[features.FORK_START][0] == "off"
+    assert features.reported()[features.FORK_START] == ("off", "not a CPU build (CUDA needs spawned processes)")
+
+
+def test_numa_binding_keeps_vllms_spawn(engine_utils, monkeypatch):
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("the CPU build's test")
+    fork_start.install_fork_start()
+    monkeypatch.setattr("sys.argv", ["vllm", "serve", "--numa-bind"])
+    assert engine_utils.get_mp_context().get_start_method() == "spawn"

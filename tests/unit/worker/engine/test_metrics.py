@@ -3,6 +3,10 @@
 import gc
 import multiprocessing
 import os
+import threading
+import time
+
+import pytest
 
 from pdspec.worker.engine import metrics
 
@@ -57,3 +61,28 @@ def test_a_forked_child_counts_its_own_pauses_from_zero():
     child.join(30)
     assert child.exitcode == 0 and queue.get(timeout=5) is True
     assert os.getpid() != child.pid
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_a_fork_waits_for_a_flush_in_progress():
+    """The flusher inside prometheus-client at a fork would leave the child with its value
+    lock held (fork_start forks vLLM's engine core from the API server, where it runs)."""
+    metrics.install_gc_pause_counter()
+    held, released_at = threading.Event(), []
+
+    def flushing():
+        with metrics._flush_lock:  # as flush_gc_pauses holds it
+            held.set()
+            time.sleep(0.3)
+            released_at.append(time.monotonic())
+
+    thread = threading.Thread(target=flushing)
+    thread.start()
+    held.wait(5)
+    pid = os.fork()
+    if pid == 0:  # the child: its lock is free
+        os._exit(0 if metrics._flush_lock.acquire(timeout=5) else 1)
+    forked_at = time.monotonic()
+    thread.join()
+    assert os.waitpid(pid, 0)[1] == 0
+    assert released_at and forked_at >= released_at[0]  # the fork waited for the flush
