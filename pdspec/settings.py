@@ -163,13 +163,6 @@ class WorkerSettings(BaseModel):
         "for the next message on their shared-memory queue before they sleep until notified; vLLM spins 1 s, "
         "which takes a core from the engines beside them (the short_spin engine feature). 0: vLLM's own.",
     )
-    fork_start: bool = Field(
-        True,
-        description="CPU builds: vLLM's engine-core process is forked from its API server instead of spawned, so "
-        "it does not import vLLM again (the fork_start engine feature; the local 1P1D is ready in 22-25 s instead "
-        "of 31). Its model worker is still spawned (its OpenMP core binding needs a fresh process). False: vLLM's "
-        "spawn. GPU builds always spawn.",
-    )
     kv_lease_s: int = Field(
         120,
         ge=1,

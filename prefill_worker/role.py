@@ -30,7 +30,6 @@ FEATURES = (
     "kv_hold_wait",
     "short_spin",
     "cpu_expand_fix",
-    "fork_start",
     "prefill_reply_guard",
 )
 HOOKS = (

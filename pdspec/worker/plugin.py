@@ -1,8 +1,5 @@
 """vLLM general plugin: runs in every process vLLM starts (API server, engine core,
-workers), so start-up fixes that must hold in the engine-core process live here. A forked
-engine core (CPU builds, engine/fork_start.py) does not load plugins again: it inherits what
-its API server installed, so a hook must not depend on state of its own process (a thread
-must be started again after a fork, as metrics.py's GC-pause flusher is).
+workers), so start-up fixes that must hold in the engine-core process live here.
 
 It does nothing unless pdspec's worker launcher set the environment it reads, so a
 plain `vllm serve` in the same environment is unaffected. It is the one place that maps a
@@ -35,8 +32,7 @@ def register() -> None:
     tests, the drafter-KV switch; a decode worker, in tests, the dump of the drafter KV it
     received. Every worker process counts its GC pauses (`pdspec_engine_gc_pause_seconds_total`).
     Every pdspec server, the colocated one included, gets the CPU build's fix of the
-    rejection sampler's expand kernel (engine/cpu_expand_fix.py) and, on CPU builds, its
-    engine-core process forked rather than spawned (engine/fork_start.py). The K=0 rule (and the
+    rejection sampler's expand kernel (engine/cpu_expand_fix.py). The K=0 rule (and the
     decode worker's stale-KV guard) comes in through `--scheduler-cls`."""
     delay = os.environ.get(PROGRESS_DELAY_ENV)
     if delay is not None:
@@ -46,11 +42,8 @@ def register() -> None:
         # A fix of vLLM's own sampling, so the colocated reference server gets it too
         # (P/D must match it).
         from pdspec.worker.engine.cpu_expand_fix import install_cpu_expand_fix
-        from pdspec.worker.engine.fork_start import install_fork_start
 
         install_cpu_expand_fix()
-        # Every pdspec server starts its engine faster (the colocated reference too).
-        install_fork_start()
     if role not in ("prefill", "decode"):
         return
     from pdspec.worker.engine import features

@@ -20,17 +20,8 @@ ON_IN_MAKE_RUN = {
         "short_spin",
         "prefill_reply_guard",
         "cpu_expand_fix",
-        "fork_start",
     },
-    "decode": {
-        "k0_rule",
-        "nixl_progress_delay",
-        "kv_core_pinning",
-        "stale_kv_guard",
-        "short_spin",
-        "cpu_expand_fix",
-        "fork_start",
-    },
+    "decode": {"k0_rule", "nixl_progress_delay", "kv_core_pinning", "stale_kv_guard", "short_spin", "cpu_expand_fix"},
 }
 # The one feature that cannot be on here, and why.
 OFF_IN_MAKE_RUN = {

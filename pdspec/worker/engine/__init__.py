@@ -9,7 +9,6 @@ one module per concern.
 - cpu_affinity.py: NixlConnector's KV core on CPU builds
 - short_spin.py: CPU builds: vLLM's shared-memory queue readers spin milliseconds, not a second
 - cpu_expand_fix.py: CPU builds, the rejection sampler's per-draft temperature (vLLM's fallback left it unset)
-- fork_start.py: CPU builds: vLLM's engine-core process forked, not spawned (no second import of vLLM)
 - seeded_first_step.py: a seeded request's one-token first step without vLLM's placeholder drafts
 - wrap_once.py: the one way pdspec patches vLLM (a marker per patch)
 - testing_hooks.py: the drafter-KV tests' negative control and the decode worker's dump of received drafter KV

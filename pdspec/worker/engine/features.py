@@ -38,7 +38,6 @@ STALE_KV_GUARD = "stale_kv_guard"  # decode: a prefill's KV whose lease may have
 KV_HOLD_WAIT = "kv_hold_wait"  # prefill: with only KV held for reads, wait for work instead of stepping
 SHORT_SPIN = "short_spin"  # CPU: vLLM's shared-memory readers spin milliseconds, not a second, before sleeping
 CPU_EXPAND_FIX = "cpu_expand_fix"  # CPU: the rejection sampler's per-draft temperature is the request's (issue 39)
-FORK_START = "fork_start"  # CPU: vLLM's engine-core process forked, not spawned (no second import of vLLM)
 # prefill, API server: a prefill leg's reply never fails after its engine parked the KV
 PREFILL_REPLY_GUARD = "prefill_reply_guard"
 FEATURES = (
@@ -51,7 +50,6 @@ FEATURES = (
     KV_HOLD_WAIT,
     SHORT_SPIN,
     CPU_EXPAND_FIX,
-    FORK_START,
     PREFILL_REPLY_GUARD,
 )
 

@@ -66,7 +66,8 @@ def test_a_forked_child_counts_its_own_pauses_from_zero():
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
 def test_a_fork_waits_for_a_flush_in_progress():
     """The flusher inside prometheus-client at a fork would leave the child with its value
-    lock held (fork_start forks vLLM's engine core from the API server, where it runs)."""
+    lock held (vLLM forks its engine core from the API server, where it runs, wherever it
+    does not spawn)."""
     metrics.install_gc_pause_counter()
     held, released_at = threading.Event(), []
 
