@@ -414,39 +414,34 @@ def run(args) -> dict:
         worker_urls(args.base_port, args.prefill_replicas, args.decode_replicas),
         lines,
     )
-    try:
+    try:  # the fleet stops however the run ends
         if args.reference == "fleet":  # before the load and any fault
             texts = reference_texts(fleet.proxy, greedy)
         proxy_process = next(
             c for c in psutil.Process(process.pid).children() if "pdspec.cli proxy" in " ".join(c.cmdline())
         )
-    except BaseException:  # the fleet stops with the run, as after the load
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=120)
-        raise
-    rss_start = proxy_process.memory_info().rss / 2**20
-    t0 = time.monotonic()
-    until = t0 + args.minutes * 60
-    faults: list[Fault] = []
-    health: list = []
-    workers_up: list = []
+        rss_start = proxy_process.memory_info().rss / 2**20
+        t0 = time.monotonic()
+        until = t0 + args.minutes * 60
+        faults: list[Fault] = []
+        health: list = []
+        workers_up: list = []
 
-    async def main_async():
-        async def progress():
-            with tqdm(total=int(args.minutes * 60), desc="chaos", unit="s") as bar:
-                while time.monotonic() < until:
-                    await asyncio.sleep(1)
-                    bar.update(1)
+        async def main_async():
+            async def progress():
+                with tqdm(total=int(args.minutes * 60), desc="chaos", unit="s") as bar:
+                    while time.monotonic() < until:
+                        await asyncio.sleep(1)
+                        bar.update(1)
 
-        results = await asyncio.gather(
-            load(fleet, mix, texts, until, args.concurrency, args.seed, args.timeout_s),
-            inject(fleet, until, args.fault_every_s, args.hang_s, args.seed, faults, args.quiet_tail_s),
-            watch_health(fleet, until + 5, health, workers_up),
-            progress(),
-        )
-        return results[0]
+            results = await asyncio.gather(
+                load(fleet, mix, texts, until, args.concurrency, args.seed, args.timeout_s),
+                inject(fleet, until, args.fault_every_s, args.hang_s, args.seed, faults, args.quiet_tail_s),
+                watch_health(fleet, until + 5, health, workers_up),
+                progress(),
+            )
+            return results[0]
 
-    try:
         records = asyncio.run(main_async())
         # Settled: every worker back (one killed near the end is still restarting), then
         # idle, the prefill workers' KV free.
