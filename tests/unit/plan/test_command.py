@@ -72,7 +72,8 @@ def test_the_plot_is_a_png(profile_file, tmp_path, capsys):
     [
         (
             ["--profile", "no-such-profile"],
-            "no-such-profile: neither a shipped profile (cpu-2core-pdspec-tiny-eagle3, h200-qwen3-8b-eagle3) nor a file",
+            "no-such-profile: neither a shipped profile (cpu-2core-pdspec-tiny-eagle3, h100-qwen3-8b-dflash, "
+            "h100-qwen3-8b-eagle3, h200-qwen3-8b-eagle3) nor a file",
         ),
         (["--workload", "/nonexistent.json"], "/nonexistent.json: not a workload"),
         (["--emit", "k8s", "--k8s_base", "/nonexistent"], "no kustomization.yaml in /nonexistent"),

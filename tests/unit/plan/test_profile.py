@@ -112,6 +112,28 @@ def test_a_step_cheaper_with_more_requests_or_more_drafts_is_an_anomaly():
     assert len(profile.load(profile.shipped()["h200-qwen3-8b-eagle3"]).anomalies()) > 0  # as measured: noisy
 
 
+def test_the_shipped_profiles_load_and_say_their_gpu_and_drafter_in_their_names():
+    """Each shipped profile is found by `<gpu>-<model>-<drafter>`: the name `pdspec plan
+    --profile` takes, so its gpu and drafter must be the ones the name says. The H100 ones
+    (loadtest/results/plan/h100-profile/) have the H100's KV room and the H200's hand-off."""
+    shipped = profile.shipped()
+    assert list(shipped) == [
+        "cpu-2core-pdspec-tiny-eagle3",
+        "h100-qwen3-8b-dflash",
+        "h100-qwen3-8b-eagle3",
+        "h200-qwen3-8b-eagle3",
+    ]
+    for name, path in shipped.items():
+        loaded = profile.load(path)
+        assert name.startswith(f"{loaded.gpu}-") and name.endswith("-" + loaded.drafter.split()[0]), name
+    eagle3, dflash = (profile.load(shipped[f"h100-qwen3-8b-{d}"]) for d in ("eagle3", "dflash"))
+    assert sorted(eagle3.decode) == [0, 1, 2, 3, 5] and sorted(dflash.decode) == [0, 8, 16]
+    assert (eagle3.kv_tokens, dflash.kv_tokens) == (380_000, 341_000)  # 0.9 x 81,559 MiB, as computed
+    for h100 in (eagle3, dflash):
+        assert {d.tokens_per_step for d in h100.decode.values()} == {1.0}  # random weights: no draft accepted
+        assert h100.transfer_ms.points == [(1, 70.3), (4096, 86)] and "one H200" in h100.measured
+
+
 def test_the_device_term_is_alpha_one_unless_the_profile_has_one_and_round_trips(tmp_path):
     plain = profile.EngineProfile.model_validate(PROFILE)
     assert plain.device_sharing is None and plain.sharing.alpha == profile.DEFAULT_SHARING_ALPHA == 1.0
