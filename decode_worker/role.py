@@ -14,7 +14,15 @@ PORT = 8200  # default HTTP port in `pdspec up`
 SIDE_CHANNEL_PORT = 5700  # default NIXL side-channel port
 KV_EVENTS_PORT = 5750  # default port of its KV-event publisher (the replay port is the next one up)
 CPU_CORE = "1"  # default VLLM_CPU_OMP_THREADS_BIND on the CPU build
-FEATURES = ("k0_rule", "nixl_progress_delay", "kv_core_pinning", "stale_kv_guard", "short_spin", "cpu_expand_fix")
+FEATURES = (
+    "k0_rule",
+    "nixl_progress_delay",
+    "kv_core_pinning",
+    "stale_kv_guard",
+    "short_spin",
+    "cpu_expand_fix",
+    "in_core_worker",
+)
 HOOKS = (
     "pdspec.worker.engine.cpu_affinity:install_cpu_affinity_fix",
     "pdspec.worker.engine.short_spin:install_short_spin",

@@ -163,6 +163,13 @@ class WorkerSettings(BaseModel):
         "for the next message on their shared-memory queue before they sleep until notified; vLLM spins 1 s, "
         "which takes a core from the engines beside them (the short_spin engine feature). 0: vLLM's own.",
     )
+    in_core_worker: bool = Field(
+        True,
+        description="CPU builds: an engine of one process runs its model in vLLM's engine-core process, as on a "
+        "GPU, instead of a worker process of its own (the in_core_worker engine feature): one interpreter less "
+        "to start and no shared-memory queue between the two; its OpenMP threads are bound as vLLM binds a "
+        "worker's. False: vLLM's worker process. Tensor, pipeline or data parallel engines keep it either way.",
+    )
     kv_lease_s: int = Field(
         120,
         ge=1,

@@ -30,6 +30,7 @@ FEATURES = (
     "kv_hold_wait",
     "short_spin",
     "cpu_expand_fix",
+    "in_core_worker",
     "prefill_reply_guard",
 )
 HOOKS = (

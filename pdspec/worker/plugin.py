@@ -32,7 +32,8 @@ def register() -> None:
     tests, the drafter-KV switch; a decode worker, in tests, the dump of the drafter KV it
     received. Every worker process counts its GC pauses (`pdspec_engine_gc_pause_seconds_total`).
     Every pdspec server, the colocated one included, gets the CPU build's fix of the
-    rejection sampler's expand kernel (engine/cpu_expand_fix.py). The K=0 rule (and the
+    rejection sampler's expand kernel (engine/cpu_expand_fix.py) and, on CPU builds, its
+    model run in the engine-core process (engine/in_core_worker.py). The K=0 rule (and the
     decode worker's stale-KV guard) comes in through `--scheduler-cls`."""
     delay = os.environ.get(PROGRESS_DELAY_ENV)
     if delay is not None:
@@ -42,8 +43,11 @@ def register() -> None:
         # A fix of vLLM's own sampling, so the colocated reference server gets it too
         # (P/D must match it).
         from pdspec.worker.engine.cpu_expand_fix import install_cpu_expand_fix
+        from pdspec.worker.engine.in_core_worker import install_in_core_worker
 
         install_cpu_expand_fix()
+        # Every pdspec server's engine runs its model in the engine core (the colocated one too).
+        install_in_core_worker()
     if role not in ("prefill", "decode"):
         return
     from pdspec.worker.engine import features

@@ -20,8 +20,17 @@ ON_IN_MAKE_RUN = {
         "short_spin",
         "prefill_reply_guard",
         "cpu_expand_fix",
+        "in_core_worker",
     },
-    "decode": {"k0_rule", "nixl_progress_delay", "kv_core_pinning", "stale_kv_guard", "short_spin", "cpu_expand_fix"},
+    "decode": {
+        "k0_rule",
+        "nixl_progress_delay",
+        "kv_core_pinning",
+        "stale_kv_guard",
+        "short_spin",
+        "cpu_expand_fix",
+        "in_core_worker",
+    },
 }
 # The one feature that cannot be on here, and why.
 OFF_IN_MAKE_RUN = {

@@ -4,6 +4,8 @@ as much as the prefill itself, not a second: the prefill worker keeps to its own
 The cause it guards against: vLLM's NixlConnector on a CPU build pins the worker's main
 thread to the machine's last core, so the prefill worker (bound to core 0) ran on the
 decode worker's core 1 (`pdspec.worker.engine.cpu_affinity.install_kv_core_within_own_cpus`).
+The model runs in vLLM's engine-core process (`in_core_worker`), so that is the process
+whose threads must keep to the worker's cores.
 """
 
 import psutil
@@ -46,11 +48,15 @@ def test_prefill_and_decode_workers_keep_to_their_own_cores(stack, client):
         "decode": parse_cores(DecodeWorkerSettings().cpu_omp_threads_bind),
     }
     for role, pid in harness.worker_pids(stack).items():
-        model_workers = [p for p in psutil.Process(pid).children(recursive=True) if "Worker" in p.name()]
-        assert model_workers, f"{role}: no vLLM model worker process under {pid}"
-        for worker in model_workers:
-            strays = {name: cores for name, cores in thread_cores(worker.pid).items() if not cores <= own[role]}
-            assert not strays, f"{role} worker threads outside cores {sorted(own[role])}: {strays}"
+        children = psutil.Process(pid).children(recursive=True)
+        # The model runs in the engine-core process (the in_core_worker engine feature):
+        # no worker process of vLLM's, and every thread of the engine core on its cores.
+        assert not [p for p in children if "Worker" in p.name()], f"{role}: a vLLM worker process under {pid}"
+        engine_cores = [p for p in children if p.name().startswith("VLLM::EngineCor")]
+        assert engine_cores, f"{role}: no vLLM engine-core process under {pid}"
+        for core in engine_cores:
+            strays = {name: cores for name, cores in thread_cores(core.pid).items() if not cores <= own[role]}
+            assert not strays, f"{role} engine threads outside cores {sorted(own[role])}: {strays}"
 
 
 def test_handoff_through_the_proxy_costs_about_the_two_legs(stack, client):

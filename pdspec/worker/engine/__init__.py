@@ -9,6 +9,7 @@ one module per concern.
 - cpu_affinity.py: NixlConnector's KV core on CPU builds
 - short_spin.py: CPU builds: vLLM's shared-memory queue readers spin milliseconds, not a second
 - cpu_expand_fix.py: CPU builds, the rejection sampler's per-draft temperature (vLLM's fallback left it unset)
+- in_core_worker.py: CPU builds: a one-process engine's model runs in vLLM's engine core (no worker process)
 - seeded_first_step.py: a seeded request's one-token first step without vLLM's placeholder drafts
 - wrap_once.py: the one way pdspec patches vLLM (a marker per patch)
 - testing_hooks.py: the drafter-KV tests' negative control and the decode worker's dump of received drafter KV

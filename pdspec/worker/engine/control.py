@@ -30,6 +30,7 @@ STALE_KV_AFTER_ENV = "PDSPEC_STALE_KV_AFTER_S"  # decode worker: stale_kv.py's a
 DP_IDLE_RANK_VOTE_ENV = "PDSPEC_DP_IDLE_RANK_VOTE"  # "1" (default) or "0": vLLM's own vote
 KV_HOLD_POLL_ENV = "PDSPEC_KV_HOLD_POLL_S"  # prefill worker: kv_hold_wait.py's wait (0 or unset: off)
 SPIN_WINDOW_ENV = "PDSPEC_SPIN_WINDOW_MS"  # CPU builds: short_spin.py's window (0 or unset: off)
+IN_CORE_WORKER_ENV = "PDSPEC_IN_CORE_WORKER"  # CPU builds: "1" (default) or "0": in_core_worker.py
 
 KV_ONLY_ENV = "PDSPEC_KV_ONLY_DRAFTER"  # "1" (default) or "0": the start-up setting
 KV_ONLY_FILE_ENV = "PDSPEC_KV_ONLY_DRAFTER_FILE"  # live switch ("on"/"off"), for tests and benchmarks

@@ -38,6 +38,7 @@ STALE_KV_GUARD = "stale_kv_guard"  # decode: a prefill's KV whose lease may have
 KV_HOLD_WAIT = "kv_hold_wait"  # prefill: with only KV held for reads, wait for work instead of stepping
 SHORT_SPIN = "short_spin"  # CPU: vLLM's shared-memory readers spin milliseconds, not a second, before sleeping
 CPU_EXPAND_FIX = "cpu_expand_fix"  # CPU: the rejection sampler's per-draft temperature is the request's (issue 39)
+IN_CORE_WORKER = "in_core_worker"  # CPU: the model runs in vLLM's engine-core process, no worker process
 # prefill, API server: a prefill leg's reply never fails after its engine parked the KV
 PREFILL_REPLY_GUARD = "prefill_reply_guard"
 FEATURES = (
@@ -50,6 +51,7 @@ FEATURES = (
     KV_HOLD_WAIT,
     SHORT_SPIN,
     CPU_EXPAND_FIX,
+    IN_CORE_WORKER,
     PREFILL_REPLY_GUARD,
 )
 

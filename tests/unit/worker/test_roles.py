@@ -56,6 +56,7 @@ def test_every_role_names_only_features_that_exist():
         features.KV_HOLD_WAIT,
         features.SHORT_SPIN,
         features.CPU_EXPAND_FIX,
+        features.IN_CORE_WORKER,
         features.PREFILL_REPLY_GUARD,
     }
     assert set(ROLE_FEATURES["prefill"]) == known - {features.STALE_KV_GUARD}
