@@ -161,7 +161,8 @@ class WorkerSettings(BaseModel):
         ge=0,
         description="CPU builds: how long vLLM's engine core and worker processes spin (sched_yield) "
         "for the next message on their shared-memory queue before they sleep until notified; vLLM spins 1 s, "
-        "which takes a core from the engines beside them (the short_spin engine feature). 0: vLLM's own.",
+        "which takes a core from the engines beside them (the short_spin engine feature). Only engines with a worker "
+        "process have such a queue: of several ranks, or with in_core_worker off. 0: vLLM's own.",
     )
     in_core_worker: bool = Field(
         True,

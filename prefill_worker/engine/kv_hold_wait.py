@@ -4,8 +4,9 @@ instead of stepping (the `kv_hold_wait` engine feature).
 After a prefill, vLLM keeps the request (its blocks held, "delayed free") until the decode
 worker has read its KV. Meanwhile `Scheduler.has_requests()` is true, so the engine core
 never blocks on its input queue: it steps with nothing scheduled, sleeps 1 ms, and steps
-again (`EngineCore._process_engine_step`), each empty step a round trip to the worker
-process, whose shared-memory reader then spins between them. Measured on the CPU build
+again (`EngineCore._process_engine_step`), each empty step a call of the model runner (a
+round trip to vLLM's worker process where it has one, whose shared-memory reader then spins
+between them; with `in_core_worker` the model runs in the engine core). Measured on the CPU build
 (one 960-token prompt held, nothing else to do): the prefill worker's processes took 1.4
 cores of this 2-core machine, against 0.05 idle; two prefill workers on one core, each
 slowing the other's prefills, made the routing benchmark's prefill tail 15 times its

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from pdspec.worker.engine.in_core_worker import NO_QUEUE
 from tests import harness
 from tests.prompts import completion_body, unique_prompt
 
@@ -17,7 +18,6 @@ ON_IN_MAKE_RUN = {
         "nixl_progress_delay",
         "kv_core_pinning",
         "kv_hold_wait",
-        "short_spin",
         "prefill_reply_guard",
         "cpu_expand_fix",
         "in_core_worker",
@@ -27,15 +27,15 @@ ON_IN_MAKE_RUN = {
         "nixl_progress_delay",
         "kv_core_pinning",
         "stale_kv_guard",
-        "short_spin",
         "cpu_expand_fix",
         "in_core_worker",
     },
 }
-# The one feature that cannot be on here, and why.
+# The features that cannot be on here, and why: short_spin bounds the spin of a queue that
+# a one-process engine whose model runs in its engine core (in_core_worker) does not have.
 OFF_IN_MAKE_RUN = {
-    "prefill": {"dp_idle_rank_vote": "vLLM's V2 runner, where ranks vote, runs on GPUs only"},
-    "decode": {},
+    "prefill": {"dp_idle_rank_vote": "vLLM's V2 runner, where ranks vote, runs on GPUs only", "short_spin": NO_QUEUE},
+    "decode": {"short_spin": NO_QUEUE},
 }
 
 
@@ -68,9 +68,12 @@ def test_the_kv_only_pass_writes_the_drafter_kv_of_every_k0_step(stack, client):
     assert k0 >= 3 and passes == k0
 
 
-def test_ready_shows_the_prefill_features_that_are_off(stack, client):
+def test_ready_shows_the_features_that_are_off(stack, client):
     body = client.get(stack.proxy_url + "/ready").json()
-    assert body["engine_features_off"] == [
-        {"pool": "prefill", "worker": stack.prefill_url, "feature": name, "reason": reason}
-        for name, reason in OFF_IN_MAKE_RUN["prefill"].items()
+    urls = {"prefill": stack.prefill_url, "decode": stack.decode_url}
+    listed = sorted(body["engine_features_off"], key=lambda entry: (entry["pool"], entry["feature"]))
+    assert listed == [
+        {"pool": role, "worker": urls[role], "feature": name, "reason": reason}
+        for role in ("decode", "prefill")
+        for name, reason in sorted(OFF_IN_MAKE_RUN[role].items())
     ]

@@ -1,7 +1,8 @@
 """An idle worker does not burn a core (NIXL's progress thread no longer busy-spins),
 nor does a prefill worker whose only work is a prompt's KV held for its decode worker to
-read (the kv_hold_wait and short_spin engine features), and KV transfers still work
-afterwards."""
+read (the kv_hold_wait engine feature; with the model in the engine core, in_core_worker,
+no shared-memory queue is left to spin on: short_spin bounded it before), and KV transfers
+still work afterwards."""
 
 import time
 

@@ -31,6 +31,7 @@ DP_IDLE_RANK_VOTE_ENV = "PDSPEC_DP_IDLE_RANK_VOTE"  # "1" (default) or "0": vLLM
 KV_HOLD_POLL_ENV = "PDSPEC_KV_HOLD_POLL_S"  # prefill worker: kv_hold_wait.py's wait (0 or unset: off)
 SPIN_WINDOW_ENV = "PDSPEC_SPIN_WINDOW_MS"  # CPU builds: short_spin.py's window (0 or unset: off)
 IN_CORE_WORKER_ENV = "PDSPEC_IN_CORE_WORKER"  # CPU builds: "1" (default) or "0": in_core_worker.py
+MODEL_IN_CORE_ENV = "PDSPEC_MODEL_IN_CORE"  # "1" in an engine core that runs its model (in_core_worker.py)
 
 KV_ONLY_ENV = "PDSPEC_KV_ONLY_DRAFTER"  # "1" (default) or "0": the start-up setting
 KV_ONLY_FILE_ENV = "PDSPEC_KV_ONLY_DRAFTER_FILE"  # live switch ("on"/"off"), for tests and benchmarks

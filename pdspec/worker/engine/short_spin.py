@@ -27,6 +27,10 @@ costs that much, and an idle reader wakes 50 times a second to look (a poll and 
 one flag): measured with `loadtest.kv_hold_cpu`, a 1P1D pair idle takes 0.05 core per
 worker, and holding a prompt's KV 0.07 for the prefill worker (0.05 before the bound).
 
+With `in_core_worker` (CPU builds' default) a one-process engine has no worker process and
+no such queue: then this is off, with that reason; it acts on engines of several ranks and
+with `in_core_worker` off.
+
 Failure policy: off (reported) on GPU builds, with `window_ms` 0, or where vLLM's
 SpinCondition has no `busy_loop_s`; it changes a timing only, never what is read.
 """
@@ -38,7 +42,9 @@ import os
 from typing import Any
 
 from pdspec.worker.engine import features
+from pdspec.worker.engine.control import MODEL_IN_CORE_ENV
 from pdspec.worker.engine.control import SPIN_WINDOW_ENV as WINDOW_ENV
+from pdspec.worker.engine.in_core_worker import NO_QUEUE
 from pdspec.worker.engine.wrap_once import wrap_once
 
 MARKER = "short_spin"
@@ -65,8 +71,13 @@ def _bounded_sleep(original: Any, recheck_ms: int) -> Any:
 
 def install_short_spin() -> None:
     """Called by pdspec's vLLM plugin in every process of a P/D worker (the engine core
-    and the worker process both read a queue)."""
+    and the worker process both read a queue). Off in an engine core that runs its model
+    itself (in_core_worker.py; its API server reports the same once it switched): there is
+    no queue to read."""
     window_ms = float(os.environ.get(WINDOW_ENV, "0") or 0)
+    if os.environ.get(MODEL_IN_CORE_ENV) == "1":  # started by in_core_worker.py's bound start
+        features.report(features.SHORT_SPIN, False, NO_QUEUE)
+        return
     if window_ms <= 0:
         features.report(features.SHORT_SPIN, False, f"off by setting ({WINDOW_ENV}=0)")
         return

@@ -47,13 +47,16 @@ def test_a_failing_import_inside_a_hook_module_is_raised_as_it_is(tmp_path, monk
 
 
 def test_register_installs_the_hooks_of_the_role_the_launcher_set(monkeypatch):
-    from pdspec.worker.engine import metrics
+    from pdspec.worker.engine import cpu_expand_fix, in_core_worker, metrics
     from pdspec.worker.engine.control import ROLE_ENV
     from pdspec.worker.nixl_progress import PROGRESS_DELAY_ENV
 
     seen = []
     monkeypatch.setattr(plugin, "install_role_hooks", seen.append)
     monkeypatch.setattr(metrics, "install_gc_pause_counter", lambda: None)
+    # vLLM's own classes stay as they are for the tests of those hooks.
+    monkeypatch.setattr(cpu_expand_fix, "install_cpu_expand_fix", lambda: None)
+    monkeypatch.setattr(in_core_worker, "install_in_core_worker", lambda: None)
     monkeypatch.delenv(PROGRESS_DELAY_ENV, raising=False)
     for role in ("prefill", "decode", "colocated"):  # colocated: no role package, nothing installed
         monkeypatch.setenv(ROLE_ENV, role)

@@ -64,6 +64,18 @@ def test_off_by_setting_or_on_a_gpu_build(monkeypatch, spin_condition):
     assert not is_wrapped(spin_condition.__init__, MARKER)
 
 
+def test_off_in_an_engine_core_that_runs_its_model(monkeypatch, spin_condition):
+    """Started by in_core_worker's bound start: no worker process, no queue to read."""
+    from pdspec.worker.engine.control import MODEL_IN_CORE_ENV
+    from pdspec.worker.engine.in_core_worker import NO_QUEUE
+
+    monkeypatch.setenv(short_spin.WINDOW_ENV, "5")
+    monkeypatch.setenv(MODEL_IN_CORE_ENV, "1")
+    short_spin.install_short_spin()
+    assert features.reported()[features.SHORT_SPIN] == ("off", NO_QUEUE)
+    assert not is_wrapped(spin_condition.__init__, MARKER)
+
+
 def test_a_sleeping_reader_looks_again_within_the_recheck_bound():
     """vLLM's reader sleeps up to 5 s (no timeout given: its recheck interval) for a
     notification that now and then does not come; bounded, a lost one costs RECHECK_MS."""
