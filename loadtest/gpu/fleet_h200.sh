@@ -27,7 +27,7 @@ mkdir -p "$OUT" "$RUN" /tmp/fleet-traces
 python3 -c "import vllm_router" 2>/dev/null && ROUTER=(--vllm-router "python3 -m vllm_router.launch_router") || ROUTER=()
 export VLLM_SERVER_DEV_MODE=1  # /reset_prefix_cache between jobs
 source loadtest/gpu/fleet_shape.sh
-JOBS=${JOBS:-sc3x:kv_aware,sc3x:round_robin,sc3x:prefix_affinity,sc3x:vllm_router_cache_aware,sc3x:colocated_kv_aware,sc3x:kv_aware_conditional,sc3x:least_outstanding}
+JOBS=${JOBS:-sc3x:kv_aware,sc3x:round_robin,sc3x:prefix_affinity,sc3x:vllm_router_cache_aware,sc3x:colocated_kv_aware,sc3x:kv_aware_conditional_pending,sc3x:kv_aware_conditional,sc3x:least_outstanding}
 pack() {
   cp "$RUN"/pdspec-up.log "$RUN"/logs/*.log "$OUT"/ 2>/dev/null
   (cd "$OUT" && tar czf /tmp/fleet.tar.gz --exclude fleet.tar.gz --exclude fleet_bench.json . \

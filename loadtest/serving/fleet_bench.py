@@ -13,9 +13,10 @@ size side by side), or one already running (`--attach`). In front of the same wo
 one proxy per pdspec policy, and vLLM's Rust router with `--vllm-router CMD`:
 - `round_robin`, `least_outstanding`, `prefix_affinity` (pdspec's default), `kv_aware`
   (both pools), `kv_aware_prefill` (kv_aware on the prefill pool, least_outstanding on the
-  decode pool), `kv_aware_conditional` (kv_aware with conditional disaggregation), and its
+  decode pool), `kv_aware_conditional` (kv_aware with conditional disaggregation, without
+  the pending count that is the default since 2026-12-06: the job as recorded), and its
   decode_full variants `kv_aware_conditional_full80` (`decode_full_share` 0.8) and
-  `kv_aware_conditional_pending` (`decode_full_counts_pending`), and that with
+  `kv_aware_conditional_pending` (`decode_full_counts_pending`: the default rule), and that with
   `decode_full_prefill_share` 0.75, `kv_aware_conditional_pending_p75`;
 - `colocated_kv_aware`: every worker, prefill and decode alike, as a colocated server
   behind kv_aware: its decode pool is the whole fleet and every prompt is prefilled where
@@ -69,8 +70,15 @@ POLICIES: dict[str, dict] = {
     "prefix_affinity": {"routing": {"prefill_policy": "prefix_affinity", "decode_policy": "least_outstanding"}},
     "kv_aware": {"routing": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware"}},
     "kv_aware_prefill": {"routing": {"prefill_policy": "kv_aware", "decode_policy": "least_outstanding"}},
+    # The rule without the pending count (on by default since 2026-12-06): the job's meaning
+    # in every recorded run.
     "kv_aware_conditional": {
-        "routing": {"prefill_policy": "kv_aware", "decode_policy": "kv_aware", "disaggregation": "conditional"}
+        "routing": {
+            "prefill_policy": "kv_aware",
+            "decode_policy": "kv_aware",
+            "disaggregation": "conditional",
+            "decode_full_counts_pending": False,
+        }
     },
     # decode_full acting before a decode worker is quite full (the proxy's count misses
     # parked prefill KV and the generated tokens).
@@ -80,10 +88,12 @@ POLICIES: dict[str, dict] = {
             "decode_policy": "kv_aware",
             "disaggregation": "conditional",
             "decode_full_share": 0.8,
+            "decode_full_counts_pending": False,
         }
     },
     # decode_full also counting the prompts planned disaggregated whose decode legs have not
-    # started (their prefill legs run), which no decode worker's count holds yet.
+    # started (their prefill legs run), which no decode worker's count holds yet: the
+    # default since the H100 runs (loadtest/results/fleet/h100-qwen3-8b/).
     "kv_aware_conditional_pending": {
         "routing": {
             "prefill_policy": "kv_aware",

@@ -277,7 +277,10 @@ def goals(
                 "met": s["fleet_hit_rate"] >= 0.9 * ach,
             }
         )
-    cond, always, colo = get("kv_aware_conditional"), get("kv_aware"), get("colocated_kv_aware")
+    # The conditional rule as pdspec runs it by default (with the pending count, since
+    # 2026-12-06) where the run has it; the runs before it have only the plain rule.
+    cond = get("kv_aware_conditional_pending") or get("kv_aware_conditional")
+    always, colo = get("kv_aware"), get("colocated_kv_aware")
     if cond and always and colo:
         worst = None
         for lv in (lv for lv in cond["levels"] if lv["requests"] >= MIN_REQUESTS):

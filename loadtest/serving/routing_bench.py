@@ -60,6 +60,7 @@ POLICIES = {
             "decode_policy": "kv_aware",
             "disaggregation": "conditional",
             "local_prefill_max_tokens": 256,
+            "decode_full_counts_pending": False,  # as in its recorded runs (the default since 2026-12-06)
         }
     },
 }

@@ -597,11 +597,13 @@ def test_the_prefill_share_setting_reaches_the_rule():
 def test_with_decode_full_counts_pending_the_prompts_pending_for_the_decode_pool_take_its_room():
     """Decode workers of 16,384 holding 8,000 each: 16,768 of room, which four 4,096-token
     prompts planned disaggregated and not yet decoding (16,384) leave short of a fifth, and
-    three (12,288) do not. Without the setting the pool's pending KV is not read."""
+    three (12,288) do not. Without the setting the pool's pending KV is not read; with the
+    default it is."""
     for pending, routing, whole in [
         (4 * 4096, {"decode_full_counts_pending": True}, True),
         (3 * 4096, {"decode_full_counts_pending": True}, False),
-        (4 * 4096, {}, False),
+        (4 * 4096, {"decode_full_counts_pending": False}, False),
+        (4 * 4096, {}, True),
     ]:
         router = full_router([8_000, 8_000], [0], **routing)
         router.decode_pool.pend_decode(pending)
