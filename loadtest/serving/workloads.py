@@ -16,6 +16,11 @@ class Workload:
 
 # 1P1D and colocated alike prefill in chunks of 2,048, so the two differ in disaggregation only.
 LATENCY_MBT = {"mbt2048": {"prefill.max_num_batched_tokens": 2048, "colocated.max_num_batched_tokens": 2048}}
+# The in_core_worker engine feature on both workers, and off (vLLM's worker process runs the model).
+IN_CORE_ARMS: dict[str, dict[str, object]] = {
+    "in_core": {},
+    "worker_process": {"prefill.in_core_worker": False, "decode.in_core_worker": False},
+}
 SEED_MBT = {"mbt512": {"prefill.max_num_batched_tokens": 512}, "mbt2048": {"prefill.max_num_batched_tokens": 2048}}
 
 WORKLOADS: dict[str, Workload] = {
@@ -118,5 +123,31 @@ WORKLOADS: dict[str, Workload] = {
             "1",
             "--ab",
         ),
+    ),
+    "cpu-in-core": Workload(
+        "The in_core_worker A/B on the local 1P1D: each stack's start (`ready_s`) and its TTFT and "
+        "inter-token latency at concurrency 1 and 4 (12 random 512-token prompts a level, 32 output "
+        "tokens), with the model in the engine core (in_core) and in vLLM's worker process "
+        "(worker_process), four stacks each in the order ABBAABBA so drift hits both alike; give all "
+        "stacks one engine cache (--set prefill.engine_cache_dir=DIR decode.engine_cache_dir=DIR) and "
+        "leave the first stack's start, which fills it, out.",
+        (
+            "--input-len",
+            "512",
+            "--output-len",
+            "32",
+            "--num-prompts",
+            "12",
+            "--concurrency",
+            "1",
+            "4",
+            "--warmup",
+            "2",
+        ),
+        {
+            f"{arm}_{round_}": IN_CORE_ARMS[arm]
+            for round_, order in enumerate(("AB", "BA", "AB", "BA"), start=1)
+            for arm in (("in_core", "worker_process") if order == "AB" else ("worker_process", "in_core"))
+        },
     ),
 }

@@ -17,8 +17,11 @@ What it saves, per engine: one interpreter that imports torch and vLLM (10-14 s 
 loaded cores, and about 0.5 GB), and the shared-memory queue between the engine core and
 its worker, whose readers spin or sleep between steps: `short_spin` then has nothing to
 act on, and says so (off, with the reason) in the API server and the engine core.
-Measured with `pdspec up` of the local 1P1D (no engine cache, same greedy text): ready in
-55-58 s with vLLM's worker process, 45-50 s without.
+Measured on the local 1P1D (`pdspec bench --workload cpu-in-core`, eight stacks ABBAABBA,
+loadtest/results/in_core_worker/cpu-1p1d/): ready in 24.4 s [23.0-25.0] against 32.6 s
+[31.0-34.1] with vLLM's worker process, inter-token latency 0.80-0.91 of it in every round;
+TTFT the same at concurrency 1 and mixed at 4 (median 1.00-1.50 of it by round, p99
+0.72-1.07).
 
 Only where vLLM chose "uni" and its CPU platform made it "mp": tensor, pipeline or data
 parallel engines and an explicit `--distributed-executor-backend mp` keep vLLM's worker

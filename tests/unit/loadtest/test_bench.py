@@ -308,3 +308,14 @@ def test_together_starts_every_stack_first_and_shares_the_budget(monkeypatch, tm
     assert code == 1  # one stack failed; the other's results are still written
     summary = __import__("json").loads((tmp_path / "bench.json").read_text())
     assert summary["stacks"][0]["report"]["label"] == names[0] and "engine died" in summary["stacks"][1]["error"]
+
+
+def test_the_in_core_ab_alternates_its_arms_abbaabba_on_the_local_stack(tmp_path):
+    args = _args("--workload", "cpu-in-core", "--out", str(tmp_path))
+    stacks = bench.plan_stacks(args, tmp_path)
+    arms = [s.name.split(".")[-1].rsplit("_", 1)[0] for s in stacks]
+    assert arms == ["in_core", "worker_process", "worker_process", "in_core"] * 2
+    for stack, arm in zip(stacks, arms):
+        settings = stack.settings
+        on = arm == "in_core"
+        assert settings.prefill.in_core_worker is on and settings.decode.in_core_worker is on, stack.name
