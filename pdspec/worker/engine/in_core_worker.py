@@ -20,8 +20,8 @@ act on, and says so (off, with the reason) in the API server and the engine core
 Measured on the local 1P1D (`pdspec bench --workload cpu-in-core`, eight stacks ABBAABBA,
 loadtest/results/in_core_worker/cpu-1p1d/): ready in 24.4 s [23.0-25.0] against 32.6 s
 [31.0-34.1] with vLLM's worker process, inter-token latency 0.80-0.91 of it in every round;
-TTFT the same at concurrency 1 and mixed at 4 (median 1.00-1.50 of it by round, p99
-0.72-1.07).
+TTFT the same at concurrency 1 and, over 40 requests a stack at concurrency 4
+(loadtest/results/in_core_worker/cpu-1p1d-c4/), median 0.82-1.03 of it by round.
 
 Only where vLLM chose "uni" and its CPU platform made it "mp": tensor, pipeline or data
 parallel engines and an explicit `--distributed-executor-backend mp` keep vLLM's worker
