@@ -21,6 +21,7 @@ IN_CORE_ARMS: dict[str, dict[str, object]] = {
     "in_core": {},
     "worker_process": {"prefill.in_core_worker": False, "decode.in_core_worker": False},
 }
+ABBA_ROUNDS = (("in_core", "worker_process"), ("worker_process", "in_core")) * 2  # ABBAABBA
 SEED_MBT = {"mbt512": {"prefill.max_num_batched_tokens": 512}, "mbt2048": {"prefill.max_num_batched_tokens": 2048}}
 
 WORKLOADS: dict[str, Workload] = {
@@ -144,10 +145,6 @@ WORKLOADS: dict[str, Workload] = {
             "--warmup",
             "2",
         ),
-        {
-            f"{arm}_{round_}": IN_CORE_ARMS[arm]
-            for round_, order in enumerate(("AB", "BA", "AB", "BA"), start=1)
-            for arm in (("in_core", "worker_process") if order == "AB" else ("worker_process", "in_core"))
-        },
+        {f"{arm}_{round_}": IN_CORE_ARMS[arm] for round_, pair in enumerate(ABBA_ROUNDS, start=1) for arm in pair},
     ),
 }

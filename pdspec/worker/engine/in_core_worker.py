@@ -6,12 +6,15 @@ GPU's way for one GPU) into "mp": the engine core spawns a worker process that r
 model and talks to it over a shared-memory queue. vLLM's reason (platforms/cpu.py): the
 worker's OpenMP threads are bound to their cores through environment variables
 (`GOMP_CPU_AFFINITY`/`KMP_AFFINITY`, `OMP_NUM_THREADS`, from `VLLM_CPU_OMP_THREADS_BIND`)
-that the OpenMP runtime reads once, when it loads, and the "mp" executor sets them for the
-process it spawns. Here the API server sets the same variables, with vLLM's own code for
-them (`OMPProcessManager.configure_omp_envs`, rank 0), before it spawns the engine core,
-which is itself a fresh interpreter: the engine core's OpenMP runtime loads bound, and
-every thread it starts afterwards (NIXL's, gloo's, ZMQ's) inherits the worker's cores
-(tests/e2e/test_handoff.py checks every thread of the process).
+that the OpenMP runtime reads once, when it loads, and the "mp" executor sets them, with
+`OMPProcessManager.configure_omp_envs`, around the start of the process it spawns. Here the
+API server does the same, with the same vLLM code (rank 0), around the start of its engine
+core only (`CoreEngineProcManager.__init__`; its own environment is left as it was). The
+engine core is itself a fresh interpreter: its OpenMP runtime loads bound, and every thread
+it starts afterwards (NIXL's, gloo's, ZMQ's, vLLM's input and output threads) runs on the
+worker's cores (tests/e2e/test_handoff.py checks every thread of the process). With a
+binding of several cores those threads share the OpenMP master's core (measured only with
+one core a worker, `make run`'s binding).
 
 What it saves, per engine: one interpreter that imports torch and vLLM (10-14 s on two
 loaded cores, and about 0.5 GB), and the shared-memory queue between the engine core and
