@@ -18,6 +18,22 @@ p50; goodput under `--slo`: measured, the job's relaxed-style sustained
 goodput as fleet_report computed it for that SLO (`--slo-name`); predicted,
 `pdspec.plan.search.evaluate` on the mean computed prompt.
 
+Each engine's KV (`--kv report`, the default) is the fleet's as the report gives it
+(`capacity_blocks` of its trace's block size: the benchmark cuts every engine's KV to put the
+working set under pressure), not the profile's (`kv_tokens` of an engine given the whole
+device: 25x as much on the H100 fleet). The model reserves a request's computed prompt plus
+its output, where the fleet held its whole prompt, so the engine's KV is scaled per level by
+(computed + OSL) / (prompt + OSL): as many of the level's requests fit at once as on the fleet.
+`--kv profile` keeps the profile's (the checks before 2026-12-06).
+
+`--serving-from-qps Q` takes the profile's serving term (a request's time outside the
+engines: the proxy, the legs' round trips, the hand-off) from each layout's own level at Q,
+as plan_check's `--serving-from-rate` takes it from a phase: the term of the layout's kind
+(disaggregated or aggregated) becomes the one that makes the model's TTFT p50 at that level
+the measured (the profile's term plus the difference, never below 0). That level then matches
+by construction and the others are the check. Two disaggregated layouts each take their own
+(one term per kind in a profile, so each layout's model has its own).
+
 The engines sharing the device slow each other by the profile's device term
 (`DeviceSharing`, pdspec/plan/fleet_model.py); `--sharing VALUE` runs with another value of
 it, and `--fit-sharing` fits it first (`loadtest.serving.sharing_fit`: a grid over its value
@@ -28,7 +44,9 @@ prefill_alpha.
 
 Written to `--out`: `plan_fleet_check.json` and `plan_fleet_check.md`. Failure policy: a
 report without the trace or a policy named, a layout the model cannot place on
-`--devices`, or a `--sharing` its form refuses stops it with the reason.
+`--devices`, a `--sharing` its form refuses, `--kv report` on a report without its KV size,
+or a `--serving-from-qps` that a job has no level at, or given with `--fit-sharing`, stops it
+with the reason.
 """
 
 from __future__ import annotations
@@ -41,6 +59,7 @@ from pathlib import Path
 
 from loadtest.serving import sharing_fit
 from loadtest.serving.plan_check import layout_of, load_profile, predict, with_acceptance, write_report
+from pdspec.plan import profile as profiles
 from pdspec.plan.fleet_model import Slo
 from pdspec.plan.search import evaluate
 
@@ -49,16 +68,41 @@ from pdspec.plan.search import evaluate
 FIGURES = ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms")
 
 
-def level_rows(profile, layout, k: int, summary: dict, osl: int, seeds: int, slo: Slo | None = None) -> list[dict]:
+def fleet_kv_tokens(report: dict, trace: str) -> int:
+    """Tokens of KV each of the fleet's engines held: fleet_report's `capacity_blocks` (the
+    smallest engine's, less vLLM's null block) of the trace's block size. SystemExit when the
+    report has neither (one written before fleet_report recorded them)."""
+    block_size = (report.get("reference") or {}).get(trace, {}).get("block_size")
+    if not report.get("capacity_blocks") or not block_size:
+        raise SystemExit(f"the report has no capacity_blocks or {trace} block size: run with --kv profile")
+    return int(report["capacity_blocks"]) * int(block_size)
+
+
+def kv_for_level(profile, kv_tokens: int | None, level: dict, isl: int, osl: int):
+    """`profile` with an engine's KV set to the fleet's `kv_tokens`, scaled so that as many of
+    the level's requests fit at once as on the fleet: the model reserves ISL (the computed
+    prompt) + OSL a request, the fleet held its whole prompt + OSL. None: the profile's."""
+    if kv_tokens is None:
+        return profile
+    prompt = level.get("prompt_tokens") or isl * level["requests"]
+    held = prompt / level["requests"] + osl
+    return profile.model_copy(update={"kv_tokens": max(1, round(kv_tokens * (isl + osl) / held))})
+
+
+def level_rows(
+    profile, layout, k: int, summary: dict, osl: int, seeds: int, slo: Slo | None = None, kv_tokens: int | None = None
+) -> list[dict]:
     """Each measured level of a fleet_report job beside the model's run of the same load (with
-    `slo`, the model's TPOT p90 and attainment too, for `goodput_as_measured`)."""
+    `slo`, the model's TPOT p90 and attainment too, for `goodput_as_measured`; with
+    `kv_tokens`, each engine's KV the fleet's, as `kv_for_level` scales it)."""
     rows = []
     for level in summary["levels"]:
         requests = level["requests"]
         isl = max(1, round(level["recomputed_tokens"] / requests))
         accepted = level.get("acceptance_length") or profile.decode[k].tokens_per_step
         rate = requests / level["duration_s"]
-        predicted = predict(with_acceptance(profile, k, accepted), layout, k, rate, requests, isl, osl, seeds, slo)
+        model = kv_for_level(with_acceptance(profile, k, accepted), kv_tokens, level, isl, osl)
+        predicted = predict(model, layout, k, rate, requests, isl, osl, seeds, slo)
         measured = {
             "ttft_p50_ms": level["ttft_ms"]["p50"],
             "ttft_p90_ms": level["ttft_ms"]["p90"],
@@ -66,10 +110,40 @@ def level_rows(profile, layout, k: int, summary: dict, osl: int, seeds: int, slo
         }
         rows.append(
             {"qps": level["qps"], "rate": rate, "requests": requests, "isl_computed": isl, "acceptance": accepted}
-            | {"duration_s": level["duration_s"]}
+            | {"duration_s": level["duration_s"], "kv_tokens": model.kv_tokens}
             | {"measured": measured, "predicted": predicted}
         )
     return rows
+
+
+def serving_from_level(profile, layout, k: int, summary: dict, qps: float, osl: int, seeds: int, kv_tokens):
+    """`profile` with the serving term of `layout`'s kind taken from the job's level at `qps`
+    (the profile's term, 0 without one, plus that level's measured TTFT p50 less the model's;
+    never below 0), and the record of it. SystemExit when the job has no level at `qps`."""
+    level = next((lv for lv in summary["levels"] if lv["qps"] == qps), None)
+    if level is None:
+        have = sorted({lv["qps"] for lv in summary["levels"]})
+        raise SystemExit(f"--serving-from-qps {qps:g}: {summary['policy']} has no level at it (it has {have})")
+    [row] = level_rows(profile, layout, k, {**summary, "levels": [level]}, osl, seeds, kv_tokens=kv_tokens)
+    aggregated = layout.is_aggregated
+    was = profile.serving_ms.for_layout(aggregated) if profile.serving_ms is not None else 0.0
+    measured, predicted = row["measured"]["ttft_p50_ms"], row["predicted"]["ttft_p50_ms"]
+    term = max(0.0, was + measured - predicted)
+    kind, other = ("aggregated_ms", "disaggregated_ms") if aggregated else ("disaggregated_ms", "aggregated_ms")
+    serving = profiles.ServingOverhead(
+        **{kind: term, other: getattr(profile.serving_ms, other) if profile.serving_ms is not None else 0.0},
+        source=f"plan_fleet_check --serving-from-qps {qps:g}: {summary['policy']}'s level (TTFT p50 {measured:.1f} ms)",
+    )
+    record = {
+        "from_qps": qps,
+        "kind": kind,
+        "profile_ms": round(was, 1),
+        "term_ms": round(term, 1),
+        "measured_ttft_p50_ms": round(measured, 1),
+        "model_ttft_p50_ms_before": round(predicted, 1),
+        "clamped": was + measured - predicted < 0,
+    }
+    return profile.model_copy(update={"serving_ms": serving}), record
 
 
 def goodput_as_measured(rows: list[dict], slo: Slo) -> float:
@@ -113,7 +187,7 @@ def sharing_of(args: argparse.Namespace, profile, measured_layouts: dict) -> tup
         rows = []
         for layout, summary in measured_layouts.values():
             saturation = goodput_measured(summary, args.slo_name)
-            levels = level_rows(model, layout, args.k, summary, args.osl, args.seeds)
+            levels = level_rows(model, layout, args.k, summary, args.osl, args.seeds, kv_tokens=args.kv_tokens)
             rows += [row for row in levels if row["qps"] <= saturation]
         return rows
 
@@ -145,6 +219,26 @@ def markdown(report: dict) -> str:
             f"{layout['goodput']['predicted_rps']:.2f} | {layout['goodput']['predicted_levels_rps']:.2f} | "
             f"{layout['goodput']['isl_computed']:,} |"
         )
+    kv = report.get("kv_tokens")
+    if kv and kv["from"] == "report":
+        lines += [
+            "",
+            f"Each engine's KV: the fleet's {kv['fleet_engine']:,} tokens (the report's capacity_blocks), scaled per "
+            "level by (computed prompt + OSL) / (prompt + OSL); the profile's is "
+            f"{kv['profile']:,}.",
+        ]
+    elif kv:
+        lines += ["", f"Each engine's KV: the profile's {kv['profile']:,} tokens (`--kv profile`)."]
+    for name, layout in report["layouts"].items():
+        if serving := layout.get("serving"):
+            lines += [
+                "",
+                f"{name}: serving term ({serving['kind'].removesuffix('_ms')}) taken from its {serving['from_qps']:g} QPS "
+                f"level: {serving['term_ms']:g} ms (the profile's {serving['profile_ms']:g} ms; TTFT p50 there "
+                f"{serving['measured_ttft_p50_ms']:,.1f} ms measured, {serving['model_ttft_p50_ms_before']:,.1f} ms "
+                "modelled with the profile's term)"
+                + (": the model is above the measured even without one, so 0." if serving["clamped"] else "."),
+            ]
     sharing = report.get("sharing")
     if sharing:
         lines += ["", f"Device sharing {sharing_fit.label(sharing)} ({sharing['from']})."]
@@ -242,6 +336,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--slo", nargs=2, type=float, default=(2000.0, 100.0), metavar=("TTFT_MS", "TPOT_MS"))
     parser.add_argument("--slo-name", default="relaxed", help="fleet_report's SLO of the same limits")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument(
+        "--serving-from-qps",
+        type=float,
+        help="take each layout's serving term from its own level at this QPS (that level then matches by "
+        "construction); not with --fit-sharing",
+    )
+    parser.add_argument(
+        "--kv",
+        choices=("report", "profile"),
+        default="report",
+        help="each engine's KV: the fleet's (the report's capacity_blocks, scaled per level; the default) "
+        "or the profile's kv_tokens",
+    )
     sharing_fit.add_arguments(
         parser,
         "fit alpha to each layout's levels of QPS at most its measured goodput "
@@ -254,6 +361,9 @@ def main(argv: list[str] | None = None) -> dict:
     jobs = {s["policy"]: s for s in report_in["summaries"] if s["workload"] == args.trace}
     slo = Slo(ttft_p90_ms=args.slo[0], tpot_p90_ms=args.slo[1])
     sharing_fit.check_value(args)
+    if args.serving_from_qps is not None and args.fit_sharing:
+        raise SystemExit("--serving-from-qps with --fit-sharing: fit the device term first, then check with --sharing")
+    args.kv_tokens = fleet_kv_tokens(report_in, args.trace) if args.kv == "report" else None
     measured_layouts = {}
     for pair in args.layout:
         spec, _, policy = pair.partition("=")
@@ -266,13 +376,22 @@ def main(argv: list[str] | None = None) -> dict:
     profile, sharing = sharing_of(args, profile, measured_layouts)
     layouts = {}
     for spec, (layout, summary) in measured_layouts.items():
-        levels = level_rows(profile, layout, args.k, summary, args.osl, args.seeds, slo)
+        served, serving = profile, None
+        if args.serving_from_qps is not None:
+            served, serving = serving_from_level(
+                profile, layout, args.k, summary, args.serving_from_qps, args.osl, args.seeds, args.kv_tokens
+            )
+        levels = level_rows(served, layout, args.k, summary, args.osl, args.seeds, slo, args.kv_tokens)
         isl = round(statistics.mean(row["isl_computed"] for row in levels))
         accepted = statistics.mean(row["acceptance"] for row in levels)
-        candidate = evaluate(with_acceptance(profile, args.k, accepted), layout, args.k, [(isl, args.osl)], slo)
+        steady = with_acceptance(served, args.k, accepted)
+        if args.kv_tokens is not None:  # the levels' mean scaling (kv_for_level's, over the job)
+            steady = steady.model_copy(update={"kv_tokens": round(statistics.mean(row["kv_tokens"] for row in levels))})
+        candidate = evaluate(steady, layout, args.k, [(isl, args.osl)], slo)
         measured = goodput_measured(summary, args.slo_name)
         layouts[spec] = {
             "policy": summary["policy"],
+            "serving": serving,
             "levels": levels,
             "goodput": {
                 "measured_rps": measured,
@@ -292,6 +411,8 @@ def main(argv: list[str] | None = None) -> dict:
         "trace": args.trace,
         "devices": args.devices,
         "sharing": sharing,
+        "kv_tokens": {"from": args.kv, "fleet_engine": args.kv_tokens, "profile": profile.kv_tokens},
+        "serving_from_qps": args.serving_from_qps,
         "k": args.k,
         "seeds": args.seeds,
         "slo_ms": list(args.slo),

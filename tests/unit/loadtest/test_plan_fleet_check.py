@@ -12,12 +12,17 @@ from loadtest.serving import plan_fleet_check
 PROFILE = "cpu-2core-pdspec-tiny-eagle3"
 
 
+BLOCK_SIZE = 16
+CAPACITY_BLOCKS = 100  # 1,600 tokens an engine: the fleet benchmark cuts each engine's KV
+
+
 def level(qps: float, requests: int, recomputed: int, ttft_p90: float) -> dict:
     return {
         "qps": qps,
         "requests": requests,
         "duration_s": requests / qps,
         "achieved_rps": qps,
+        "prompt_tokens": requests * 400,  # the whole prompts; recomputed: what the caches lacked
         "recomputed_tokens": recomputed,
         "acceptance_length": 2.0,
         "ttft_ms": {"p50": ttft_p90 / 2, "p90": ttft_p90},
@@ -34,8 +39,10 @@ def job(policy: str, sustained: float, workload: str = "sc") -> dict:
     }
 
 
-def run(tmp_path, *extra: str) -> dict:
+def run(tmp_path, *extra: str, capacity_blocks: int | None = CAPACITY_BLOCKS) -> dict:
     report = {"summaries": [job("prefix_affinity", 3.0), job("colocated_kv_aware", 2.0), job("kv_aware", 9.0, "mt")]}
+    if capacity_blocks is not None:
+        report |= {"capacity_blocks": capacity_blocks, "reference": {"sc": {"block_size": BLOCK_SIZE}}}
     (tmp_path / "fleet_report.json").write_text(json.dumps(report))
     argv = ["--report", str(tmp_path / "fleet_report.json"), "--profile", PROFILE, "--k", "3", "--devices", "2"]
     argv += ["--trace", "sc", "--osl", "16", "--seeds", "1", "--out", str(tmp_path / "out"), *extra]
@@ -137,3 +144,92 @@ def test_a_tie_for_the_most_goodput_is_named_a_tie_not_a_pick():
     assert plan_fleet_check.first_of(layouts, "x") == "tie: 2p2d, colocated-4"
     layouts["colocated-4"]["goodput"]["x"] = 7.6
     assert plan_fleet_check.first_of(layouts, "x") == "colocated-4"
+
+
+LAYOUTS = ("--layout", "2p2d=prefix_affinity", "--layout", "colocated-4=colocated_kv_aware")
+
+
+def test_each_engine_holds_the_fleets_kv_scaled_so_as_many_requests_fit_as_on_the_fleet(tmp_path):
+    """--kv report (the default): the report's capacity_blocks x block size, scaled per level by
+    (computed prompt + OSL) / (whole prompt + OSL); --kv profile keeps the profile's."""
+    fleet = run(tmp_path, *LAYOUTS)
+    tokens = CAPACITY_BLOCKS * BLOCK_SIZE
+    assert fleet["kv_tokens"]["from"] == "report" and fleet["kv_tokens"]["fleet_engine"] == tokens
+    # Levels of 300 and 100 computed tokens of a 400-token prompt, 16 out (run's --osl).
+    assert [row["kv_tokens"] for row in fleet["layouts"]["2p2d"]["levels"]] == [
+        round(tokens * (300 + 16) / (400 + 16)),
+        round(tokens * (100 + 16) / (400 + 16)),
+    ]
+    assert "the fleet's 1,600 tokens" in (tmp_path / "out" / "plan_fleet_check.md").read_text()
+    profile = run(tmp_path, *LAYOUTS, "--kv", "profile")
+    whole = profile["kv_tokens"]["profile"]
+    assert profile["kv_tokens"]["fleet_engine"] is None and whole > 10 * tokens
+    assert {row["kv_tokens"] for layout in profile["layouts"].values() for row in layout["levels"]} == {whole}
+
+
+def test_a_fleet_kv_too_small_for_the_load_queues_requests_the_profiles_kv_would_not(tmp_path):
+    """Two requests' footprint (316 tokens at the first level) fill a 25-block engine: with
+    the fleet's KV the model's TTFT rises where the profile's whole-device KV lets it batch."""
+    cramped = run(tmp_path, *LAYOUTS, capacity_blocks=25)
+    roomy = run(tmp_path, *LAYOUTS, "--kv", "profile")
+
+    def ttft_p90(report):
+        return sum(row["predicted"]["ttft_p90_ms"] for row in report["layouts"]["2p2d"]["levels"])
+
+    assert ttft_p90(cramped) > ttft_p90(roomy)
+
+
+def test_a_report_without_its_kv_size_stops_kv_report_and_names_the_way_out(tmp_path):
+    with pytest.raises(SystemExit, match="--kv profile"):
+        run(tmp_path, *LAYOUTS, capacity_blocks=None)
+    assert not (tmp_path / "out").exists()
+    assert run(tmp_path, *LAYOUTS, "--kv", "profile", capacity_blocks=None)["kv_tokens"]["from"] == "profile"
+
+
+def test_serving_from_qps_matches_each_layouts_level_there_and_shifts_its_others_by_the_term(tmp_path):
+    """Each layout's term of its kind from its own level at Q: that level's modelled TTFT p50 is
+    the measured (60 ms, half of ttft_p90 120), the others move by the change of the term; a
+    term the model cannot match (its TTFT already above) is 0 and said so."""
+    plain = run(tmp_path, *LAYOUTS)
+    served = run(tmp_path, *LAYOUTS, "--serving-from-qps", "2")
+    table = (tmp_path / "out" / "plan_fleet_check.md").read_text()
+    assert served["serving_from_qps"] == 2.0
+    for name, kind in (("2p2d", "disaggregated_ms"), ("colocated-4", "aggregated_ms")):
+        serving = served["layouts"][name]["serving"]
+        before = plain["layouts"][name]["levels"]
+        after = served["layouts"][name]["levels"]
+        assert serving["kind"] == kind and serving["from_qps"] == 2.0
+        assert serving["model_ttft_p50_ms_before"] == pytest.approx(before[0]["predicted"]["ttft_p50_ms"], abs=0.05)
+        assert not serving["clamped"] and f"{name}: serving term ({kind.removesuffix('_ms')})" in table
+        assert after[0]["predicted"]["ttft_p50_ms"] == pytest.approx(60.0)
+        # The profile's own term (the CPU profile has one) is replaced, not added to.
+        shift = after[1]["predicted"]["ttft_p50_ms"] - before[1]["predicted"]["ttft_p50_ms"]
+        assert shift == pytest.approx(serving["term_ms"] - serving["profile_ms"], abs=0.1)
+
+
+def test_a_serving_term_the_model_cannot_match_is_zero_and_said_so(tmp_path):
+    """A level measured faster (TTFT p50 1 ms) than the model gives it with no term at all: the
+    term is 0, never negative, marked clamped, and the table says so."""
+    fast = job("prefix_affinity", 3.0)
+    fast["levels"][0] = level(2, 10, 10 * 300, 2.0)
+    report = {"summaries": [fast], "capacity_blocks": CAPACITY_BLOCKS, "reference": {"sc": {"block_size": BLOCK_SIZE}}}
+    (tmp_path / "fleet_report.json").write_text(json.dumps(report))
+    argv = ["--report", str(tmp_path / "fleet_report.json"), "--profile", PROFILE, "--k", "3", "--devices", "2"]
+    argv += ["--trace", "sc", "--osl", "16", "--seeds", "1", "--out", str(tmp_path / "out")]
+    served = plan_fleet_check.main([*argv, "--layout", "2p2d=prefix_affinity", "--serving-from-qps", "2"])
+    serving = served["layouts"]["2p2d"]["serving"]
+    assert serving["clamped"] and serving["term_ms"] == 0.0 and serving["model_ttft_p50_ms_before"] > 1.0
+    assert "so 0." in (tmp_path / "out" / "plan_fleet_check.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (("--serving-from-qps", "3"), "prefix_affinity has no level at it"),  # levels at 2 and 4 only
+        (("--serving-from-qps", "2", "--fit-sharing"), "fit the device term first"),
+    ],
+)
+def test_a_serving_level_it_cannot_use_stops_it_with_the_reason(tmp_path, extra, message):
+    with pytest.raises(SystemExit, match=message):
+        run(tmp_path, *LAYOUTS, *extra)
+    assert not (tmp_path / "out").exists()

@@ -132,6 +132,10 @@ def test_the_shipped_profiles_load_and_say_their_gpu_and_drafter_in_their_names(
     for h100 in (eagle3, dflash):
         assert {d.tokens_per_step for d in h100.decode.values()} == {1.0}  # random weights: no draft accepted
         assert h100.transfer_ms.points == [(1, 70.3), (4096, 86)] and "one H200" in h100.measured
+    # The EAGLE3 one's device term was fitted on its own fleet (loadtest/results/plan/check-h100-fleet/);
+    # no DFlash fleet has run.
+    assert (eagle3.device_sharing.form, eagle3.device_sharing.prefill_alpha) == ("prefill", 1.85)
+    assert "h100-qwen3-8b/call-5" in eagle3.device_sharing.source and dflash.device_sharing is None
 
 
 def test_the_device_term_is_alpha_one_unless_the_profile_has_one_and_round_trips(tmp_path):
