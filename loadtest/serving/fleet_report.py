@@ -279,28 +279,38 @@ def goals(
         )
     # The conditional rule as pdspec runs it by default (with the pending count, since
     # 2026-12-06) where the run has it; the runs before it have only the plain rule.
-    cond = get("kv_aware_conditional_pending") or get("kv_aware_conditional")
+    policy = next((p for p in ("kv_aware_conditional_pending", "kv_aware_conditional") if get(p)), None)
     always, colo = get("kv_aware"), get("colocated_kv_aware")
-    if cond and always and colo:
-        worst = None
-        for lv in (lv for lv in cond["levels"] if lv["requests"] >= MIN_REQUESTS):
-            others = [x for x in (always, colo) for y in x["levels"] if y["qps"] == lv["qps"]]
-            best = max(
-                (y["slo"][PRIMARY_SLO]["slo_rps"] or 0.0) for x in others for y in x["levels"] if y["qps"] == lv["qps"]
-            )
-            mine = lv["slo"][PRIMARY_SLO]["slo_rps"] or 0.0
-            short = (best - mine) / best if best > 0 else 0.0
-            if worst is None or short > worst["shortfall"]:
-                worst = {"qps": lv["qps"], "conditional": mine, "best_other": best, "shortfall": short}
-        out.append(
-            {
-                "goal": "conditional never > 5% under the better of always-disaggregated and colocated "
-                f"(SLO-met requests/s, per level of >= {MIN_REQUESTS} requests)",
-                "worst": worst,
-                "met": None if worst is None else worst["shortfall"] <= 0.05,
-            }
-        )
+    if policy and always and colo:
+        # Under each SLO: the strict one's TPOT limit is decided by noise where eager engines
+        # share a GPU (the H100 fleet's TPOT p90 is 55-80 ms at 4 QPS and up for every policy).
+        out += [conditional_goal(policy, get(policy), always, colo, slo) for slo in SLOS]
     return out
+
+
+def conditional_goal(policy: str, cond: dict, always: dict, colo: dict, slo: str) -> dict:
+    """The goal "conditional disaggregation never more than 5% under the better of
+    always-disaggregated and colocated" under one SLO: per level of the conditional job with at
+    least MIN_REQUESTS requests, its SLO-met requests/s against the better of the other two's
+    at the same QPS (a level neither ran counts as 0 there), and the worst shortfall."""
+    worst = None
+    for lv in (lv for lv in cond["levels"] if lv["requests"] >= MIN_REQUESTS):
+        best = max(
+            ((y["slo"][slo]["slo_rps"] or 0.0) for x in (always, colo) for y in x["levels"] if y["qps"] == lv["qps"]),
+            default=0.0,
+        )
+        mine = lv["slo"][slo]["slo_rps"] or 0.0
+        short = (best - mine) / best if best > 0 else 0.0
+        if worst is None or short > worst["shortfall"]:
+            worst = {"qps": lv["qps"], "conditional": mine, "best_other": best, "shortfall": short}
+    return {
+        "goal": "conditional never > 5% under the better of always-disaggregated and colocated "
+        f"({slo} SLO-met requests/s, per level of >= {MIN_REQUESTS} requests)",
+        "policy": policy,
+        "slo": slo,
+        "worst": worst,
+        "met": None if worst is None else worst["shortfall"] <= 0.05,
+    }
 
 
 def _fmt(value, digits=0, pct=False) -> str:

@@ -1,6 +1,6 @@
 """The fleet benchmark's report (loadtest/serving/fleet_report.py): a level's SLO figures
-from its requests, the sustained goodput (no noisy pass above a failing level), and the
-worker count each policy's hit rate is held against."""
+from its requests, the sustained goodput (no noisy pass above a failing level), the
+worker count each policy's hit rate is held against, and the conditional goal under each SLO."""
 
 import math
 
@@ -77,3 +77,54 @@ def test_a_percentile_is_numpys_until_it_reaches_the_failed_requests():
     assert math.isinf(fleet_report.percentile(values, 70))  # between 4 and inf
     assert math.isinf(fleet_report.percentile(values, 90))  # between two infinities (numpy: NaN)
     assert fleet_report.percentile([], 90) is None
+
+
+def _job(levels: list[tuple[float, int, float, float]]) -> dict:
+    """A summary whose levels are (qps, requests, strict SLO-met rps, relaxed SLO-met rps)."""
+    return {
+        "goodput": {slo: {"rps": 1.0} for slo in fleet_report.SLOS},
+        "levels": [
+            {"qps": qps, "requests": n, "slo": {"strict": {"slo_rps": strict}, "relaxed": {"slo_rps": relaxed}}}
+            for qps, n, strict, relaxed in levels
+        ],
+    }
+
+
+def test_the_conditional_goal_is_judged_under_each_slo_on_the_default_rule_where_the_run_has_it():
+    """Per level of >= 5 requests, the conditional job's SLO-met rate against the better of
+    always-disaggregated and colocated at the same QPS; the worst shortfall decides. Strict: 1.0
+    against always's 2.0 at 8 QPS (50% under); relaxed: 7.0 against colocated's 7.2 (2.8%). The
+    3-request level says nothing; a level only the conditional job ran is no shortfall."""
+    summaries = {
+        ("sc", "kv_aware_conditional_pending"): _job(
+            [(1, 3, 0.0, 0.0), (4, 10, 2.0, 4.0), (8, 20, 1.0, 7.0), (11, 6, 0.5, 5.0)]
+        ),
+        ("sc", "kv_aware_conditional"): _job([(4, 10, 0.0, 0.0), (8, 20, 0.0, 0.0)]),  # the plain rule: not judged
+        ("sc", "kv_aware"): _job([(1, 3, 1.5, 1.5), (4, 10, 2.0, 3.0), (8, 20, 2.0, 2.0)]),
+        ("sc", "colocated_kv_aware"): _job([(1, 3, 1.5, 1.5), (4, 10, 2.0, 4.0), (8, 20, 0.5, 7.2)]),
+    }
+    goals = [g for g in fleet_report.goals(summaries, None, 2, 4, "sc") if g["goal"].startswith("conditional")]
+    by_slo = {g["slo"]: g for g in goals}
+    assert sorted(by_slo) == sorted(fleet_report.SLOS) and {g["policy"] for g in goals} == {
+        "kv_aware_conditional_pending"
+    }
+    strict, relaxed = by_slo["strict"], by_slo["relaxed"]
+    assert strict["met"] is False and strict["worst"] == {
+        "qps": 8,
+        "conditional": 1.0,
+        "best_other": 2.0,
+        "shortfall": 0.5,
+    }
+    assert relaxed["met"] is True and relaxed["worst"]["qps"] == 8
+    assert relaxed["worst"]["shortfall"] == pytest.approx((7.2 - 7.0) / 7.2)
+    assert "(relaxed SLO-met requests/s" in relaxed["goal"] and "(strict SLO-met requests/s" in strict["goal"]
+
+
+def test_the_conditional_goal_falls_back_to_the_plain_rule_and_is_not_run_without_both_others():
+    plain = _job([(4, 10, 2.0, 4.0)])
+    summaries = {("sc", "kv_aware_conditional"): plain, ("sc", "kv_aware"): plain, ("sc", "colocated_kv_aware"): plain}
+    goals = [g for g in fleet_report.goals(summaries, None, 2, 4, "sc") if g["goal"].startswith("conditional")]
+    assert [g["policy"] for g in goals] == ["kv_aware_conditional"] * len(fleet_report.SLOS)
+    assert all(g["met"] is True for g in goals)
+    del summaries[("sc", "colocated_kv_aware")]
+    assert not [g for g in fleet_report.goals(summaries, None, 2, 4, "sc") if g["goal"].startswith("conditional")]
