@@ -21,8 +21,9 @@ goodput as fleet_report computed it for that SLO (`--slo-name`); predicted,
 Each engine's KV (`--kv report`, the default) is the fleet's as the report gives it
 (`capacity_blocks` of its trace's block size: the benchmark cuts every engine's KV to put the
 working set under pressure), not the profile's (`kv_tokens` of an engine given the whole
-device: 25x as much on the H100 fleet). The model reserves a request's computed prompt plus
-its output, where the fleet held its whole prompt, so the engine's KV is scaled per level by
+device: 13x as much on the H100 fleet, 24x on the H200's). The model reserves a request's
+computed prompt plus its output, where the fleet held its whole prompt, so the engine's KV is
+scaled per level by
 (computed + OSL) / (prompt + OSL): as many of the level's requests fit at once as on the fleet.
 `--kv profile` keeps the profile's (the checks before 2026-12-06).
 
@@ -44,7 +45,8 @@ prefill_alpha.
 
 Written to `--out`: `plan_fleet_check.json` and `plan_fleet_check.md`. Failure policy: a
 report without the trace or a policy named, a layout the model cannot place on
-`--devices`, a `--sharing` its form refuses, `--kv report` on a report without its KV size,
+`--devices`, a `--sharing` its form refuses, `--kv report` on a report without its KV size
+or a level without its prompt tokens,
 or a `--serving-from-qps` that a job has no level at, or given with `--fit-sharing`, stops it
 with the reason.
 """
@@ -71,7 +73,7 @@ FIGURES = ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms")
 def fleet_kv_tokens(report: dict, trace: str) -> int:
     """Tokens of KV each of the fleet's engines held: fleet_report's `capacity_blocks` (the
     smallest engine's, less vLLM's null block) of the trace's block size. SystemExit when the
-    report has neither (one written before fleet_report recorded them)."""
+    report lacks either (one written before fleet_report recorded them)."""
     block_size = (report.get("reference") or {}).get(trace, {}).get("block_size")
     if not report.get("capacity_blocks") or not block_size:
         raise SystemExit(f"the report has no capacity_blocks or {trace} block size: run with --kv profile")
@@ -81,11 +83,15 @@ def fleet_kv_tokens(report: dict, trace: str) -> int:
 def kv_for_level(profile, kv_tokens: int | None, level: dict, isl: int, osl: int):
     """`profile` with an engine's KV set to the fleet's `kv_tokens`, scaled so that as many of
     the level's requests fit at once as on the fleet: the model reserves ISL (the computed
-    prompt) + OSL a request, the fleet held its whole prompt + OSL. None: the profile's."""
+    prompt) + OSL a request, the fleet held its whole prompt + OSL. None: the profile's.
+    SystemExit for a level without its prompt tokens (the scale cannot be taken)."""
     if kv_tokens is None:
         return profile
-    prompt = level.get("prompt_tokens") or isl * level["requests"]
-    held = prompt / level["requests"] + osl
+    if not level.get("prompt_tokens"):
+        raise SystemExit(
+            f"a level at {level['qps']:g} QPS has no prompt_tokens to scale the fleet's KV by: run with --kv profile"
+        )
+    held = level["prompt_tokens"] / level["requests"] + osl
     return profile.model_copy(update={"kv_tokens": max(1, round(kv_tokens * (isl + osl) / held))})
 
 

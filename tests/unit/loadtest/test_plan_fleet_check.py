@@ -168,8 +168,9 @@ def test_each_engine_holds_the_fleets_kv_scaled_so_as_many_requests_fit_as_on_th
 
 
 def test_a_fleet_kv_too_small_for_the_load_queues_requests_the_profiles_kv_would_not(tmp_path):
-    """Two requests' footprint (316 tokens at the first level) fill a 25-block engine: with
-    the fleet's KV the model's TTFT rises where the profile's whole-device KV lets it batch."""
+    """A 25-block engine (400 tokens, scaled to 304 at the first level) holds one of its
+    316-token requests at a time: with the fleet's KV the model's TTFT rises where the
+    profile's whole-device KV lets it batch, and so does the steady-state goodput's verdict."""
     cramped = run(tmp_path, *LAYOUTS, capacity_blocks=25)
     roomy = run(tmp_path, *LAYOUTS, "--kv", "profile")
 
@@ -177,6 +178,34 @@ def test_a_fleet_kv_too_small_for_the_load_queues_requests_the_profiles_kv_would
         return sum(row["predicted"]["ttft_p90_ms"] for row in report["layouts"]["2p2d"]["levels"])
 
     assert ttft_p90(cramped) > ttft_p90(roomy)
+    # The steady-state candidate (evaluate) runs with the levels' mean scaled KV too.
+    assert cramped["layouts"]["2p2d"]["goodput"]["predicted_rps"] < roomy["layouts"]["2p2d"]["goodput"]["predicted_rps"]
+
+
+def test_the_sharing_fit_runs_its_trials_with_the_fleets_kv(tmp_path, monkeypatch):
+    seen = []
+    rows = plan_fleet_check.level_rows
+
+    def recording(*args, **kwargs):
+        out = rows(*args, **kwargs)
+        seen.extend(row["kv_tokens"] for row in out)
+        return out
+
+    monkeypatch.setattr(plan_fleet_check, "level_rows", recording)
+    run(tmp_path, *LAYOUTS, "--fit-sharing", "--fit-figures", "tpot_p50_ms")
+    tokens = CAPACITY_BLOCKS * BLOCK_SIZE
+    assert set(seen) == {round(tokens * (300 + 16) / (400 + 16)), round(tokens * (100 + 16) / (400 + 16))}
+
+
+def test_a_level_without_its_prompt_tokens_stops_kv_report(tmp_path):
+    report = {"summaries": [job("prefix_affinity", 3.0)], "capacity_blocks": CAPACITY_BLOCKS}
+    report["reference"] = {"sc": {"block_size": BLOCK_SIZE}}
+    del report["summaries"][0]["levels"][1]["prompt_tokens"]
+    (tmp_path / "fleet_report.json").write_text(json.dumps(report))
+    argv = ["--report", str(tmp_path / "fleet_report.json"), "--profile", PROFILE, "--k", "3", "--devices", "2"]
+    argv += ["--trace", "sc", "--layout", "2p2d=prefix_affinity", "--seeds", "1", "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit, match="at 4 QPS has no prompt_tokens"):
+        plan_fleet_check.main(argv)
 
 
 def test_a_report_without_its_kv_size_stops_kv_report_and_names_the_way_out(tmp_path):
