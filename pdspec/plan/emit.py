@@ -3,17 +3,19 @@
 - **toml**: a `pdspec up` config (`pdspec --config FILE up`): `[prefill]` and `[decode]`
   replicas, the prefill chunk the profile was measured with (`max_num_batched_tokens`), the
   decode batch the plan assumed (`max_num_seqs`), K as `[model] num_speculative_tokens`
-  (K=0: `method = "none"`, no drafter), the workload's longest request as `max_model_len`, and for a GPU profile the GPUs split between the
+  (K=0: `method = "none"`, no drafter), the workload's longest request as `max_model_len`, for a GPU profile the GPUs split between the
   roles (`cuda_visible_devices`: prefill 0..P-1, decode P..G-1; `pdspec up` gives each
-  replica one). An aggregated plan is `layout = "colocated"`: `pdspec up` starts one
+  replica one), and the proxy's routing for the layout (`[proxy.routing]`,
+  `pdspec.plan.routing`: what the fleet benchmark measured best). An aggregated plan is `layout = "colocated"`: `pdspec up` starts one
   colocated server, so the file is one of the plan's G engines (its header says so).
 - **compose**: an override for docker-compose.yml (`-f docker-compose.yml -f FILE`): the
   replica count (`scale`) and the same settings as environment of the prefill and decode
   services: `prefill`/`decode` (the cpu profile) for a CPU profile, `prefill-gpu`/
-  `decode-gpu` otherwise.
+  `decode-gpu` otherwise; the proxy's routing and plan as the proxy service's environment.
 - **k8s**: a folder with a kustomization.yaml over a base (by default the overlay of the
   profile's kind under deploy/k8s, by a relative path) and one patch per Deployment
-  (`prefill.yaml`, `decode.yaml`): replicas and the same settings as container environment.
+  (`prefill.yaml`, `decode.yaml`, `proxy.yaml`): replicas and the same settings as container
+  environment, the proxy's routing and plan as the proxy's.
 
 Failure policy: what a target cannot express is refused with `EmitError` before anything
 is written: compose and k8s have no colocated workers (an aggregated plan); compose's GPU
@@ -30,9 +32,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from pdspec.plan import routing
 from pdspec.plan.fleet_model import Layout
 from pdspec.plan.profile import EngineProfile
-from pdspec.settings import DecodeWorkerSettings, ModelSettings, PrefillWorkerSettings
+from pdspec.settings import DecodeWorkerSettings, ModelSettings, PrefillWorkerSettings, RoutingSettings
 
 DEFAULT_OUT = {
     "toml": Path("pdspec-plan.toml"),
@@ -88,10 +91,25 @@ class Deployment:
     def decode(self) -> dict[str, object]:
         return {"max_num_seqs": self.max_num_seqs}
 
+    def routing(self) -> dict[str, str]:
+        """The proxy's routing settings for the layout; none for an aggregated one."""
+        advice = routing.advise(self.layout)
+        return {} if advice is None else advice.settings
+
+    def proxy_environment(self) -> dict[str, str]:
+        """The proxy's PDSPEC_* variables: its routing, and the plan it exports
+        (pdspec_plan_replicas) for autoscalers to keep its ratio."""
+        variables = {f"PDSPEC_PROXY__ROUTING__{name.upper()}": value for name, value in self.routing().items()}
+        variables["PDSPEC_PROXY__OBSERVABILITY__PLAN_REPLICAS"] = json.dumps(
+            {"prefill": self.layout.prefill, "decode": self.layout.decode}
+        )
+        return variables
+
     def checked(self) -> Deployment:
         """Itself, once pdspec's settings accept its replica counts and values."""
         try:
             ModelSettings(**self.model())
+            RoutingSettings(**self.routing())
             PrefillWorkerSettings(**self.prefill(), replicas=max(1, self.layout.prefill))
             DecodeWorkerSettings(**self.decode(), replicas=max(1, self.layout.decode))
         except ValidationError as exc:
@@ -151,6 +169,7 @@ def toml(deployment: Deployment, path: Path) -> str:
     prefill_gpus, decode_gpus = _gpus(deployment)
     lines += _table("prefill", {"replicas": layout.prefill, **deployment.prefill(), **prefill_gpus})
     lines += _table("decode", {"replicas": layout.decode, **deployment.decode(), **decode_gpus})
+    lines += _table("proxy.routing", deployment.routing())
     # The proxy exports the plan (pdspec_plan_replicas) for autoscalers to keep its ratio.
     lines += [
         "",
@@ -180,10 +199,8 @@ def compose(deployment: Deployment, path: Path) -> str:
     ):
         lines += [f"  {service}:", f"    scale: {replicas}", "    environment:"]
         lines += [f"      {name}: {json.dumps(value)}" for name, value in _environment(deployment, settings).items()]
-    # The proxy exports the plan (pdspec_plan_replicas) for autoscalers to keep its ratio.
-    plan = json.dumps({"prefill": layout.prefill, "decode": layout.decode})
     lines += [f"  {COMPOSE_PROXY[profile]}:", "    environment:"]
-    lines += [f"      PDSPEC_PROXY__OBSERVABILITY__PLAN_REPLICAS: {json.dumps(plan)}"]
+    lines += [f"      {name}: {json.dumps(value)}" for name, value in deployment.proxy_environment().items()]
     return "\n".join(lines) + "\n"
 
 
@@ -207,28 +224,24 @@ def k8s(deployment: Deployment, base: Path, out: Path) -> dict[str, str]:
         )
         + "\n"
     }
-    # The proxy exports the plan (pdspec_plan_replicas): the autoscaling components keep its ratio.
-    plan = json.dumps({"prefill": deployment.layout.prefill, "decode": deployment.layout.decode})
-    files["proxy.yaml"] = (
-        "\n".join(
-            [
-                "# proxy: the plan's replicas per role, exported as pdspec_plan_replicas{role}",
-                "apiVersion: apps/v1",
-                "kind: Deployment",
-                "metadata:",
-                "  name: proxy",
-                "spec:",
-                "  template:",
-                "    spec:",
-                "      containers:",
-                "        - name: proxy",
-                "          env:",
-                "            - name: PDSPEC_PROXY__OBSERVABILITY__PLAN_REPLICAS",
-                f"              value: {json.dumps(plan)}",
-            ]
-        )
-        + "\n"
-    )
+    # The proxy's routing, and the plan it exports (pdspec_plan_replicas): the autoscaling
+    # components keep its ratio.
+    proxy = [
+        "# proxy: the plan's routing, and its replicas per role exported as pdspec_plan_replicas{role}",
+        "apiVersion: apps/v1",
+        "kind: Deployment",
+        "metadata:",
+        "  name: proxy",
+        "spec:",
+        "  template:",
+        "    spec:",
+        "      containers:",
+        "        - name: proxy",
+        "          env:",
+    ]
+    for name, value in deployment.proxy_environment().items():
+        proxy += [f"            - name: {name}", f"              value: {json.dumps(value)}"]
+    files["proxy.yaml"] = "\n".join(proxy) + "\n"
     for role, replicas, settings in (
         ("prefill", deployment.layout.prefill, deployment.prefill()),
         ("decode", deployment.layout.decode, deployment.decode()),

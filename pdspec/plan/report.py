@@ -1,10 +1,12 @@
 """A plan as plain text (`pdspec plan`'s output): the recommended layout, its replicas per
-role and K, what the model predicts for it, then the next-best alternatives and why each
-loses. Contract: a pure function of the plan; it names the model's figures as predictions,
-never as measurements."""
+role and K, what the model predicts for it, the proxy's routing for it (`pdspec.plan.routing`:
+measured, not modelled), then the next-best alternatives and why each loses. Contract: a
+pure function of the plan; it names the model's figures as predictions, never as
+measurements."""
 
 from __future__ import annotations
 
+from pdspec.plan import routing
 from pdspec.plan.fleet_model import Layout, Slo
 from pdspec.plan.search import Candidate, Plan, milliseconds
 
@@ -30,6 +32,8 @@ def render(plan: Plan, slo: Slo, context: str) -> str:
         f"  utilization: {_utilization(best)}",
         f"  above {best.rate_rps:.3g} req/s: {best.limit}",
     ]
+    if (advice := routing.advise(best.layout)) is not None:
+        lines += [f"  routing: {advice.summary}", f"    {advice.flags()}"]
     rest = plan.ranked[1:]
     if rest:
         lines += ["", "Alternatives (next best first):"]

@@ -51,6 +51,10 @@ def test_the_plan_names_the_layout_replicas_k_and_the_alternatives(profile_file,
     assert all("the best sustains 4.5 req/s" in line for line in alternatives[1:5])
     assert "and 2 more" in text  # 4 layouts x 2 K: the best, 5 shown, 2 counted
     assert f"toml: {out}" in text and "[prefill]\nreplicas = 3" in out.read_text()
+    # The proxy's routing for a P:D layout, as measured on the fleet benchmark, and as flags.
+    assert "  routing: conditional disaggregation, kv_aware on both pools: measured on the fleet benchmark" in text
+    assert "--proxy.routing.disaggregation conditional" in text
+    assert '[proxy.routing]\nprefill_policy = "kv_aware"' in out.read_text()
 
 
 def test_a_workload_file_gives_the_shapes(profile_file, tmp_path, capsys):

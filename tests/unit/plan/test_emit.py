@@ -51,6 +51,12 @@ def test_the_toml_is_a_pdspec_up_config_with_the_plans_replicas_k_and_gpus(tmp_p
     assert len({w.port for w in prefills + decodes}) == 8
     assert f"pdspec --config {path} up" in path.read_text()
     assert up.proxy.observability.plan_replicas == {"prefill": 3, "decode": 5}  # exported for autoscalers
+    routing = up.proxy.routing  # what the fleet benchmark measured best for P:D (pdspec/plan/routing.py)
+    assert (routing.prefill_policy, routing.decode_policy, routing.disaggregation) == (
+        "kv_aware",
+        "kv_aware",
+        "conditional",
+    )
 
 
 def test_the_engines_take_the_planned_workloads_longest_request(tmp_path, monkeypatch):
@@ -72,6 +78,7 @@ def test_an_aggregated_plan_is_one_colocated_server_per_file_and_says_so(tmp_pat
     up = load_up_config(monkeypatch, path)
     assert (up.layout, up.colocated.max_num_seqs, up.colocated.cuda_visible_devices) == ("colocated", 128, "0")
     assert "run 4 (each on its own GPU and port) behind a load balancer" in path.read_text()
+    assert "[proxy" not in path.read_text() and up.proxy.routing == s.RoutingSettings()  # no proxy to route
 
 
 def test_replicas_pdspec_up_would_refuse_are_refused_and_nothing_is_written(tmp_path):
@@ -107,6 +114,7 @@ def test_the_compose_override_scales_the_cpu_services_with_settings_pdspec_accep
         assert settings_problems(name, services[name]["environment"]) == []
     plan = services["proxy"]["environment"]["PDSPEC_PROXY__OBSERVABILITY__PLAN_REPLICAS"]
     assert json.loads(plan) == {"prefill": 2, "decode": 3}  # exported for autoscalers
+    assert services["proxy"]["environment"]["PDSPEC_PROXY__ROUTING__DISAGGREGATION"] == "conditional"
     assert settings_problems("proxy", services["proxy"]["environment"]) == []
 
 
@@ -148,6 +156,10 @@ def test_the_k8s_folder_renders_with_the_plans_replicas_and_environment(tmp_path
     (proxy,) = deployments["proxy"]["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in proxy["env"] if e["name"].startswith("PDSPEC_")}
     assert json.loads(env["PDSPEC_PROXY__OBSERVABILITY__PLAN_REPLICAS"]) == {"prefill": 2, "decode": 6}
+    assert (env["PDSPEC_PROXY__ROUTING__PREFILL_POLICY"], env["PDSPEC_PROXY__ROUTING__DISAGGREGATION"]) == (
+        "kv_aware",
+        "conditional",
+    )
     assert settings_problems("proxy", env) == []
 
 
