@@ -239,7 +239,8 @@ def markdown(report: dict) -> str:
         if serving := layout.get("serving"):
             lines += [
                 "",
-                f"{name}: serving term ({serving['kind'].removesuffix('_ms')}) taken from its {serving['from_qps']:g} QPS "
+                f"{name}: serving term ({serving['kind'].removesuffix('_ms')}) taken from its "
+                f"{serving['from_qps']:g} QPS "
                 f"level: {serving['term_ms']:g} ms (the profile's {serving['profile_ms']:g} ms; TTFT p50 there "
                 f"{serving['measured_ttft_p50_ms']:,.1f} ms measured, {serving['model_ttft_p50_ms_before']:,.1f} ms "
                 "modelled with the profile's term)"

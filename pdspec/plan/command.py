@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from pdspec.plan import emit, plot, profile, report, search, workload
+from pdspec.plan import emit, plot, profile, report, routing, search, workload
 from pdspec.plan.fleet_model import Slo
 from pdspec.plan.profile import EngineProfile, ProfileError
 from pdspec.settings import PlanCommand
@@ -71,7 +71,8 @@ def run_plan(cmd: PlanCommand) -> int:
         f"(vLLM {engine.vllm_version}), workload {described}"
         + (f", draft acceptance rate {cmd.acceptance_rate:g} (given)" if cmd.acceptance_rate is not None else "")
     )
-    print(report.render(plan, slo, context), end="")
+    advice = routing.advise(plan.best.layout, slo, shapes) if plan.best.summary is not None else None
+    print(report.render(plan, slo, context, advice), end="")
     print(
         f"\nSearched {len(plan.ranked)} layouts x K in {plan.trials} simulated trials of "
         f"{cmd.requests_per_trial} measured requests each, {elapsed:.1f} s. Predictions of the fleet model "
@@ -93,7 +94,8 @@ def run_plan(cmd: PlanCommand) -> int:
         f"(predicted goodput {best.goodput_rps:.3g} req/s)"
     )
     longest = max(isl + osl for isl, osl in shapes)
-    deployment = emit.Deployment.of(best.layout, best.k, engine, cmd.max_num_seqs, title, longest)
+    settings = advice.settings if advice is not None else {}
+    deployment = emit.Deployment.of(best.layout, best.k, engine, cmd.max_num_seqs, title, longest, settings)
     try:
         written = emit.write(cmd.emit, deployment, cmd.out, cmd.k8s_base)
     except emit.EmitError as exc:

@@ -3,10 +3,11 @@
 - **toml**: a `pdspec up` config (`pdspec --config FILE up`): `[prefill]` and `[decode]`
   replicas, the prefill chunk the profile was measured with (`max_num_batched_tokens`), the
   decode batch the plan assumed (`max_num_seqs`), K as `[model] num_speculative_tokens`
-  (K=0: `method = "none"`, no drafter), the workload's longest request as `max_model_len`, for a GPU profile the GPUs split between the
-  roles (`cuda_visible_devices`: prefill 0..P-1, decode P..G-1; `pdspec up` gives each
-  replica one), and the proxy's routing for the layout (`[proxy.routing]`,
-  `pdspec.plan.routing`: what the fleet benchmark measured best). An aggregated plan is `layout = "colocated"`: `pdspec up` starts one
+  (K=0: `method = "none"`, no drafter), the workload's longest request as `max_model_len`,
+  for a GPU profile the GPUs split between the roles (`cuda_visible_devices`: prefill
+  0..P-1, decode P..G-1; `pdspec up` gives each replica one), and the proxy's routing the
+  plan names (`[proxy.routing]`, `pdspec.plan.routing`: what the fleet benchmark measured
+  best). An aggregated plan is `layout = "colocated"`: `pdspec up` starts one
   colocated server, so the file is one of the plan's G engines (its header says so).
 - **compose**: an override for docker-compose.yml (`-f docker-compose.yml -f FILE`): the
   replica count (`scale`) and the same settings as environment of the prefill and decode
@@ -15,7 +16,9 @@
 - **k8s**: a folder with a kustomization.yaml over a base (by default the overlay of the
   profile's kind under deploy/k8s, by a relative path) and one patch per Deployment
   (`prefill.yaml`, `decode.yaml`, `proxy.yaml`): replicas and the same settings as container
-  environment, the proxy's routing and plan as the proxy's.
+  environment, the proxy's routing and plan as the proxy's; with conditional disaggregation
+  one proxy replica (the base runs two), because its decisions count the legs of its own
+  process only and the benchmark that chose it ran one.
 
 Failure policy: what a target cannot express is refused with `EmitError` before anything
 is written: compose and k8s have no colocated workers (an aggregated plan); compose's GPU
@@ -32,7 +35,6 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from pdspec.plan import routing
 from pdspec.plan.fleet_model import Layout
 from pdspec.plan.profile import EngineProfile
 from pdspec.settings import DecodeWorkerSettings, ModelSettings, PrefillWorkerSettings, RoutingSettings
@@ -62,6 +64,7 @@ class Deployment:
     on_gpus: bool  # False for a CPU profile: no GPUs to assign
     title: str  # one line for the files' headers: what plan they come from
     max_model_len: int | None = None  # the workload's longest request (ISL + OSL); None: the model's default
+    routing_settings: tuple[tuple[str, object], ...] = ()  # the proxy's routing the plan names; (): its defaults
 
     @classmethod
     def of(
@@ -72,11 +75,20 @@ class Deployment:
         max_num_seqs: int,
         title: str,
         longest_request: int | None = None,
+        routing: dict[str, object] | None = None,
     ) -> Deployment:
         """`longest_request`: the planned workload's largest ISL + OSL, which the engines
-        must take (`max_model_len`), or they refuse the requests the plan is for."""
+        must take (`max_model_len`), or they refuse the requests the plan is for; `routing`:
+        the proxy's routing settings the plan names (`pdspec.plan.routing`), None for its defaults."""
         return cls(
-            layout, k, profile.prefill.max_num_batched_tokens, max_num_seqs, on_gpus(profile), title, longest_request
+            layout,
+            k,
+            profile.prefill.max_num_batched_tokens,
+            max_num_seqs,
+            on_gpus(profile),
+            title,
+            longest_request,
+            tuple((routing or {}).items()),
         )
 
     def model(self) -> dict[str, object]:
@@ -91,15 +103,17 @@ class Deployment:
     def decode(self) -> dict[str, object]:
         return {"max_num_seqs": self.max_num_seqs}
 
-    def routing(self) -> dict[str, str]:
-        """The proxy's routing settings for the layout; none for an aggregated one."""
-        advice = routing.advise(self.layout)
-        return {} if advice is None else advice.settings
+    def routing(self) -> dict[str, object]:
+        return dict(self.routing_settings)
+
+    @property
+    def conditional(self) -> bool:
+        return self.routing().get("disaggregation") == "conditional"
 
     def proxy_environment(self) -> dict[str, str]:
         """The proxy's PDSPEC_* variables: its routing, and the plan it exports
         (pdspec_plan_replicas) for autoscalers to keep its ratio."""
-        variables = {f"PDSPEC_PROXY__ROUTING__{name.upper()}": value for name, value in self.routing().items()}
+        variables = {f"PDSPEC_PROXY__ROUTING__{name.upper()}": _env(value) for name, value in self.routing().items()}
         variables["PDSPEC_PROXY__OBSERVABILITY__PLAN_REPLICAS"] = json.dumps(
             {"prefill": self.layout.prefill, "decode": self.layout.decode}
         )
@@ -169,7 +183,8 @@ def toml(deployment: Deployment, path: Path) -> str:
     prefill_gpus, decode_gpus = _gpus(deployment)
     lines += _table("prefill", {"replicas": layout.prefill, **deployment.prefill(), **prefill_gpus})
     lines += _table("decode", {"replicas": layout.decode, **deployment.decode(), **decode_gpus})
-    lines += _table("proxy.routing", deployment.routing())
+    if deployment.routing():
+        lines += _table("proxy.routing", deployment.routing())
     # The proxy exports the plan (pdspec_plan_replicas) for autoscalers to keep its ratio.
     lines += [
         "",
@@ -233,6 +248,11 @@ def k8s(deployment: Deployment, base: Path, out: Path) -> dict[str, str]:
         "metadata:",
         "  name: proxy",
         "spec:",
+        *(
+            ["  replicas: 1  # conditional disaggregation counts the legs of its own process"]
+            if deployment.conditional
+            else []
+        ),
         "  template:",
         "    spec:",
         "      containers:",
@@ -264,6 +284,11 @@ def k8s(deployment: Deployment, base: Path, out: Path) -> dict[str, str]:
             lines += [f"            - name: {name}", f"              value: {json.dumps(value)}"]
         files[f"{role}.yaml"] = "\n".join(lines) + "\n"
     return files
+
+
+def _env(value: object) -> str:
+    """A setting's value as an environment variable: booleans as pydantic reads them."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _environment(deployment: Deployment, worker: dict[str, object]) -> dict[str, str]:

@@ -6,15 +6,16 @@ measurements."""
 
 from __future__ import annotations
 
-from pdspec.plan import routing
 from pdspec.plan.fleet_model import Layout, Slo
+from pdspec.plan.routing import RoutingAdvice
 from pdspec.plan.search import Candidate, Plan, milliseconds
 
 ALTERNATIVES = 5  # shown after the best; the rest are counted
 
 
-def render(plan: Plan, slo: Slo, context: str) -> str:
-    """`context`: one line on the profile and workload the plan is for."""
+def render(plan: Plan, slo: Slo, context: str, routing: RoutingAdvice | None = None) -> str:
+    """`context`: one line on the profile and workload the plan is for; `routing`: the proxy's
+    routing for the best layout (`pdspec.plan.routing.advise`), None for none."""
     best = plan.best
     lines = [
         context,
@@ -32,8 +33,10 @@ def render(plan: Plan, slo: Slo, context: str) -> str:
         f"  utilization: {_utilization(best)}",
         f"  above {best.rate_rps:.3g} req/s: {best.limit}",
     ]
-    if (advice := routing.advise(best.layout)) is not None:
-        lines += [f"  routing: {advice.summary}", f"    {advice.flags()}"]
+    if routing is not None:
+        lines.append(f"  routing: {routing.summary}")
+        if routing.settings:
+            lines.append(f"    {routing.flags()}")
     rest = plan.ranked[1:]
     if rest:
         lines += ["", "Alternatives (next best first):"]

@@ -51,9 +51,27 @@ def test_the_plan_names_the_layout_replicas_k_and_the_alternatives(profile_file,
     assert all("the best sustains 4.5 req/s" in line for line in alternatives[1:5])
     assert "and 2 more" in text  # 4 layouts x 2 K: the best, 5 shown, 2 counted
     assert f"toml: {out}" in text and "[prefill]\nreplicas = 3" in out.read_text()
-    # The proxy's routing for a P:D layout, as measured on the fleet benchmark, and as flags.
+    # A TPOT SLO of 30 ms is outside what conditional disaggregation was measured to win under.
+    assert (
+        "  routing: pdspec's defaults (prefix affinity, always disaggregated) for a TPOT p90 SLO under 100 ms" in text
+    )
+    assert "[proxy.routing]" not in out.read_text()
+
+
+def test_a_pd_plan_inside_the_measured_regime_names_conditional_disaggregation_and_emits_it(
+    profile_file, tmp_path, capsys
+):
+    # Prefill so dear (1.2 s a 2,048-token chunk) that a colocated step breaks TPOT p90 100 ms.
+    dear = PREFILL_BOUND.model_copy(update={"prefill": synthetic(prefill=[(16, 5.0), (2048, 1200.0)]).prefill})
+    path = tmp_path / "dear-prefill.json"
+    path.write_text(dear.dump())
+    out = tmp_path / "plan.toml"
+    relaxed = [a if a != "30" else "100" for a in ARGS]  # TPOT p90 <= 100 ms, 4,096-token prompts
+    assert pdspec("--profile", path, *relaxed, "--emit", "toml", "--out", out) == 0
+    text = capsys.readouterr().out
+    assert "Recommended: 3P:1D" in text
     assert "  routing: conditional disaggregation, kv_aware on both pools: measured on the fleet benchmark" in text
-    assert "--proxy.routing.disaggregation conditional" in text
+    assert "--proxy.routing.disaggregation conditional" in text and "not on 3P:1D" in text
     assert '[proxy.routing]\nprefill_policy = "kv_aware"' in out.read_text()
 
 
@@ -106,7 +124,7 @@ def test_an_emit_the_layout_cannot_express_prints_the_plan_then_says_why(tmp_pat
     argv = ["--gpus", "4", "--slo_ttft_p90_ms", "1000", "--slo_tpot_p90_ms", "40", "--requests_per_trial", "50"]
     assert pdspec("--profile", path, *argv, "--emit", "compose", "--out", tmp_path / "o.yml") == 2
     captured = capsys.readouterr()
-    assert "Recommended: aggregated x4" in captured.out
+    assert "Recommended: aggregated x4" in captured.out and "routing:" not in captured.out  # no proxy to route
     assert "compose has no colocated workers" in captured.err and not (tmp_path / "o.yml").exists()
 
 

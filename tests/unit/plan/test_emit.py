@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from pdspec import settings as s
-from pdspec.plan import emit
-from pdspec.plan.fleet_model import Layout
+from pdspec.plan import emit, routing
+from pdspec.plan.fleet_model import Layout, Slo
 from pdspec.supervisor import replica_settings
 from tests import dockerhost
 from tests.deploy_wiring import ROOT, settings_problems
@@ -28,7 +28,11 @@ CPU_PROFILE = synthetic(gpu="cpu-2core", budget=512, prefill=[(16, 10.0), (512, 
 
 
 def deployment(layout, k=3, profile=GPU_PROFILE, max_num_seqs=128):
-    return emit.Deployment.of(layout, k, profile, max_num_seqs, title=f"test plan: {layout}, K={k}")
+    """The plan's deployment with the routing `pdspec plan` names for it inside the measured
+    regime (pdspec/plan/routing.py)."""
+    advice = routing.advise(layout, Slo(ttft_p90_ms=2000, tpot_p90_ms=100), [(4096, 64)])
+    settings = advice.settings if advice is not None else None
+    return emit.Deployment.of(layout, k, profile, max_num_seqs, f"test plan: {layout}, K={k}", routing=settings)
 
 
 def load_up_config(monkeypatch, path) -> s.UpCommand:
@@ -122,6 +126,15 @@ def test_the_compose_override_of_a_gpu_plan_uses_the_gpu_services_and_refuses_sh
     override = emit.write("compose", deployment(Layout.disaggregated(1, 1)), tmp_path / "gpu.yml")
     services = compose_config(override)
     assert (services["prefill-gpu"]["scale"], services["decode-gpu"]["scale"]) == (1, 1)
+    proxy = services["proxy-gpu"]["environment"]
+    assert (
+        proxy["PDSPEC_PROXY__ROUTING__DISAGGREGATION"],
+        proxy["PDSPEC_PROXY__ROUTING__DECODE_FULL_COUNTS_PENDING"],
+    ) == (
+        "conditional",
+        "true",
+    )
+    assert settings_problems("proxy", proxy) == []
     assert services["decode-gpu"]["environment"]["PDSPEC_WORKER__MAX_NUM_SEQS"] == "128"
     with pytest.raises(emit.EmitError, match="device_ids"):
         emit.write("compose", deployment(Layout.disaggregated(1, 2)), tmp_path / "shared.yml")
@@ -144,6 +157,8 @@ def test_the_k8s_folder_renders_with_the_plans_replicas_and_environment(tmp_path
     deployments = {d["metadata"]["name"]: d for d in kustomize(folder) if d["kind"] == "Deployment"}
     assert (deployments["prefill"]["spec"]["replicas"], deployments["decode"]["spec"]["replicas"]) == (2, 6)
     assert deployments["proxy"]["metadata"]["namespace"] == "pdspec"
+    # Conditional disaggregation counts the legs of its own process: one proxy, not the base's two.
+    assert deployments["proxy"]["spec"]["replicas"] == 1
     for role, setting, value in (
         ("prefill", "PDSPEC_WORKER__MAX_NUM_BATCHED_TOKENS", str(profile.prefill.max_num_batched_tokens)),
         ("decode", "PDSPEC_WORKER__MAX_NUM_SEQS", "128"),
