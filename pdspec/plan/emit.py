@@ -16,9 +16,8 @@
 - **k8s**: a folder with a kustomization.yaml over a base (by default the overlay of the
   profile's kind under deploy/k8s, by a relative path) and one patch per Deployment
   (`prefill.yaml`, `decode.yaml`, `proxy.yaml`): replicas and the same settings as container
-  environment, the proxy's routing and plan as the proxy's; with conditional disaggregation
-  one proxy replica (the base runs two), because its decisions count the legs of its own
-  process only and the benchmark that chose it ran one.
+  environment, the proxy's routing and plan as the proxy's (under conditional disaggregation
+  with a comment that each of the base's two proxy replicas decides on its own legs only).
 
 Failure policy: what a target cannot express is refused with `EmitError` before anything
 is written: compose and k8s have no colocated workers (an aggregated plan); compose's GPU
@@ -243,16 +242,19 @@ def k8s(deployment: Deployment, base: Path, out: Path) -> dict[str, str]:
     # components keep its ratio.
     proxy = [
         "# proxy: the plan's routing, and its replicas per role exported as pdspec_plan_replicas{role}",
+        *(
+            [
+                "# Conditional disaggregation decides on the legs of its own proxy process only: with the base's",
+                "# two replicas each sees half; the fleet benchmark that chose it ran one.",
+            ]
+            if deployment.conditional
+            else []
+        ),
         "apiVersion: apps/v1",
         "kind: Deployment",
         "metadata:",
         "  name: proxy",
         "spec:",
-        *(
-            ["  replicas: 1  # conditional disaggregation counts the legs of its own process"]
-            if deployment.conditional
-            else []
-        ),
         "  template:",
         "    spec:",
         "      containers:",

@@ -157,8 +157,9 @@ def test_the_k8s_folder_renders_with_the_plans_replicas_and_environment(tmp_path
     deployments = {d["metadata"]["name"]: d for d in kustomize(folder) if d["kind"] == "Deployment"}
     assert (deployments["prefill"]["spec"]["replicas"], deployments["decode"]["spec"]["replicas"]) == (2, 6)
     assert deployments["proxy"]["metadata"]["namespace"] == "pdspec"
-    # Conditional disaggregation counts the legs of its own process: one proxy, not the base's two.
-    assert deployments["proxy"]["spec"]["replicas"] == 1
+    # Conditional disaggregation counts the legs of its own process: the patch says so of the base's two.
+    assert deployments["proxy"]["spec"]["replicas"] == 2
+    assert "its own proxy process only" in (folder / "proxy.yaml").read_text()
     for role, setting, value in (
         ("prefill", "PDSPEC_WORKER__MAX_NUM_BATCHED_TOKENS", str(profile.prefill.max_num_batched_tokens)),
         ("decode", "PDSPEC_WORKER__MAX_NUM_SEQS", "128"),
