@@ -220,29 +220,37 @@ def serving_from_rate(
         )
         raise SystemExit(f"--serving-from-rate {rate:g}: no phase ran at that rate (the results have {rates})")
     path, results, phase = found
-    aggregated = layout.is_aggregated
     [row] = phase_rows(
         profile, layout, args.k, [(path, {**results, "phases": [phase]})], args.seeds, args.profile_acceptance
     )
-    was = profile.serving_ms.for_layout(aggregated) if profile.serving_ms is not None else 0.0
     measured, predicted = row["measured"]["ttft_p50_ms"], row["predicted"]["ttft_p50_ms"]
-    term = max(0.0, was + measured - predicted)  # below 0: the phase cannot be matched
-    kind = "aggregated_ms" if aggregated else "disaggregated_ms"
-    other = "disaggregated_ms" if aggregated else "aggregated_ms"
     source = f"plan_check --serving-from-rate {rate:g}: {path}'s phase at {rate:g} req/s (TTFT p50 {measured:.1f} ms)"
+    served, term = with_serving_term(profile, layout.is_aggregated, measured, predicted, source)
+    record = {"from_rate": rate, **term, "measured_ttft_p50_ms": measured, "results": str(path.parent.name)}
+    return served, record
+
+
+def with_serving_term(
+    profile: profiles.EngineProfile, aggregated: bool, measured_ms: float, predicted_ms: float, source: str
+) -> tuple[profiles.EngineProfile, dict]:
+    """`profile` with its serving term of the layout's kind (aggregated or disaggregated) made
+    the one that brings a modelled TTFT p50 of `predicted_ms` to the measured `measured_ms`:
+    the profile's term (0 without one) plus the difference, never below 0 (`clamped`: the
+    model is above the measured even without one); the other kind is kept. Also the record of
+    it: kind, profile_ms, term_ms, model_ttft_p50_ms_before, clamped."""
+    was = profile.serving_ms.for_layout(aggregated) if profile.serving_ms is not None else 0.0
+    term = max(0.0, was + measured_ms - predicted_ms)
+    kind, other = ("aggregated_ms", "disaggregated_ms") if aggregated else ("disaggregated_ms", "aggregated_ms")
     serving = profiles.ServingOverhead(
         **{kind: term, other: getattr(profile.serving_ms, other) if profile.serving_ms is not None else 0.0},
         source=source,
     )
     record = {
-        "from_rate": rate,
         "kind": kind,
         "profile_ms": round(was, 1),
         "term_ms": round(term, 1),
-        "measured_ttft_p50_ms": measured,
-        "model_ttft_p50_ms_before": round(predicted, 1),
-        "results": str(path.parent.name),
-        "clamped": was + measured - predicted < 0,
+        "model_ttft_p50_ms_before": round(predicted_ms, 1),
+        "clamped": was + measured_ms - predicted_ms < 0,
     }
     return profile.model_copy(update={"serving_ms": serving}), record
 

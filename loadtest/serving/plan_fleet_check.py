@@ -60,8 +60,14 @@ import sys
 from pathlib import Path
 
 from loadtest.serving import sharing_fit
-from loadtest.serving.plan_check import layout_of, load_profile, predict, with_acceptance, write_report
-from pdspec.plan import profile as profiles
+from loadtest.serving.plan_check import (
+    layout_of,
+    load_profile,
+    predict,
+    with_acceptance,
+    with_serving_term,
+    write_report,
+)
 from pdspec.plan.fleet_model import Slo
 from pdspec.plan.search import evaluate
 
@@ -131,25 +137,10 @@ def serving_from_level(profile, layout, k: int, summary: dict, qps: float, osl: 
         have = sorted({lv["qps"] for lv in summary["levels"]})
         raise SystemExit(f"--serving-from-qps {qps:g}: {summary['policy']} has no level at it (it has {have})")
     [row] = level_rows(profile, layout, k, {**summary, "levels": [level]}, osl, seeds, kv_tokens=kv_tokens)
-    aggregated = layout.is_aggregated
-    was = profile.serving_ms.for_layout(aggregated) if profile.serving_ms is not None else 0.0
     measured, predicted = row["measured"]["ttft_p50_ms"], row["predicted"]["ttft_p50_ms"]
-    term = max(0.0, was + measured - predicted)
-    kind, other = ("aggregated_ms", "disaggregated_ms") if aggregated else ("disaggregated_ms", "aggregated_ms")
-    serving = profiles.ServingOverhead(
-        **{kind: term, other: getattr(profile.serving_ms, other) if profile.serving_ms is not None else 0.0},
-        source=f"plan_fleet_check --serving-from-qps {qps:g}: {summary['policy']}'s level (TTFT p50 {measured:.1f} ms)",
-    )
-    record = {
-        "from_qps": qps,
-        "kind": kind,
-        "profile_ms": round(was, 1),
-        "term_ms": round(term, 1),
-        "measured_ttft_p50_ms": round(measured, 1),
-        "model_ttft_p50_ms_before": round(predicted, 1),
-        "clamped": was + measured - predicted < 0,
-    }
-    return profile.model_copy(update={"serving_ms": serving}), record
+    source = f"plan_fleet_check --serving-from-qps {qps:g}: {summary['policy']}'s level (TTFT p50 {measured:.1f} ms)"
+    served, term = with_serving_term(profile, layout.is_aggregated, measured, predicted, source)
+    return served, {"from_qps": qps, **term, "measured_ttft_p50_ms": round(measured, 1)}
 
 
 def goodput_as_measured(rows: list[dict], slo: Slo) -> float:

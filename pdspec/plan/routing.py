@@ -79,10 +79,8 @@ def advise(layout: Layout, slo: Slo, shapes: Sequence[tuple[int, int]]) -> Routi
             "decode worker: not measured"
         )
     else:
-        settings = dict(CONDITIONAL)
-        RoutingSettings(**settings)  # the proxy's own check, here rather than at emit
         return RoutingAdvice(
-            settings,
+            dict(CONDITIONAL),
             summary="conditional disaggregation, kv_aware on both pools: measured on the fleet benchmark, not "
             f"modelled (the figures above are the model's, always disaggregated; {where})",
         )
