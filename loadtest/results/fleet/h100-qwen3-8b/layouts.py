@@ -1,5 +1,6 @@
 """Layouts on the H100 (calls 1-8): the same four engines as 2P2D, 3P1D and 1P3D, each policy's
-sc3x figures per QPS as mean [min-max] over the calls that ran it, and one plot.
+sc3x figures per QPS as mean [min-max] over the calls that ran it, and one plot. (Calls 9-12,
+the routing policies of always-disaggregated 2P2D, are `policies.py`'s.)
 
     python loadtest/results/fleet/h100-qwen3-8b/layouts.py
 
@@ -23,12 +24,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 HERE = Path(__file__).resolve().parent
 LAYOUT = {1: "1P3D", 2: "2P2D", 3: "3P1D"}
 SLO = "relaxed"
+CALLS = range(1, 9)
 
 
-def runs() -> dict[tuple[str, str], list[dict]]:
-    """(layout, policy) -> that pair's sc3x summaries, one per call, in call order."""
+def runs(calls=CALLS) -> dict[tuple[str, str], list[dict]]:
+    """(layout, policy) -> that pair's sc3x summaries, one per call of `calls`, in call order."""
     out: dict[tuple[str, str], list[dict]] = {}
-    for path in sorted(HERE.glob("call-*/fleet_report.json"), key=lambda p: int(p.parent.name.split("-")[1])):
+    for call in calls:
+        path = HERE / f"call-{call}" / "fleet_report.json"
         report = json.loads(path.read_text())
         layout = LAYOUT[report["prefill_workers"]]
         for summary in report["summaries"]:
