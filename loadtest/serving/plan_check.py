@@ -42,7 +42,7 @@ from pathlib import Path
 
 from loadtest.serving import sharing_fit
 from pdspec.plan import profile as profiles
-from pdspec.plan.fleet_model import Layout, Slo, simulate
+from pdspec.plan.fleet_model import Conditional, Layout, Slo, simulate
 from pdspec.plan.search import evaluate
 from pdspec.plan.workload import poisson
 
@@ -50,15 +50,20 @@ NO_SLO = Slo(ttft_p90_ms=float("inf"), tpot_p90_ms=float("inf"))
 
 
 def layout_of(spec: str, devices: int | None = None, placement: str | None = None) -> Layout:
-    """'1p1d' / '2p1d' (P prefill, D decode engines) or 'colocated-N', on `devices` devices
-    (None: one per engine) or placed by `placement` ('0,0,1': each engine's device, prefill
-    engines first). Raises ValueError for a spec it cannot read, a device count outside 1 to
-    the engines, or a placement that does not name each engine's device."""
+    """'1p1d' / '2p1d' (P prefill, D decode engines), the same with '+conditional' (routed by
+    conditional disaggregation's rule, the proxy's defaults: `Conditional()`) or 'colocated-N',
+    on `devices` devices (None: one per engine) or placed by `placement` ('0,0,1': each engine's
+    device, prefill engines first). Raises ValueError for a spec it cannot read, a device count
+    outside 1 to the engines, or a placement that does not name each engine's device."""
     device_of = tuple(int(d) for d in placement.split(",")) if placement else None
     if spec.startswith("colocated-"):
         return Layout.aggregated(int(spec.removeprefix("colocated-")), devices, device_of)
-    prefill, _, decode = spec.lower().removesuffix("d").partition("p")
-    return Layout.disaggregated(int(prefill), int(decode), devices, device_of)
+    engines, plus, rule = spec.lower().partition("+")
+    if plus and rule != "conditional":
+        raise ValueError(f"{spec}: the only rule a layout takes is +conditional")
+    prefill, _, decode = engines.removesuffix("d").partition("p")
+    conditional = Conditional() if plus else None
+    return Layout.disaggregated(int(prefill), int(decode), devices, device_of, conditional)
 
 
 def load_profile(name: str, k: int) -> profiles.EngineProfile:
@@ -91,11 +96,14 @@ def predict(
     """The medians over `seeds` runs of the model: throughput, TTFT p50/p90/p99, TPOT p50; with
     `slo`, also its goodput as serve_bench measures a phase's (`goodput_rps`: the requests
     meeting both thresholds one by one, over the run's length), the share of requests meeting
-    both (`attainment`) and TPOT p90 (what fleet_report's levels pass or fail on, with TTFT p90)."""
-    runs = []
+    both (`attainment`) and TPOT p90 (what fleet_report's levels pass or fail on, with TTFT p90).
+    A layout with conditional disaggregation also gets `routes`: the requests served each way
+    (`FleetRun.routes`' reasons), medians over the seeds."""
+    runs, routes = [], []
     for seed in range(seeds):
         run = simulate(profile, layout, k, poisson(rate, count, [(isl, osl)], seed))
         runs.append(run.summary(slo or NO_SLO))
+        routes.append(run.routes)
     predicted = {
         "throughput_rps": statistics.median(s.throughput_rps for s in runs),
         "ttft_p50_ms": statistics.median(s.ttft_ms.p50 for s in runs),
@@ -107,6 +115,11 @@ def predict(
         predicted["goodput_rps"] = statistics.median(s.goodput_rps for s in runs)
         predicted["attainment"] = statistics.median(s.attainment for s in runs)
         predicted["tpot_p90_ms"] = statistics.median(s.tpot_ms.p90 for s in runs)
+    if layout.conditional is not None:  # how conditional disaggregation served them, by reason
+        reasons = sorted({reason for counts in routes for reason in counts})
+        predicted["routes"] = {
+            reason: statistics.median(counts.get(reason, 0) for counts in routes) for reason in reasons
+        }
     return predicted
 
 

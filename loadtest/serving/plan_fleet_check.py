@@ -120,6 +120,9 @@ def level_rows(
             "ttft_p90_ms": level["ttft_ms"]["p90"],
             "tpot_p50_ms": level["tpot_ms"]["p50"],
         }
+        if layout.conditional is not None:  # the proxy's count of each, beside the model's routes
+            measured["whole_on_prefill"] = level.get("whole_on_prefill")
+            measured["local_prefills"] = level.get("local_prefills")
         rows.append(
             {"qps": level["qps"], "rate": rate, "requests": requests, "isl_computed": isl, "acceptance": accepted}
             | {"duration_s": level["duration_s"], "kv_tokens": model.kv_tokens}
@@ -268,7 +271,32 @@ def markdown(report: dict) -> str:
             lines.append(
                 f"| {name} | {row['qps']:g} | {row['requests']} | {row['isl_computed']:,} | " + " | ".join(cells) + " |"
             )
+    conditional = {
+        name: layout for name, layout in report["layouts"].items() if "routes" in layout["levels"][0]["predicted"]
+    }
+    if conditional:
+        lines += [
+            "",
+            "Conditional disaggregation's routes, measured (the proxy's counts) / predicted (the model's, "
+            "median over the seeds): requests served whole by a prefill worker (decode_full) and prefilled "
+            "by a decode worker (short_prompt and prefill_queue).",
+            "",
+            "| layout | QPS | requests | whole on a prefill worker | prefilled on a decode worker |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for name, layout in conditional.items():
+            for row in layout["levels"]:
+                routes, measured = row["predicted"]["routes"], row["measured"]
+                local = routes.get("short_prompt", 0) + routes.get("prefill_queue", 0)
+                lines.append(
+                    f"| {name} | {row['qps']:g} | {row['requests']} | {_count(measured.get('whole_on_prefill'))} / "
+                    f"{routes.get('decode_full', 0):g} | {_count(measured.get('local_prefills'))} / {local:g} |"
+                )
     return "\n".join(lines) + "\n"
+
+
+def _count(value) -> str:
+    return "-" if value is None else f"{value:g}"
 
 
 def plot(report: dict, path: Path) -> None:

@@ -71,7 +71,7 @@ def run_plan(cmd: PlanCommand) -> int:
         f"(vLLM {engine.vllm_version}), workload {described}"
         + (f", draft acceptance rate {cmd.acceptance_rate:g} (given)" if cmd.acceptance_rate is not None else "")
     )
-    advice = routing.advise(plan.best.layout, slo, shapes) if plan.best.summary is not None else None
+    advice = routing.advise(plan.best.layout, slo) if plan.best.summary is not None else None
     print(report.render(plan, slo, context, advice), end="")
     print(
         f"\nSearched {len(plan.ranked)} layouts x K in {plan.trials} simulated trials of "

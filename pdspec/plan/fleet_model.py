@@ -33,6 +33,27 @@ sharing fewer devices (`Layout.devices`). The model's assumptions:
   hand-off or decoding); a colocated engine, the one with the fewest outstanding requests.
   Ties go to the lowest-numbered engine. An engine plans a step when it starts: a request
   arriving while it runs (or at the instant it starts, after it) waits for the next one.
+- **Conditional disaggregation** (`Layout.conditional`, a disaggregated layout only): the proxy's rule as pdspec runs it by default (`proxy.routing`,
+  docs/proxy.md), decided when a request arrives, in the proxy's order. (1) The length rule:
+  a prompt of at most `local_prefill_max_tokens` is served whole by the decode engine routing
+  picks (the model has no prefix cache: every prompt is uncached). (2) decode_full: when every
+  decode engine is full (the prompt tokens of the requests it serves, counted from their
+  hand-off, plus this prompt exceed `decode_full_share` of its KV) or, with
+  `counts_pending`, the decode pool's room (that share of each one's KV less what it holds,
+  summed) less the prompts of the requests planned disaggregated and not yet handed off is
+  short of the prompt, the prefill engine with the most room (its KV less the prompts of its
+  legs in prefill and of the requests it serves whole) serves it whole, if one has room for
+  it within `decode_full_prefill_share`. (3) The queue rule (`queue_rule`, the proxy's
+  local_prefill_on_queue with a kv_aware prefill pool): when every prefill engine has a leg
+  in flight and the pool's work ahead (the least over its engines of the prompt plus its
+  outstanding prompt tokens plus `load_tokens` a leg, plus one more `load_tokens`) exceeds the
+  picked decode engine's (the prompt plus the prompt tokens of the requests it serves whole
+  still to prefill) by more than `local_prefill_max_tokens`, the decode engine serves it
+  whole. Else it is disaggregated as above. An engine that serves requests whole runs as a
+  colocated one (its steps mix a prompt chunk with its decode batch; a whole request reserves
+  its ISL + OSL when admitted); a prefill engine's legs still reserve no KV. The proxy counts
+  prompt tokens against the KV size; the engines reserve ISL + OSL: the rule and the engines
+  keep their own books, as in the fleet.
 - **Devices**: the profile's step times are an engine's alone on its device. Engines sharing a
   device (engine i of the layout, counting prefill, then decode, then colocated engines, is on
   device i mod `devices`, or where `Layout.device_of` says) share it by processor sharing with
@@ -84,7 +105,8 @@ sharing fewer devices (`Layout.devices`). The model's assumptions:
   first token and its end: a constant that shifts TTFT, loads no engine and leaves TPOT as it
   is. It was measured on an idle stack, so any growth of it under load (API servers sharing
   the engines' cores, say) is not in it.
-- **Out of scope** in this version: prefix caching (every prompt is computed in full),
+- **Out of scope** in this version: prefix caching (every prompt is computed in full), the
+  kv_aware pick itself (routing is by the loads above, in conditional mode too),
   preemption, a prefill engine's KV room (it holds a prompt's KV until the hand-off; never
   full here), per-request acceptance variance, network contention.
 
@@ -96,10 +118,10 @@ slowed by sharing a device counts in full, so engines sharing one can together e
 Contract: `simulate` is deterministic (a pure function of its arguments) and every request
 finishes: queues are unbounded and nothing is refused or timed out, so an overloaded fleet
 shows as growing TTFT, not as lost requests. Failure policy: a K the profile has no decode
-curve for, a layout that is neither kind, or a layout's devices outside 1 to its engine
-count, raises ValueError before anything runs (a negative alpha or decode demand, or a decode
-demand over 1, cannot reach it: the profile refuses one, `EngineProfile.with_sharing` and
-`DeviceSharing`).
+curve for, a layout that is neither kind, or a layout's devices outside 1 to its engine count,
+or conditional disaggregation on an aggregated layout, raises ValueError before anything runs
+(a negative alpha or decode demand, or a decode demand over 1, cannot reach it: the profile
+refuses one, `EngineProfile.with_sharing` and `DeviceSharing`).
 """
 
 from __future__ import annotations
@@ -109,7 +131,7 @@ import itertools
 import math
 from collections import Counter, defaultdict, deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import simpy
 
@@ -120,6 +142,22 @@ DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default for a GPU engine
 
 
 @dataclass(frozen=True)
+class Conditional:
+    """Conditional disaggregation's rule, as the module docstring says; the defaults are the
+    proxy's (`pdspec.settings.RoutingSettings`: local_prefill_max_tokens, local_prefill_on_queue,
+    decode_on_prefill_when_full, decode_full_share, decode_full_prefill_share,
+    decode_full_counts_pending, kv_aware_load_tokens)."""
+
+    local_prefill_max_tokens: int = 512
+    queue_rule: bool = True
+    decode_full: bool = True
+    decode_full_share: float = 1.0
+    decode_full_prefill_share: float = 1.0
+    counts_pending: bool = True
+    load_tokens: int = 256
+
+
+@dataclass(frozen=True)
 class Layout:
     """Aggregated: `colocated` engines; disaggregated: `prefill` and `decode` engines. Their
     `devices`: None (the default) is one per engine, and reads back as the engine count; fewer
@@ -127,19 +165,24 @@ class Layout:
     `device_of`: each engine's device instead (the prefill engines first, then decode, then
     colocated), for a measured stack placed otherwise (pdspec's CPU stacks pin every prefill
     worker to one core and every decode worker to the other); it sets `devices` to the
-    devices it names, which must be 0 to devices - 1, each used."""
+    devices it names, which must be 0 to devices - 1, each used. `conditional`: a
+    disaggregated layout routes by conditional disaggregation's rule (the module docstring),
+    as pdspec's proxy runs one with `routing.disaggregation = "conditional"`."""
 
     prefill: int = 0
     decode: int = 0
     colocated: int = 0
     devices: int | None = None
     device_of: tuple[int, ...] | None = None
+    conditional: Conditional | None = None
 
     def __post_init__(self) -> None:
         aggregated = self.colocated >= 1 and self.prefill == self.decode == 0
         disaggregated = self.colocated == 0 and self.prefill >= 1 and self.decode >= 1
         if not (aggregated or disaggregated):
             raise ValueError(f"a layout is G >= 1 colocated engines or P >= 1 prefill + D >= 1 decode, got {self!r}")
+        if aggregated and self.conditional is not None:
+            raise ValueError("conditional disaggregation needs a disaggregated layout")
         if self.device_of is not None:
             used = set(self.device_of)
             if len(self.device_of) != self.engines or used != set(range(len(used))):
@@ -162,9 +205,14 @@ class Layout:
 
     @classmethod
     def disaggregated(
-        cls, prefill: int, decode: int, devices: int | None = None, device_of: tuple[int, ...] | None = None
+        cls,
+        prefill: int,
+        decode: int,
+        devices: int | None = None,
+        device_of: tuple[int, ...] | None = None,
+        conditional: Conditional | None = None,
     ) -> Layout:
-        return cls(prefill=prefill, decode=decode, devices=devices, device_of=device_of)
+        return cls(prefill=prefill, decode=decode, devices=devices, device_of=device_of, conditional=conditional)
 
     @property
     def is_aggregated(self) -> bool:
@@ -189,6 +237,8 @@ class Layout:
 
     def __str__(self) -> str:
         engines = f"aggregated x{self.colocated}" if self.is_aggregated else f"{self.prefill}P:{self.decode}D"
+        if self.conditional is not None:
+            engines += " conditional"
         if not self.shares_devices:
             return engines
         return f"{engines} on {self.devices} device" + ("s" if self.devices > 1 else "")
@@ -249,6 +299,9 @@ class FleetRun:
     outcomes: list[Outcome]  # in arrival order
     steps: dict[str, list[tuple[float, float]]]  # role -> (start, end) of every step of its engines
     engines: dict[str, int]  # role -> engines
+    # How each request was served, conditional mode only: "disaggregated", or served whole
+    # with the proxy's reason ("short_prompt", "decode_full", "prefill_queue").
+    routes: dict[str, int] = field(default_factory=dict)
 
     def summary(self, slo: Slo, measured: slice = slice(None)) -> Summary:
         """The figures of the requests `measured` picks, in arrival order (the planner leaves
@@ -320,19 +373,21 @@ def simulate(
         outcomes=[Outcome(job.request, job.first_token_s + serving_s, job.end_s + serving_s) for job in jobs],
         steps={role: [step for engine in group for step in engine.step_times] for role, group in engines.items()},
         engines={role: len(group) for role, group in engines.items()},
+        routes=dict(fleet.routes),
     )
 
 
 class _Job:
     """A request's progress through the fleet."""
 
-    __slots__ = ("request", "prefill_left", "first_token_s", "end_s")
+    __slots__ = ("request", "prefill_left", "first_token_s", "end_s", "whole")
 
     def __init__(self, request: Request) -> None:
         self.request = request
         self.prefill_left = request.isl
         self.first_token_s: float | None = None
         self.end_s: float | None = None
+        self.whole = False  # conditional mode: served whole (prefill and decode) by one engine
 
 
 def _steps_to_generate(tokens: int, tokens_per_step: float) -> int:
@@ -630,9 +685,100 @@ class _ColocatedEngine(_BatchingEngine):
                 self._decode_for(job, job.request.osl - 1)
 
 
+class _ServingEngine(_BatchingEngine):
+    """A prefill or decode engine of a conditionally disaggregated layout. It prefills legs and
+    hands them off (a prefill engine's work), decodes handed-off requests (a decode engine's),
+    and serves requests whole (either role's, as the rule sends them); each step is a colocated
+    engine's: its decode batch and a prompt chunk, FCFS over its legs and its admitted whole
+    requests. `load` is its role's, as the plain engines': outstanding prompt tokens (legs' and
+    whole requests', until prefilled) on a prefill engine, outstanding requests on a decode
+    engine. What the rule reads, the proxy's books: `leased` (the prompt tokens of its legs in
+    prefill, of the requests it decodes from their hand-off, and of those it serves whole),
+    `in_flight` (legs and whole requests not yet done: the proxy's legs in flight) and
+    `local_prompt` (its whole requests' prompt tokens until their first token)."""
+
+    def __init__(self, fleet: _Fleet, device: _SharedDevice | None, role: str) -> None:
+        self.role = role
+        super().__init__(fleet, device)
+        self.prompts: deque[_Job] = deque()  # legs, and admitted whole requests, still to prefill
+        self.prefilling_whole = 0  # whole requests in `prompts` (they hold KV; legs do not)
+        self.leased = self.in_flight = self.local_prompt = 0
+        self._joined: list[_Job] = []
+        self._chunk = self._completed = 0
+
+    def submit_leg(self, job: _Job) -> None:
+        self.prompts.append(job)
+        self.leased += job.request.isl
+        self.in_flight += 1
+        self.load += job.request.isl
+        self.notify()
+
+    def submit_whole(self, job: _Job) -> None:
+        job.whole = True
+        self.leased += job.request.isl
+        self.in_flight += 1
+        self.local_prompt += job.request.isl
+        self.load += job.request.isl if self.role == "prefill" else 1
+        super().submit(job)
+
+    def _begin_step(self) -> float | None:
+        for job in self._admit(self.prefilling_whole + self.batch):
+            if job.whole:
+                self.prompts.append(job)
+                self.prefilling_whole += 1
+            else:  # handed off: its KV is here, it decodes from this step on
+                self._decode_for(job, job.request.osl)
+                self._joined.append(job)
+        budget = max(0, self.fleet.profile.prefill.max_num_batched_tokens - self.batch * (1 + self.fleet.k))
+        self._chunk, self._completed = _take_chunk(self.prompts, budget)
+        prefill_ms = self.fleet.prefill_ms
+        if not self._chunk:
+            return self.decode_ms.at(self.batch) if self.batch else None
+        if not self.batch:
+            return prefill_ms.at(self._chunk)
+        return self.decode_ms.at(self.batch) + prefill_ms.at(self._chunk) - self.fleet.prefill_fixed_ms
+
+    def _step_kind(self) -> str:
+        return "prefill" if self._chunk else "decode"
+
+    def _end_step(self) -> None:
+        self.steps += 1
+        for job in self._joined:
+            job.first_token_s = self.env.now
+        self._joined = []
+        self._finish_due()
+        if self.role == "prefill":
+            self.load -= self._chunk
+        for _ in range(self._completed):
+            job = self.prompts.popleft()
+            if not job.whole:
+                self.leased -= job.request.isl
+                self.in_flight -= 1
+                self.fleet.hand_off(job)
+                continue
+            self.prefilling_whole -= 1
+            self.local_prompt -= job.request.isl
+            job.first_token_s = self.env.now
+            if job.request.osl == 1:
+                self._finish(job)
+            else:
+                self._decode_for(job, job.request.osl - 1)
+
+    def _finish(self, job: _Job) -> None:
+        job.end_s = self.env.now
+        self.kv_used -= job.request.isl + job.request.osl
+        self.leased -= job.request.isl
+        self.in_flight -= job.whole
+        if self.role == "decode":
+            self.load -= 1
+
+
 class _Fleet:
     def __init__(self, profile: EngineProfile, layout: Layout, k: int, max_num_seqs: int) -> None:
         self.profile, self.k, self.max_num_seqs = profile, k, max_num_seqs
+        conditional = self.conditional = layout.conditional
+        self.pending = 0  # conditional mode: prompt tokens planned disaggregated, not yet handed off
+        self.routes: Counter[str] = Counter()
         self.prefill_ms, self.transfer_ms = _Memo(profile.prefill.step_ms), _Memo(profile.transfer_ms)
         self.decode_ms = _Memo(profile.decode[k].step_ms)
         self.prefill_fixed_ms = profile.prefill.step_ms.intercept()  # a mixed step pays it once
@@ -642,8 +788,12 @@ class _Fleet:
         engines_on = Counter(placement)
         shared = iter(devices[device] if engines_on[device] > 1 else None for device in placement)
         # Built in `placement`'s order: the prefill engines, then decode, then colocated.
-        self.prefill = [_PrefillEngine(self, next(shared)) for _ in range(layout.prefill)]
-        self.decode = [_DecodeEngine(self, next(shared)) for _ in range(layout.decode)]
+        if conditional is None:
+            self.prefill = [_PrefillEngine(self, next(shared)) for _ in range(layout.prefill)]
+            self.decode = [_DecodeEngine(self, next(shared)) for _ in range(layout.decode)]
+        else:
+            self.prefill = [_ServingEngine(self, next(shared), "prefill") for _ in range(layout.prefill)]
+            self.decode = [_ServingEngine(self, next(shared), "decode") for _ in range(layout.decode)]
         self.colocated = [_ColocatedEngine(self, next(shared)) for _ in range(layout.colocated)]
 
     def engines(self) -> dict[str, list[_Engine]]:
@@ -653,12 +803,52 @@ class _Fleet:
     def arrivals(self, jobs: list[_Job]) -> Iterator[simpy.Event]:
         for job in jobs:
             yield self.env.timeout(job.request.arrival_s - self.env.now)
+            if self.conditional is not None:
+                self._route_conditional(job)
+                continue
             engines = self.colocated or self.prefill
             min(engines, key=lambda engine: engine.load).submit(job)
+
+    def _route_conditional(self, job: _Job) -> None:
+        """The rule's three steps in the proxy's order (the module docstring), else a leg on
+        the prefill engine with the least load."""
+        rule, isl = self.conditional, job.request.isl
+        decode = min(self.decode, key=lambda engine: engine.load)
+        if isl <= rule.local_prefill_max_tokens:
+            return self._serve_whole(decode, job, "short_prompt")
+        if rule.decode_full and self._decode_full(isl):
+            size = self.profile.kv_tokens * rule.decode_full_prefill_share
+            roomiest = max(self.prefill, key=lambda engine: size - engine.leased)  # ties: the lowest-numbered
+            if size - roomiest.leased >= isl:
+                return self._serve_whole(roomiest, job, "decode_full")
+        if rule.queue_rule and all(engine.in_flight for engine in self.prefill):
+            ahead = min(engine.load + isl + rule.load_tokens * engine.in_flight for engine in self.prefill)
+            if ahead + rule.load_tokens - (isl + decode.local_prompt) > rule.local_prefill_max_tokens:
+                return self._serve_whole(decode, job, "prefill_queue")
+        self.routes["disaggregated"] += 1
+        self.pending += isl
+        min(self.prefill, key=lambda engine: engine.load).submit_leg(job)
+
+    def _decode_full(self, isl: int) -> bool:
+        """Every decode engine full for a prompt of `isl`, or (counting pending) the pool's room
+        less the prompts planned to it short of it: the proxy's decode_full test."""
+        rule = self.conditional
+        size = self.profile.kv_tokens * rule.decode_full_share
+        if all(engine.leased + isl > size for engine in self.decode):
+            return True
+        room = sum(max(0.0, size - engine.leased) for engine in self.decode)
+        return rule.counts_pending and room - self.pending < isl
+
+    def _serve_whole(self, engine: _ServingEngine, job: _Job, reason: str) -> None:
+        self.routes[reason] += 1
+        engine.submit_whole(job)
 
     def hand_off(self, job: _Job) -> None:
         engine = min(self.decode, key=lambda engine: engine.load)
         engine.load += 1
+        if self.conditional is not None:  # the decode leg starts: its prompt counts there, no longer pending
+            self.pending -= job.request.isl
+            engine.leased += job.request.isl
         # A callback rather than a process per hand-off: a third of the events, same order.
         transfer = self.env.timeout(self.transfer_ms.at(job.request.isl) / 1000)
         transfer.callbacks.append(lambda _: engine.submit(job))

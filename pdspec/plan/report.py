@@ -1,6 +1,6 @@
 """A plan as plain text (`pdspec plan`'s output): the recommended layout, its replicas per
 role and K, what the model predicts for it, the proxy's routing for it (`pdspec.plan.routing`:
-measured, not modelled), then the next-best alternatives and why each loses. Contract: a
+the rule the search chose), then the next-best alternatives and why each loses. Contract: a
 pure function of the plan; it names the model's figures as predictions, never as
 measurements."""
 

@@ -1,41 +1,35 @@
 """The proxy's routing for a planned layout: `pdspec plan`'s routing line and what `--emit`
 writes as the proxy's `routing` settings.
 
-Taken from the fleet benchmark's measurements, not from the fleet model: the model has no
-prefix cache and sends every request to the least-loaded engine, so it cannot tell the proxy's
-policies apart. What was measured (four Qwen3-8B-shape engines sharing one GPU as 2P2D, 3P1D
-and 1P3D; the llm-d-shaped trace sc3x, every prompt about 4,400 tokens, at 3-3.4x the fleet's
-KV): under TTFT p90 2 s / TPOT p90 100 ms, conditional disaggregation with kv_aware on both
-pools and decode_full served as much as always-disaggregated routing or more in every run that
-had both (H200 2P2D, round 4, before the pending count: 7.0 against prefix affinity's 6.5
-req/s at 8 QPS, 7.0 against 3.75 at 11; H100, with the pending count: 3P1D 7.25 against
-kv_aware's 2.42, 1P3D 6.88 against 2.50), 0-5% under a colocated fleet of the same engines up
-to 8 QPS and 12-20% under it at 11 but in 3P1D. Under TPOT p90 50 ms always-disaggregated
-prefix affinity was ahead (H200 round 4: 5.4 against 4.5 req/s; requests served whole on a
-prefill worker put decode steps among its prefills). Not measured: short prompts, engines on
-separate GPUs, real weights, several proxy processes.
+The search (`pdspec.plan.search`) tries every P:D split twice, always disaggregated and with
+conditional disaggregation's rule as the proxy runs it (`fleet_model.Conditional`: short
+prompts prefilled on a decode worker, decode_full with the pending count, the queue rule), and
+keeps the one with more goodput (always disaggregated on a tie). The advice follows the
+layout the search chose: conditional disaggregation with kv_aware on both pools, its
+decode_full switches set explicitly, for a layout with the rule; pdspec's defaults (prefix
+affinity, always disaggregated) for one without.
 
-So `advise` names conditional disaggregation only inside that regime (a P:D layout, a TPOT
-SLO of at least 100 ms, prompts mostly longer than the tokens conditional disaggregation
-prefills on a decode worker anyway), and otherwise keeps pdspec's defaults (prefix affinity,
-always disaggregated) and says why. Every advice says it is measured on shared-GPU fleets,
-not on the plan's layout.
+What stands behind it. The model's rule was checked against the fleet benchmark's H100 calls
+(four Qwen3-8B-shape engines sharing one GPU as 2P2D, 3P1D and 1P3D; the llm-d-shaped trace
+sc3x at 3.4x the fleet's KV; `loadtest/results/plan/check-h100-fleet/conditional/`): TTFT
+p90 within a factor of 1.31-1.39 of the measured (mean over each layout's levels), the requests
+it serves whole on a prefill worker within 30% of the proxy's counts. kv_aware on both pools is
+what those runs used: the model has no prefix cache and cannot tell the proxy's policies
+apart. Measured only under a TPOT p90 SLO of 100 ms: under 50 ms, always-disaggregated prefix
+affinity was ahead on the H200 fleet (round 4: 5.4 against 4.5 req/s), so a conditional pick
+under a tighter SLO says so.
 
-Contract: a pure function of the layout, the SLO and the workload's shapes; it cannot fail.
-An aggregated layout has no proxy routing to set (`pdspec up` runs one colocated server per
-engine): None.
+Contract: a pure function of the layout and the SLO; it cannot fail. An aggregated layout has
+no proxy routing to set (`pdspec up` runs one colocated server per engine): None.
 """
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdspec.plan.fleet_model import Layout, Slo
-from pdspec.settings import RoutingSettings
 
-EVIDENCE = "loadtest/results/fleet/h100-qwen3-8b/README.md, loadtest/results/fleet/h200-qwen3-8b/round4/README.md"
+EVIDENCE = "loadtest/results/plan/check-h100-fleet/conditional/README.md"
 MEASURED_TPOT_SLO_MS = 100.0  # the SLO the conditional rule was measured to win under
 CONDITIONAL = {
     "prefill_policy": "kv_aware",
@@ -60,31 +54,28 @@ class RoutingAdvice:
         return " ".join(_flag(f"proxy.routing.{name}", value) for name, value in self.settings.items())
 
 
-def advise(layout: Layout, slo: Slo, shapes: Sequence[tuple[int, int]]) -> RoutingAdvice | None:
-    """The routing the fleet benchmark measured best for a P:D layout under `slo` with
-    requests of `shapes` ((ISL, OSL) pairs); None for an aggregated layout."""
+def advise(layout: Layout, slo: Slo) -> RoutingAdvice | None:
+    """The proxy's routing for `layout` as the search chose it (with or without conditional
+    disaggregation's rule) under `slo`; None for an aggregated layout."""
     if layout.is_aggregated:
         return None
-    where = f"measured on four engines sharing one GPU, not on {layout}; {EVIDENCE}"
-    short = RoutingSettings().local_prefill_max_tokens
-    median_isl = statistics.median(isl for isl, _ in shapes) if shapes else 0
-    if slo.tpot_p90_ms < MEASURED_TPOT_SLO_MS:
-        why = (
-            f"a TPOT p90 SLO under {MEASURED_TPOT_SLO_MS:g} ms, where always-disaggregated prefix affinity "
-            "was ahead of conditional disaggregation"
-        )
-    elif median_isl <= short:
-        why = (
-            f"prompts mostly of at most {short} tokens, which conditional disaggregation prefills on the "
-            "decode worker: not measured"
-        )
-    else:
+    if layout.conditional is None:
         return RoutingAdvice(
-            dict(CONDITIONAL),
-            summary="conditional disaggregation, kv_aware on both pools: measured on the fleet benchmark, not "
-            f"modelled (the figures above are the model's, always disaggregated; {where})",
+            {},
+            summary="pdspec's defaults (prefix affinity, always disaggregated): conditional disaggregation "
+            "adds no goodput to this layout in the model",
         )
-    return RoutingAdvice({}, summary=f"pdspec's defaults (prefix affinity, always disaggregated) for {why} ({where})")
+    caveat = (
+        f"; measured to pay under a TPOT p90 SLO of {MEASURED_TPOT_SLO_MS:g} ms, not under tighter ones "
+        "(always-disaggregated prefix affinity led at 50 ms)"
+        if slo.tpot_p90_ms < MEASURED_TPOT_SLO_MS
+        else ""
+    )
+    return RoutingAdvice(
+        dict(CONDITIONAL),
+        summary="conditional disaggregation, kv_aware on both pools: the model's rule adds goodput to this layout "
+        f"(the model's rule checked on four engines sharing one GPU, {EVIDENCE}{caveat})",
+    )
 
 
 def _flag(name: str, value: object) -> str:

@@ -2,8 +2,9 @@
 by the fleet model (`fleet_model.simulate`).
 
 The candidates are every layout of `gpus` engines (one engine per GPU): aggregated G, and
-every P:D split with P >= 1, D >= 1, P + D = G; each with every K the profile has a decode
-curve for. The model can put engines on fewer devices (`Layout.devices`, for validating
+every P:D split with P >= 1, D >= 1, P + D = G, always disaggregated and with conditional
+disaggregation (`fleet_model.Conditional`, the proxy's rule: `pdspec.plan.routing` turns the
+choice into the proxy's settings); each with every K the profile has a decode curve for. The model can put engines on fewer devices (`Layout.devices`, for validating
 measured stacks that share them); the search does not: engines sharing a GPU slow each
 other (the profile's device term), which no layout would choose over a GPU each, and the
 profile's KV room is one engine's on a whole GPU. For each candidate the search finds the highest Poisson arrival rate at which
@@ -47,7 +48,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdspec.plan import workload
-from pdspec.plan.fleet_model import DEFAULT_MAX_NUM_SEQS, Layout, Slo, Summary, simulate
+from pdspec.plan.fleet_model import DEFAULT_MAX_NUM_SEQS, Conditional, Layout, Slo, Summary, simulate
 from pdspec.plan.profile import EngineProfile
 
 DEFAULT_REQUESTS_PER_TRIAL = 200
@@ -92,10 +93,17 @@ class Plan:
 
 
 def layouts(gpus: int) -> list[Layout]:
-    """Aggregated `gpus`, then every P:D split, P from 1 up."""
+    """Aggregated `gpus`, then every P:D split, P from 1 up, each always disaggregated and then
+    with conditional disaggregation's rule as the proxy runs it by default (listed second, so a
+    tie goes to the simpler routing)."""
     if gpus < 1:
         raise ValueError(f"a fleet needs at least one GPU, got {gpus}")
-    return [Layout.aggregated(gpus)] + [Layout.disaggregated(p, gpus - p) for p in range(1, gpus)]
+    splits = [
+        layout
+        for p in range(1, gpus)
+        for layout in (Layout.disaggregated(p, gpus - p), Layout.disaggregated(p, gpus - p, conditional=Conditional()))
+    ]
+    return [Layout.aggregated(gpus), *splits]
 
 
 def plan(
@@ -149,7 +157,9 @@ def throughput_bound(
     """Requests per second the layout's engines can do at most on the mean shape: full
     prefill steps on the prefill side, the largest batch max_num_seqs and the KV allow on
     the decode side. A colocated engine spends its time on both: its full decode batches,
-    plus each prompt's tokens at the prefill curve's cost above a step's fixed cost."""
+    plus each prompt's tokens at the prefill curve's cost above a step's fixed cost. With
+    conditional disaggregation either side's engines can take the other's work, so the bound
+    is the higher of the split's and that of as many colocated engines."""
     isl = sum(shape[0] for shape in shapes) / len(shapes)
     osl = sum(shape[1] for shape in shapes) / len(shapes)
     prefill = profile.prefill
@@ -157,11 +167,12 @@ def throughput_bound(
     batch = max(1, min(max_num_seqs, int(profile.kv_tokens // (isl + osl))))
     decode = profile.decode[k]
     decode_s = osl / (batch * decode.tokens_per_step) * decode.step_ms.at(batch) / 1000  # engine time a request
+    colocated_s = isl / budget * (prefill.step_ms.at(budget) - prefill.step_ms.intercept()) / 1000 + decode_s
     if layout.is_aggregated:
-        prefill_s = isl / budget * (prefill.step_ms.at(budget) - prefill.step_ms.intercept()) / 1000
-        return layout.colocated / (prefill_s + decode_s)
+        return layout.colocated / colocated_s
     prefill_s = isl / budget * prefill.step_ms.at(budget) / 1000
-    return min(layout.prefill / prefill_s, layout.decode / decode_s)
+    split = min(layout.prefill / prefill_s, layout.decode / decode_s)
+    return max(split, layout.engines / colocated_s) if layout.conditional is not None else split
 
 
 def over_slo(summary: Summary, slo: Slo) -> str:

@@ -7,6 +7,7 @@ express is refused before anything is written. Synthetic profiles (tests/engine_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ import yaml
 
 from pdspec import settings as s
 from pdspec.plan import emit, routing
-from pdspec.plan.fleet_model import Layout, Slo
+from pdspec.plan.fleet_model import Conditional, Layout, Slo
 from pdspec.supervisor import replica_settings
 from tests import dockerhost
 from tests.deploy_wiring import ROOT, settings_problems
@@ -28,9 +29,11 @@ CPU_PROFILE = synthetic(gpu="cpu-2core", budget=512, prefill=[(16, 10.0), (512, 
 
 
 def deployment(layout, k=3, profile=GPU_PROFILE, max_num_seqs=128):
-    """The plan's deployment with the routing `pdspec plan` names for it inside the measured
-    regime (pdspec/plan/routing.py)."""
-    advice = routing.advise(layout, Slo(ttft_p90_ms=2000, tpot_p90_ms=100), [(4096, 64)])
+    """The plan's deployment with the routing `pdspec plan` names for it when the search chose
+    conditional disaggregation for a P:D layout (pdspec/plan/routing.py)."""
+    if not layout.is_aggregated:
+        layout = dataclasses.replace(layout, conditional=Conditional())
+    advice = routing.advise(layout, Slo(ttft_p90_ms=2000, tpot_p90_ms=100))
     settings = advice.settings if advice is not None else None
     return emit.Deployment.of(layout, k, profile, max_num_seqs, f"test plan: {layout}, K={k}", routing=settings)
 

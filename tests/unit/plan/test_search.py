@@ -7,7 +7,7 @@ each plan well under a second here."""
 import pytest
 
 from pdspec.plan import search
-from pdspec.plan.fleet_model import Layout, Slo
+from pdspec.plan.fleet_model import Conditional, Layout, Slo
 from tests.engine_profiles import synthetic
 
 TRIAL = 100
@@ -17,12 +17,16 @@ def best_split(plan):
     return next(candidate for candidate in plan.ranked if not candidate.layout.is_aggregated)
 
 
-def test_the_candidates_are_aggregated_and_every_split():
+def test_the_candidates_are_aggregated_and_every_split_with_and_without_conditional_disaggregation():
+    rule = Conditional()
     assert search.layouts(4) == [
         Layout.aggregated(4),
         Layout.disaggregated(1, 3),
+        Layout.disaggregated(1, 3, conditional=rule),
         Layout.disaggregated(2, 2),
+        Layout.disaggregated(2, 2, conditional=rule),
         Layout.disaggregated(3, 1),
+        Layout.disaggregated(3, 1, conditional=rule),
     ]
     assert search.layouts(1) == [Layout.aggregated(1)]
     profile = synthetic()
