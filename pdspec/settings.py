@@ -269,8 +269,8 @@ class RoutingSettings(BaseModel):
     local_prefill_max_tokens: int = Field(
         512,
         ge=0,
-        description="conditional disaggregation: the most uncached prompt tokens a decode worker prefills itself "
-        "whatever the queues; with local_prefill_on_queue, also the margin by which the prefill pool's work ahead "
+        description="conditional disaggregation: a decode worker prefills a prompt itself, whatever the queues, "
+        "when it lacks fewer than this many of its tokens; with local_prefill_on_queue, also the margin by which the prefill pool's work ahead "
         "must exceed the decode worker's before it prefills a longer prompt. 0: never prefill on a decode worker.",
     )
     local_prefill_on_queue: bool = Field(

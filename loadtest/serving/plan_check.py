@@ -56,9 +56,11 @@ def layout_of(spec: str, devices: int | None = None, placement: str | None = Non
     device, prefill engines first). Raises ValueError for a spec it cannot read, a device count
     outside 1 to the engines, or a placement that does not name each engine's device."""
     device_of = tuple(int(d) for d in placement.split(",")) if placement else None
-    if spec.startswith("colocated-"):
-        return Layout.aggregated(int(spec.removeprefix("colocated-")), devices, device_of)
     engines, plus, rule = spec.lower().partition("+")
+    if spec.startswith("colocated-"):
+        if plus:
+            raise ValueError(f"{spec}: colocated engines take no routing rule")
+        return Layout.aggregated(int(spec.removeprefix("colocated-")), devices, device_of)
     if plus and rule != "conditional":
         raise ValueError(f"{spec}: the only rule a layout takes is +conditional")
     prefill, _, decode = engines.removesuffix("d").partition("p")

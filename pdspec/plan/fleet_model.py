@@ -33,27 +33,35 @@ sharing fewer devices (`Layout.devices`). The model's assumptions:
   hand-off or decoding); a colocated engine, the one with the fewest outstanding requests.
   Ties go to the lowest-numbered engine. An engine plans a step when it starts: a request
   arriving while it runs (or at the instant it starts, after it) waits for the next one.
-- **Conditional disaggregation** (`Layout.conditional`, a disaggregated layout only): the proxy's rule as pdspec runs it by default (`proxy.routing`,
-  docs/proxy.md), decided when a request arrives, in the proxy's order. (1) The length rule:
-  a prompt of at most `local_prefill_max_tokens` is served whole by the decode engine routing
-  picks (the model has no prefix cache: every prompt is uncached). (2) decode_full: when every
-  decode engine is full (the prompt tokens of the requests it serves, counted from their
-  hand-off, plus this prompt exceed `decode_full_share` of its KV) or, with
-  `counts_pending`, the decode pool's room (that share of each one's KV less what it holds,
-  summed) less the prompts of the requests planned disaggregated and not yet handed off is
-  short of the prompt, the prefill engine with the most room (its KV less the prompts of its
-  legs in prefill and of the requests it serves whole) serves it whole, if one has room for
-  it within `decode_full_prefill_share`. (3) The queue rule (`queue_rule`, the proxy's
-  local_prefill_on_queue with a kv_aware prefill pool): when every prefill engine has a leg
-  in flight and the pool's work ahead (the least over its engines of the prompt plus its
-  outstanding prompt tokens plus `load_tokens` a leg, plus one more `load_tokens`) exceeds the
-  picked decode engine's (the prompt plus the prompt tokens of the requests it serves whole
-  still to prefill) by more than `local_prefill_max_tokens`, the decode engine serves it
-  whole. Else it is disaggregated as above. An engine that serves requests whole runs as a
-  colocated one (its steps mix a prompt chunk with its decode batch; a whole request reserves
-  its ISL + OSL when admitted); a prefill engine's legs still reserve no KV. The proxy counts
-  prompt tokens against the KV size; the engines reserve ISL + OSL: the rule and the engines
-  keep their own books, as in the fleet.
+- **Conditional disaggregation** (`Layout.conditional`, a disaggregated layout only): the
+  proxy's rule as pdspec runs it by default (`proxy.routing`, docs/proxy.md), decided when a
+  request arrives, in the proxy's order. (1) The length rule: a prompt of fewer than
+  `local_prefill_max_tokens` tokens is served whole by the decode engine routing picks (the
+  model has no prefix cache: every prompt is uncached). (2) decode_full: when every decode
+  engine is full (the prompt tokens of the requests it serves, counted from their hand-off,
+  plus this prompt exceed `decode_full_share` of its KV) or, with `counts_pending`, the decode
+  pool's room (that share of each one's KV less what it holds, summed) less the prompts of the
+  requests planned disaggregated and not yet handed off is short of the prompt, the prefill
+  engine with the most room (its KV less the prompts of its legs in prefill and of the
+  requests it serves whole; a tie to the one with fewer legs in flight) serves it whole, if
+  one has room for it within `decode_full_prefill_share`. (3) The queue rule (`queue_rule`, the
+  proxy's local_prefill_on_queue with a kv_aware prefill pool): when every prefill engine has
+  a leg in flight (whole requests count as legs, as in the proxy) and the pool's work ahead
+  (the least over its engines of the prompt, the prompts of its legs until their hand-off and
+  of its whole requests until their first token, and `load_tokens` a leg in flight; plus one
+  more `load_tokens`) exceeds the picked decode engine's (the prompt plus its own whole
+  requests' prompts until their first token) by more than `local_prefill_max_tokens`, the
+  decode engine serves it whole. `local_prefill_max_tokens` 0 turns both (1) and (3) off, as
+  in the proxy. Else it is disaggregated: its leg goes to the prefill engine with the least
+  outstanding prompt tokens plus `load_tokens` a leg in flight (so an engine decoding whole
+  requests is not taken for idle, as kv_aware's load would not). An engine that serves
+  requests whole runs as a colocated one (its steps mix a prompt chunk with its decode batch;
+  a whole request reserves its ISL + OSL when admitted); a prefill engine's legs still
+  reserve no KV. The rule counts prompt tokens against the KV size, as the proxy does, while
+  the engines reserve ISL + OSL up front where vLLM admits on a prompt's blocks: a request
+  the rule sent whole to an engine with room for its prompt may wait there for its output's
+  room too. A request served whole gets the aggregated serving term (one leg), the others
+  the disaggregated one.
 - **Devices**: the profile's step times are an engine's alone on its device. Engines sharing a
   device (engine i of the layout, counting prefill, then decode, then colocated engines, is on
   device i mod `devices`, or where `Layout.device_of` says) share it by processor sharing with
@@ -102,13 +110,14 @@ sharing fewer devices (`Layout.devices`). The model's assumptions:
   faster (0.38 from two engines, 1.5 fitted on four).
 - **Serving**: a request's time outside the engines (HTTP servers, the proxy, the legs' round
   trips), the profile's `serving_ms` for the layout's kind (0 without one), is added to its
-  first token and its end: a constant that shifts TTFT, loads no engine and leaves TPOT as it
-  is. It was measured on an idle stack, so any growth of it under load (API servers sharing
+  first token and its end (in conditional mode, the aggregated term for a request served
+  whole): a constant that shifts TTFT, loads no engine and leaves TPOT as it is. It was measured on an idle stack, so any growth of it under load (API servers sharing
   the engines' cores, say) is not in it.
 - **Out of scope** in this version: prefix caching (every prompt is computed in full), the
   kv_aware pick itself (routing is by the loads above, in conditional mode too),
-  preemption, a prefill engine's KV room (it holds a prompt's KV until the hand-off; never
-  full here), per-request acceptance variance, network contention.
+  preemption, a prefill engine's KV for its legs (it holds a prompt's KV until the hand-off;
+  not counted here: only the requests it serves whole take its KV), per-request acceptance
+  variance, network contention.
 
 TTFT is the first token's time minus the arrival; TPOT is (end - first token) / (OSL - 1),
 None for OSL 1. Utilization is the fraction of a role's engine time spent in steps (a decode
@@ -368,9 +377,13 @@ def simulate(
     if any(job.end_s is None for job in jobs):  # the contract above: a bug, never a result
         raise RuntimeError("the fleet model stopped with requests unfinished")
     engines = fleet.engines()
-    serving_s = profile.serving_ms.for_layout(layout.is_aggregated) / 1000 if profile.serving_ms else 0.0
+    serving_ms = profile.serving_ms
+
+    def serving_s(job: _Job) -> float:  # a request served whole took one leg: the aggregated term
+        return serving_ms.for_layout(layout.is_aggregated or job.whole) / 1000 if serving_ms else 0.0
+
     return FleetRun(
-        outcomes=[Outcome(job.request, job.first_token_s + serving_s, job.end_s + serving_s) for job in jobs],
+        outcomes=[Outcome(job.request, job.first_token_s + serving_s(job), job.end_s + serving_s(job)) for job in jobs],
         steps={role: [step for engine in group for step in engine.step_times] for role, group in engines.items()},
         engines={role: len(group) for role, group in engines.items()},
         routes=dict(fleet.routes),
@@ -694,21 +707,23 @@ class _ServingEngine(_BatchingEngine):
     whole requests', until prefilled) on a prefill engine, outstanding requests on a decode
     engine. What the rule reads, the proxy's books: `leased` (the prompt tokens of its legs in
     prefill, of the requests it decodes from their hand-off, and of those it serves whole),
-    `in_flight` (legs and whole requests not yet done: the proxy's legs in flight) and
-    `local_prompt` (its whole requests' prompt tokens until their first token)."""
+    `in_flight` (legs and whole requests not yet done: the proxy's legs in flight),
+    `leg_prompt` (its legs' prompt tokens until their hand-off) and `local_prompt` (its whole
+    requests' prompt tokens until their first token)."""
 
     def __init__(self, fleet: _Fleet, device: _SharedDevice | None, role: str) -> None:
         self.role = role
         super().__init__(fleet, device)
         self.prompts: deque[_Job] = deque()  # legs, and admitted whole requests, still to prefill
         self.prefilling_whole = 0  # whole requests in `prompts` (they hold KV; legs do not)
-        self.leased = self.in_flight = self.local_prompt = 0
+        self.leased = self.in_flight = self.local_prompt = self.leg_prompt = 0
         self._joined: list[_Job] = []
         self._chunk = self._completed = 0
 
     def submit_leg(self, job: _Job) -> None:
         self.prompts.append(job)
         self.leased += job.request.isl
+        self.leg_prompt += job.request.isl
         self.in_flight += 1
         self.load += job.request.isl
         self.notify()
@@ -753,6 +768,7 @@ class _ServingEngine(_BatchingEngine):
             job = self.prompts.popleft()
             if not job.whole:
                 self.leased -= job.request.isl
+                self.leg_prompt -= job.request.isl
                 self.in_flight -= 1
                 self.fleet.hand_off(job)
                 continue
@@ -802,7 +818,8 @@ class _Fleet:
 
     def arrivals(self, jobs: list[_Job]) -> Iterator[simpy.Event]:
         for job in jobs:
-            yield self.env.timeout(job.request.arrival_s - self.env.now)
+            # max: two arrivals at one instant can differ by a rounding once `now` is a sum.
+            yield self.env.timeout(max(0.0, job.request.arrival_s - self.env.now))
             if self.conditional is not None:
                 self._route_conditional(job)
                 continue
@@ -813,21 +830,26 @@ class _Fleet:
         """The rule's three steps in the proxy's order (the module docstring), else a leg on
         the prefill engine with the least load."""
         rule, isl = self.conditional, job.request.isl
+        local = rule.local_prefill_max_tokens > 0  # 0: never prefill on a decode engine, as in the proxy
         decode = min(self.decode, key=lambda engine: engine.load)
-        if isl <= rule.local_prefill_max_tokens:
+        if local and isl < rule.local_prefill_max_tokens:
             return self._serve_whole(decode, job, "short_prompt")
         if rule.decode_full and self._decode_full(isl):
             size = self.profile.kv_tokens * rule.decode_full_prefill_share
-            roomiest = max(self.prefill, key=lambda engine: size - engine.leased)  # ties: the lowest-numbered
+            # The most room, then the fewest legs in flight (the proxy's order), then the lowest-numbered.
+            roomiest = max(self.prefill, key=lambda engine: (size - engine.leased, -engine.in_flight))
             if size - roomiest.leased >= isl:
                 return self._serve_whole(roomiest, job, "decode_full")
-        if rule.queue_rule and all(engine.in_flight for engine in self.prefill):
-            ahead = min(engine.load + isl + rule.load_tokens * engine.in_flight for engine in self.prefill)
+        if local and rule.queue_rule and all(engine.in_flight for engine in self.prefill):
+            ahead = min(
+                engine.leg_prompt + engine.local_prompt + isl + rule.load_tokens * engine.in_flight
+                for engine in self.prefill
+            )
             if ahead + rule.load_tokens - (isl + decode.local_prompt) > rule.local_prefill_max_tokens:
                 return self._serve_whole(decode, job, "prefill_queue")
         self.routes["disaggregated"] += 1
         self.pending += isl
-        min(self.prefill, key=lambda engine: engine.load).submit_leg(job)
+        min(self.prefill, key=lambda engine: engine.load + rule.load_tokens * engine.in_flight).submit_leg(job)
 
     def _decode_full(self, isl: int) -> bool:
         """Every decode engine full for a prompt of `isl`, or (counting pending) the pool's room

@@ -4,7 +4,8 @@ writes as the proxy's `routing` settings.
 The search (`pdspec.plan.search`) tries every P:D split twice, always disaggregated and with
 conditional disaggregation's rule as the proxy runs it (`fleet_model.Conditional`: short
 prompts prefilled on a decode worker, decode_full with the pending count, the queue rule), and
-keeps the one with more goodput (always disaggregated on a tie). The advice follows the
+ranks them with the rest (goodput, then rate, then latency; always disaggregated first on a
+full tie). The advice follows the
 layout the search chose: conditional disaggregation with kv_aware on both pools, its
 decode_full switches set explicitly, for a layout with the rule; pdspec's defaults (prefix
 affinity, always disaggregated) for one without.
@@ -12,8 +13,8 @@ affinity, always disaggregated) for one without.
 What stands behind it. The model's rule was checked against the fleet benchmark's H100 calls
 (four Qwen3-8B-shape engines sharing one GPU as 2P2D, 3P1D and 1P3D; the llm-d-shaped trace
 sc3x at 3.4x the fleet's KV; `loadtest/results/plan/check-h100-fleet/conditional/`): TTFT
-p90 within a factor of 1.31-1.39 of the measured (mean over each layout's levels), the requests
-it serves whole on a prefill worker within 30% of the proxy's counts. kv_aware on both pools is
+p90 within a factor of 1.32-1.40 of the measured (mean over each layout's levels); it serves
+whole on a prefill worker 66-89% as many requests as the proxy did. kv_aware on both pools is
 what those runs used: the model has no prefix cache and cannot tell the proxy's policies
 apart. Measured only under a TPOT p90 SLO of 100 ms: under 50 ms, always-disaggregated prefix
 affinity was ahead on the H200 fleet (round 4: 5.4 against 4.5 req/s), so a conditional pick
@@ -62,8 +63,8 @@ def advise(layout: Layout, slo: Slo) -> RoutingAdvice | None:
     if layout.conditional is None:
         return RoutingAdvice(
             {},
-            summary="pdspec's defaults (prefix affinity, always disaggregated): conditional disaggregation "
-            "adds no goodput to this layout in the model",
+            summary="pdspec's defaults (prefix affinity, always disaggregated): the search ranked this layout "
+            "without conditional disaggregation above it with the rule",
         )
     caveat = (
         f"; measured to pay under a TPOT p90 SLO of {MEASURED_TPOT_SLO_MS:g} ms, not under tighter ones "
@@ -73,8 +74,8 @@ def advise(layout: Layout, slo: Slo) -> RoutingAdvice | None:
     )
     return RoutingAdvice(
         dict(CONDITIONAL),
-        summary="conditional disaggregation, kv_aware on both pools: the model's rule adds goodput to this layout "
-        f"(the model's rule checked on four engines sharing one GPU, {EVIDENCE}{caveat})",
+        summary="conditional disaggregation, kv_aware on both pools: the search ranked this layout with the rule "
+        f"above it without (the model's rule checked on four engines sharing one GPU, {EVIDENCE}{caveat})",
     )
 
 

@@ -16,6 +16,13 @@ def test_layouts_by_name():
     assert plan_check.layout_of("colocated-4").is_aggregated
     assert plan_check.layout_of("2p2d", devices=1) == plan_check.Layout.disaggregated(2, 2, devices=1)
     assert plan_check.layout_of("colocated-4", devices=2).devices == 2
+    # '+conditional': the split routed by conditional disaggregation with the proxy's defaults.
+    assert plan_check.layout_of("3p1d+conditional") == plan_check.Layout.disaggregated(
+        3, 1, conditional=plan_check.Conditional()
+    )
+    for spec, says in (("2p2d+always", "the only rule a layout takes"), ("colocated-4+conditional", "no routing rule")):
+        with pytest.raises(ValueError, match=says):
+            plan_check.layout_of(spec)
 
 
 @pytest.mark.parametrize("devices", ["0", "5"])

@@ -9,13 +9,14 @@ import pytest
 
 from pdspec.plan import workload
 from pdspec.plan.fleet_model import Conditional, Layout, simulate
+from pdspec.plan.profile import ServingOverhead
 from pdspec.plan.workload import Request
 from tests.engine_profiles import synthetic
 
 PROFILE = synthetic()
 PREFILL, TRANSFER, DECODE3 = PROFILE.prefill.step_ms, PROFILE.transfer_ms, PROFILE.decode[3].step_ms
 RULE = Conditional()
-NO_RULE = Conditional(local_prefill_max_tokens=0, queue_rule=False, decode_full=False)
+NO_RULE = Conditional(local_prefill_max_tokens=0, queue_rule=False, decode_full=False, load_tokens=0)
 
 
 def with_rule(prefill: int, decode: int, rule: Conditional = RULE, **kwargs) -> Layout:
@@ -27,12 +28,47 @@ def ms(seconds):
 
 
 def test_a_short_prompt_is_served_whole_by_a_decode_engine_as_a_colocated_one_would():
-    requests = [Request(arrival_s=t, isl=512, osl=6) for t in (0.0, 100.0)]  # 512: the rule's bound, included
+    requests = [Request(arrival_s=t, isl=511, osl=6) for t in (0.0, 100.0)]  # fewer than 512 tokens
     run = simulate(PROFILE, with_rule(1, 1), 3, requests)
     colocated = simulate(PROFILE, Layout.aggregated(1), 3, requests)
     assert run.routes == {"short_prompt": 2}
     assert [(o.ttft_s, o.tpot_s) for o in run.outcomes] == [(o.ttft_s, o.tpot_s) for o in colocated.outcomes]
     assert run.steps["prefill"] == []  # the prefill engine never stepped
+
+
+def test_a_prompt_of_exactly_the_bound_is_not_short_and_zero_turns_local_prefills_off():
+    # The proxy's rule: a decode worker prefills a prompt it lacks fewer than the bound of.
+    assert simulate(PROFILE, with_rule(1, 1), 3, [Request(0.0, isl=512, osl=6)]).routes == {"disaggregated": 1}
+    # 0: never prefill on a decode worker, the queue rule included (this pair would trip it).
+    requests = [Request(arrival_s=0.0, isl=1024, osl=6), Request(arrival_s=0.001, isl=100, osl=6)]
+    off = dataclasses.replace(RULE, local_prefill_max_tokens=0)
+    assert simulate(PROFILE, with_rule(1, 1, off), 3, requests).routes == {"disaggregated": 2}
+
+
+def test_requests_served_whole_get_the_aggregated_serving_term():
+    serving = ServingOverhead(disaggregated_ms=40.0, aggregated_ms=15.0, source="a unit test")
+    profile = PROFILE.model_copy(update={"serving_ms": serving})
+    requests = [Request(arrival_s=0.0, isl=100, osl=6), Request(arrival_s=100.0, isl=1024, osl=6)]
+    bare, served = (simulate(p, with_rule(1, 1), 3, requests) for p in (PROFILE, profile))
+    assert bare.routes == {"short_prompt": 1, "disaggregated": 1}
+    terms = [ms(with_term.ttft_s - without.ttft_s) for without, with_term in zip(bare.outcomes, served.outcomes)]
+    assert terms == pytest.approx([15.0, 40.0])
+
+
+def test_a_leg_does_not_go_to_a_prefill_engine_busy_decoding_whole_requests():
+    # A decode engine counted full at half its KV: the first prompt (6,000 tokens) goes whole to
+    # prefill engine 0 (a tie on room), which still decodes it when the second (1,000 tokens)
+    # comes; that one's leg goes to idle engine 1, engine 0's whole request counting as a leg in
+    # flight (as kv_aware's load counts it), not to engine 0 whose prompt tokens are all computed.
+    profile = synthetic(kv_tokens=10_000)
+    rule = dataclasses.replace(RULE, queue_rule=False, decode_full_share=0.5)
+    requests = [Request(arrival_s=0.0, isl=6000, osl=200), Request(arrival_s=0.5, isl=1000, osl=6)]
+    run = simulate(profile, with_rule(2, 1, rule), 3, requests)
+    assert run.routes == {"decode_full": 1, "disaggregated": 1}
+    first, second = run.outcomes
+    assert second.request.arrival_s < first.end_s  # engine 0 was still decoding
+    # One prefill step of its own on an idle engine, then the hand-off and a decode step alone.
+    assert ms(second.ttft_s) == pytest.approx(PREFILL.at(1000) + TRANSFER.at(1000) + DECODE3.at(1))
 
 
 def test_a_long_prompt_on_an_idle_fleet_is_disaggregated_as_without_the_rule():

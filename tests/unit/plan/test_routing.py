@@ -37,7 +37,7 @@ def test_a_layout_with_the_rule_gets_conditional_disaggregation_with_kv_aware(la
     assert (
         advice.settings["decode_on_prefill_when_full"] is True and advice.settings["decode_full_counts_pending"] is True
     )
-    assert advice.conditional and "the model's rule adds goodput to this layout" in advice.summary
+    assert advice.conditional and "the search ranked this layout with the rule above it without" in advice.summary
     assert routing.EVIDENCE in advice.summary and "not under tighter ones" not in advice.summary
 
 
@@ -77,8 +77,8 @@ def test_a_layout_without_the_rule_keeps_pdspecs_defaults_and_says_why(slo):
     advice = routing.advise(Layout.disaggregated(2, 2), slo)
     assert advice.settings == {} and advice.flags() == "" and not advice.conditional
     assert advice.summary == (
-        "pdspec's defaults (prefix affinity, always disaggregated): conditional disaggregation adds no goodput to "
-        "this layout in the model"
+        "pdspec's defaults (prefix affinity, always disaggregated): the search ranked this layout without "
+        "conditional disaggregation above it with the rule"
     )
 
 
