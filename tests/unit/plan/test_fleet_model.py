@@ -364,3 +364,11 @@ def test_a_placement_by_role_puts_the_prefill_work_on_one_device():
     by_role = simulate(prefill_bound, Layout.disaggregated(2, 2, device_of=(0, 0, 1, 1)), 0, arrivals).summary(no_slo)
     spread = simulate(prefill_bound, Layout.disaggregated(2, 2, devices=2), 0, arrivals).summary(no_slo)
     assert by_role.ttft_ms.p50 > spread.ttft_ms.p50
+
+
+def test_arrivals_at_one_instant_after_others_run_in_order():
+    # 0.3 + (0.9 - 0.3) is not 0.9 in floats: the second 0.9 arrival's delay came out negative.
+    requests = [Request(arrival_s=t, isl=256, osl=4) for t in (0.3, 0.9, 0.9)]
+    run = simulate(PROFILE, ONE_P_ONE_D, 3, requests)
+    assert [o.request.arrival_s for o in run.outcomes] == [0.3, 0.9, 0.9]
+    assert all(o.end_s >= o.first_token_s > o.request.arrival_s for o in run.outcomes)
