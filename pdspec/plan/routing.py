@@ -4,8 +4,8 @@ writes as the proxy's `routing` settings.
 The search (`pdspec.plan.search`) tries every P:D split twice, always disaggregated and with
 conditional disaggregation's rule as the proxy runs it (`fleet_model.Conditional`: short
 prompts prefilled on a decode worker, decode_full with the pending count, the queue rule), and
-ranks them with the rest (goodput, then rate, then latency; always disaggregated first on a
-full tie). The advice follows the
+ranks them with the rest (goodput, then rate; at the same goodput and rate a layout without
+the rule first, whatever the latency: the rule must add goodput). The advice follows the
 layout the search chose: conditional disaggregation with kv_aware on both pools, its
 decode_full switches set explicitly, for a layout with the rule; pdspec's defaults (prefix
 affinity, always disaggregated) for one without.

@@ -36,8 +36,9 @@ can pass at 90% of it and not sustain it (8 H100 engines, ISL 4,352, OSL 48: 96.
 found, about 70 sustained over 4,000 requests), where a plain split's tighter bound holds.
 
 Contract: deterministic (a pure function of its arguments; ties in goodput go to the
-higher rate, then the lower TPOT p90 and TTFT p90 there, then the layout and K listed
-first: two candidates held to one throughput bound differ in latency only). Each candidate
+higher rate, then to a layout without conditional disaggregation, then the lower TPOT p90
+and TTFT p90 there, then the layout and K listed first: two candidates held to one
+throughput bound differ in latency only). Each candidate
 that is not the best says why it loses: the threshold it breaks from which rate, against
 the rate the best sustains; or, tied on goodput, its TPOT p90 against the best's.
 Failure policy: `gpus` < 1, no shape, or a trial count below 1 raise ValueError; a
@@ -85,6 +86,11 @@ class Plan:
     def why_loses(self, candidate: Candidate) -> str:
         best = self.best
         if candidate.summary and candidate.goodput_rps == best.goodput_rps and candidate.rate_rps == best.rate_rps:
+            if candidate.layout.conditional is not None and best.layout.conditional is None:
+                return (
+                    f"as much goodput as the best ({best.goodput_rps:.3g} req/s): conditional disaggregation adds "
+                    "none, so the layout without it ranks first"
+                )
             return (
                 f"as much goodput as the best ({best.goodput_rps:.3g} req/s), at TPOT p90 "
                 f"{milliseconds(candidate.summary.tpot_ms.p90)} against its {milliseconds(best.summary.tpot_ms.p90)}"
@@ -97,8 +103,8 @@ class Plan:
 
 def layouts(gpus: int) -> list[Layout]:
     """Aggregated `gpus`, then every P:D split, P from 1 up, each always disaggregated and then
-    with conditional disaggregation's rule as the proxy runs it by default (listed second: tied
-    on goodput, rate and latency, the always-disaggregated one ranks first)."""
+    with conditional disaggregation's rule as the proxy runs it by default (`plan` ranks a
+    layout with the rule below any without it at the same goodput and rate)."""
     if gpus < 1:
         raise ValueError(f"a fleet needs at least one GPU, got {gpus}")
     splits = [
@@ -126,7 +132,13 @@ def plan(
     search = _RateSearch(profile, shapes, slo, requests_per_trial, seed, max_num_seqs, bisection_steps)
     candidates = [search.candidate(layout, k) for layout in layouts(gpus) for k in sorted(profile.decode)]
     order = {id(candidate): i for i, candidate in enumerate(candidates)}
-    ranked = sorted(candidates, key=lambda c: (-c.goodput_rps, -c.rate_rps, *_latency(c), order[id(c)]))
+    # A layout with conditional disaggregation ranks below one without at the same goodput and
+    # rate whatever their latency: the rule must add goodput to be worth running (both are held
+    # to one colocated bound, where a finite trial's latency alone would otherwise pick it).
+    ranked = sorted(
+        candidates,
+        key=lambda c: (-c.goodput_rps, -c.rate_rps, c.layout.conditional is not None, *_latency(c), order[id(c)]),
+    )
     return Plan(ranked=ranked, trials=search.trials)
 
 

@@ -6,7 +6,7 @@ each plan well under a second here."""
 
 import pytest
 
-from pdspec.plan import search
+from pdspec.plan import profile, search
 from pdspec.plan.fleet_model import Conditional, Layout, Slo
 from tests.engine_profiles import synthetic
 
@@ -109,3 +109,20 @@ def test_a_plan_needs_gpus_a_shape_and_requests():
         search.plan(synthetic(), 2, [], Slo(1, 1))
     with pytest.raises(ValueError):
         search.plan(synthetic(), 2, [(1, 1)], Slo(1, 1), requests_per_trial=0)
+
+
+def test_conditional_disaggregation_is_named_only_where_it_adds_goodput():
+    # The shipped H200 profile on 16 GPUs of chat (the projection's case): every layout with
+    # the rule is held to the colocated bound, as the aggregated layout is, and met the SLO
+    # there; by latency alone 3P:13D with the rule ranked first. At the same goodput and rate
+    # the layout without the rule ranks first, and each tied one with it says why it loses.
+    h200 = profile.load(profile.shipped()["h200-qwen3-8b-eagle3"]).with_acceptance(0.67)
+    h200 = h200.model_copy(update={"decode": {1: h200.decode[1]}})
+    plan = search.plan(h200, 16, [(1000, 300)], Slo(2000, 50), requests_per_trial=50)
+    assert plan.best.layout == Layout.aggregated(16)
+    tied = [c for c in plan.ranked[1:] if c.goodput_rps == plan.best.goodput_rps and c.rate_rps == plan.best.rate_rps]
+    assert tied and all(c.layout.conditional is not None for c in tied)
+    assert all(
+        plan.why_loses(c).endswith("conditional disaggregation adds none, so the layout without it ranks first")
+        for c in tied
+    )
