@@ -47,11 +47,15 @@ from pdspec.plan.search import evaluate
 from pdspec.plan.workload import poisson
 
 NO_SLO = Slo(ttft_p90_ms=float("inf"), tpot_p90_ms=float("inf"))
+# A split's routing rule by name: the proxy's defaults, and the same without the pending count
+# (routing.decode_full_counts_pending off: what the H200 fleet's rounds 3-5 ran).
+RULES = {"conditional": Conditional(), "conditional-no-pending": Conditional(counts_pending=False)}
 
 
 def layout_of(spec: str, devices: int | None = None, placement: str | None = None) -> Layout:
     """'1p1d' / '2p1d' (P prefill, D decode engines), the same with '+conditional' (routed by
-    conditional disaggregation's rule, the proxy's defaults: `Conditional()`) or 'colocated-N',
+    conditional disaggregation's rule, the proxy's defaults: `Conditional()`) or
+    '+conditional-no-pending' (the same without the pending count), or 'colocated-N',
     on `devices` devices (None: one per engine) or placed by `placement` ('0,0,1': each engine's
     device, prefill engines first). Raises ValueError for a spec it cannot read, a device count
     outside 1 to the engines, or a placement that does not name each engine's device."""
@@ -61,10 +65,10 @@ def layout_of(spec: str, devices: int | None = None, placement: str | None = Non
         if plus:
             raise ValueError(f"{spec}: colocated engines take no routing rule")
         return Layout.aggregated(int(spec.removeprefix("colocated-")), devices, device_of)
-    if plus and rule != "conditional":
-        raise ValueError(f"{spec}: the only rule a layout takes is +conditional")
+    if plus and rule not in RULES:
+        raise ValueError(f"{spec}: the rules a layout takes are {', '.join('+' + name for name in RULES)}")
     prefill, _, decode = engines.removesuffix("d").partition("p")
-    conditional = Conditional() if plus else None
+    conditional = RULES[rule] if plus else None
     return Layout.disaggregated(int(prefill), int(decode), devices, device_of, conditional)
 
 

@@ -20,7 +20,8 @@ def test_layouts_by_name():
     assert plan_check.layout_of("3p1d+conditional") == plan_check.Layout.disaggregated(
         3, 1, conditional=plan_check.Conditional()
     )
-    for spec, says in (("2p2d+always", "the only rule a layout takes"), ("colocated-4+conditional", "no routing rule")):
+    assert plan_check.layout_of("2p2d+conditional-no-pending").conditional.counts_pending is False
+    for spec, says in (("2p2d+always", "the rules a layout takes are"), ("colocated-4+conditional", "no routing rule")):
         with pytest.raises(ValueError, match=says):
             plan_check.layout_of(spec)
 
