@@ -2,12 +2,13 @@
 
 - **toml**: a `pdspec up` config (`pdspec --config FILE up`): `[prefill]` and `[decode]`
   replicas, the prefill chunk the profile was measured with (`max_num_batched_tokens`), the
-  decode batch the plan assumed (`max_num_seqs`), K as `[model] num_speculative_tokens`
+  decode batch the plan assumed (`max_num_seqs`; under conditional disaggregation both on both
+  roles, whose workers then also do the other's work), K as `[model] num_speculative_tokens`
   (K=0: `method = "none"`, no drafter), the workload's longest request as `max_model_len`,
   for a GPU profile the GPUs split between the roles (`cuda_visible_devices`: prefill
   0..P-1, decode P..G-1; `pdspec up` gives each replica one), and the proxy's routing the
-  plan names (`[proxy.routing]`, `pdspec.plan.routing`: what the fleet benchmark measured
-  best). An aggregated plan is `layout = "colocated"`: `pdspec up` starts one
+  plan names (`[proxy.routing]`, `pdspec.plan.routing`: conditional disaggregation where the
+  search chose a split with it). An aggregated plan is `layout = "colocated"`: `pdspec up` starts one
   colocated server, so the file is one of the plan's G engines (its header says so).
 - **compose**: an override for docker-compose.yml (`-f docker-compose.yml -f FILE`): the
   replica count (`scale`) and the same settings as environment of the prefill and decode
@@ -97,9 +98,15 @@ class Deployment:
         return model
 
     def prefill(self) -> dict[str, object]:
+        # Under conditional disaggregation a prefill worker also decodes the requests it serves
+        # whole, and a decode worker prefills: each role gets both settings the model assumed.
+        if self.conditional:
+            return {"max_num_batched_tokens": self.max_num_batched_tokens, "max_num_seqs": self.max_num_seqs}
         return {"max_num_batched_tokens": self.max_num_batched_tokens}
 
     def decode(self) -> dict[str, object]:
+        if self.conditional:
+            return {"max_num_batched_tokens": self.max_num_batched_tokens, "max_num_seqs": self.max_num_seqs}
         return {"max_num_seqs": self.max_num_seqs}
 
     def routing(self) -> dict[str, object]:

@@ -58,12 +58,23 @@ def test_the_toml_is_a_pdspec_up_config_with_the_plans_replicas_k_and_gpus(tmp_p
     assert len({w.port for w in prefills + decodes}) == 8
     assert f"pdspec --config {path} up" in path.read_text()
     assert up.proxy.observability.plan_replicas == {"prefill": 3, "decode": 5}  # exported for autoscalers
-    routing = up.proxy.routing  # what the fleet benchmark measured best for P:D (pdspec/plan/routing.py)
+    routing = up.proxy.routing  # the plan chose the split with conditional disaggregation (pdspec/plan/routing.py)
     assert (routing.prefill_policy, routing.decode_policy, routing.disaggregation) == (
         "kv_aware",
         "kv_aware",
         "conditional",
     )
+    # Its prefill workers decode too and its decode workers prefill: both roles get both settings.
+    assert (up.prefill.max_num_seqs, up.decode.max_num_batched_tokens) == (128, 2048)
+
+
+def test_a_split_without_the_rule_sets_each_role_its_own_setting_only(tmp_path, monkeypatch):
+    plain = emit.Deployment.of(Layout.disaggregated(3, 5), 3, GPU_PROFILE, 64, "t")
+    up = load_up_config(monkeypatch, emit.write("toml", plain, tmp_path / "plan.toml"))
+    assert (up.prefill.max_num_batched_tokens, up.decode.max_num_seqs) == (2048, 64)
+    defaults = (s.PrefillWorkerSettings().max_num_seqs, s.DecodeWorkerSettings().max_num_batched_tokens)
+    assert (up.prefill.max_num_seqs, up.decode.max_num_batched_tokens) == defaults
+    assert up.proxy.routing.disaggregation == "always"
 
 
 def test_the_engines_take_the_planned_workloads_longest_request(tmp_path, monkeypatch):
