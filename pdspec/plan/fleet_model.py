@@ -660,22 +660,21 @@ class _DecodeEngine(_BatchingEngine):
         self._finish_due()
 
 
-class _ColocatedEngine(_BatchingEngine):
-    role = "colocated"  # load: outstanding requests
+class _ChunkingEngine(_BatchingEngine):
+    """What colocated engines and the engines of a conditionally disaggregated layout share: a
+    step that runs the decode batch and a prompt chunk (vLLM's chunked prefill, the module
+    docstring's colocated engine), and a whole request's first token at the end of the step
+    that computes its last prompt token."""
 
     def __init__(self, fleet: _Fleet, device: _SharedDevice | None) -> None:
         super().__init__(fleet, device)
-        self.prefilling: deque[_Job] = deque()  # admitted, KV reserved
         self._chunk = self._completed = 0
 
-    def submit(self, job: _Job) -> None:
-        self.load += 1
-        super().submit(job)
-
-    def _begin_step(self) -> float | None:
-        self.prefilling.extend(self._admit(len(self.prefilling) + self.batch))
+    def _chunked_step(self, prompts: deque[_Job]) -> float | None:
+        """Plan a step of the batch and a chunk of `prompts` (FCFS, within the budget the batch
+        leaves); its duration in ms, or None when there is nothing to do."""
         budget = max(0, self.fleet.profile.prefill.max_num_batched_tokens - self.batch * (1 + self.fleet.k))
-        self._chunk, self._completed = _take_chunk(self.prefilling, budget)
+        self._chunk, self._completed = _take_chunk(prompts, budget)
         prefill_ms = self.fleet.prefill_ms
         if not self._chunk:
             return self.decode_ms.at(self.batch) if self.batch else None
@@ -686,19 +685,38 @@ class _ColocatedEngine(_BatchingEngine):
     def _step_kind(self) -> str:
         return "prefill" if self._chunk else "decode"  # a chunk of prompt makes it a prefill step
 
+    def _first_token(self, job: _Job) -> None:
+        """`job`'s prompt is computed: its first token now, then it decodes the rest here."""
+        job.first_token_s = self.env.now
+        if job.request.osl == 1:
+            self._finish(job)
+        else:
+            self._decode_for(job, job.request.osl - 1)
+
+
+class _ColocatedEngine(_ChunkingEngine):
+    role = "colocated"  # load: outstanding requests
+
+    def __init__(self, fleet: _Fleet, device: _SharedDevice | None) -> None:
+        super().__init__(fleet, device)
+        self.prefilling: deque[_Job] = deque()  # admitted, KV reserved
+
+    def submit(self, job: _Job) -> None:
+        self.load += 1
+        super().submit(job)
+
+    def _begin_step(self) -> float | None:
+        self.prefilling.extend(self._admit(len(self.prefilling) + self.batch))
+        return self._chunked_step(self.prefilling)
+
     def _end_step(self) -> None:
         self.steps += 1
         self._finish_due()
         for _ in range(self._completed):
-            job = self.prefilling.popleft()
-            job.first_token_s = self.env.now
-            if job.request.osl == 1:
-                self._finish(job)
-            else:
-                self._decode_for(job, job.request.osl - 1)
+            self._first_token(self.prefilling.popleft())
 
 
-class _ServingEngine(_BatchingEngine):
+class _ServingEngine(_ChunkingEngine):
     """A prefill or decode engine of a conditionally disaggregated layout. It prefills legs and
     hands them off (a prefill engine's work), decodes handed-off requests (a decode engine's),
     and serves requests whole (either role's, as the rule sends them); each step is a colocated
@@ -718,7 +736,6 @@ class _ServingEngine(_BatchingEngine):
         self.prefilling_whole = 0  # whole requests in `prompts` (they hold KV; legs do not)
         self.leased = self.in_flight = self.local_prompt = self.leg_prompt = 0
         self._joined: list[_Job] = []
-        self._chunk = self._completed = 0
 
     def submit_leg(self, job: _Job) -> None:
         self.prompts.append(job)
@@ -744,17 +761,7 @@ class _ServingEngine(_BatchingEngine):
             else:  # handed off: its KV is here, it decodes from this step on
                 self._decode_for(job, job.request.osl)
                 self._joined.append(job)
-        budget = max(0, self.fleet.profile.prefill.max_num_batched_tokens - self.batch * (1 + self.fleet.k))
-        self._chunk, self._completed = _take_chunk(self.prompts, budget)
-        prefill_ms = self.fleet.prefill_ms
-        if not self._chunk:
-            return self.decode_ms.at(self.batch) if self.batch else None
-        if not self.batch:
-            return prefill_ms.at(self._chunk)
-        return self.decode_ms.at(self.batch) + prefill_ms.at(self._chunk) - self.fleet.prefill_fixed_ms
-
-    def _step_kind(self) -> str:
-        return "prefill" if self._chunk else "decode"
+        return self._chunked_step(self.prompts)
 
     def _end_step(self) -> None:
         self.steps += 1
@@ -774,11 +781,7 @@ class _ServingEngine(_BatchingEngine):
                 continue
             self.prefilling_whole -= 1
             self.local_prompt -= job.request.isl
-            job.first_token_s = self.env.now
-            if job.request.osl == 1:
-                self._finish(job)
-            else:
-                self._decode_for(job, job.request.osl - 1)
+            self._first_token(job)
 
     def _finish(self, job: _Job) -> None:
         job.end_s = self.env.now
