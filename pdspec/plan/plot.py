@@ -14,7 +14,6 @@ import dataclasses
 import textwrap
 from pathlib import Path
 
-from pdspec.plan.fleet_model import Conditional
 from pdspec.plan.search import Plan, layouts
 
 
@@ -35,7 +34,9 @@ def draw(plan: Plan, path: Path, title: str) -> Path:
     require()
     from matplotlib.figure import Figure  # no pyplot: no global state, no display
 
-    positions = [layout for layout in layouts(plan.best.layout.engines) if layout.conditional is None]
+    candidates = layouts(plan.best.layout.engines)
+    positions = [layout for layout in candidates if layout.conditional is None]
+    with_rule = [layout for layout in candidates if layout.conditional is not None]  # the splits', in order
     x_of = {layout: x for x, layout in enumerate(positions)}
     goodput = {(c.layout, c.k): c.goodput_rps for c in plan.ranked}
     width_in = max(6.0, 1.0 + 0.8 * len(positions))
@@ -46,10 +47,9 @@ def draw(plan: Plan, path: Path, title: str) -> Path:
         (line,) = axes.plot(
             range(len(positions)), [goodput[layout, k] for layout in positions], marker="o", label=f"K={k}"
         )
-        conditional = [dataclasses.replace(layout, conditional=Conditional()) for layout in splits]
         axes.plot(
             [x_of[layout] for layout in splits],
-            [goodput[layout, k] for layout in conditional],
+            [goodput[layout, k] for layout in with_rule],
             marker="s",
             linestyle="--",
             color=line.get_color(),
